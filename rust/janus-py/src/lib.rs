@@ -1,0 +1,15 @@
+//! `janusd._native`: the Python face of janus-core. Only conversions live here.
+
+use pyo3::prelude::*;
+
+mod dispatch;
+mod errors;
+mod xtensor;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    dispatch::register(m)?;
+    xtensor::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,7 @@
+//! Python binding of janus_core::xtensor.
+
+use pyo3::prelude::*;
+
+pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+    Ok(())
+}
