@@ -1,0 +1,115 @@
+"""Config: good files, each kind of bad file, and the embedded default."""
+
+from pathlib import Path
+
+import pytest
+
+from janusd.config import (
+    DEFAULT_CONFIG_TOML,
+    ConfigError,
+    JanusConfig,
+    dump_config,
+    load_config,
+    parse_config,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+GOOD = """
+[server]
+port = 9100
+api_keys = ["k1", "k2"]
+
+[devices]
+count = 4
+memory_mib = 4096
+
+[dispatch]
+requeue = "relax"
+relax_factor = 2.0
+
+[[models]]
+name = "a"
+checkpoint = "/models/a"
+ttft_slo_ms = 500
+devices = [0, 3]
+
+[[models]]
+name = "b"
+checkpoint = "demo:qwen3-tiny"
+dtype = "bfloat16"
+"""
+
+
+def test_good_file_round_trips(tmp_path):
+    p = tmp_path / "good.toml"
+    p.write_text(GOOD)
+    cfg = load_config(p)
+    assert cfg.server.port == 9100
+    assert cfg.server.api_keys == ["k1", "k2"]
+    assert cfg.server.host == "127.0.0.1"  # default kept
+    assert cfg.devices.count == 4 and cfg.devices.memory_mib == 4096
+    assert cfg.dispatch.requeue == "relax" and cfg.dispatch.relax_factor == 2.0
+    assert [m.name for m in cfg.models] == ["a", "b"]
+    assert cfg.model("a").ttft_slo_ms == 500.0
+    assert cfg.model("a").devices == [0, 3]
+    assert cfg.model("b").dtype == "bfloat16"
+    assert cfg.model("b").app_name == "b"
+    # the printed effective config parses back to the same value
+    assert parse_config(dump_config(cfg)) == cfg
+
+
+def test_embedded_default_is_etc_janusd_toml():
+    assert (REPO / "etc" / "janusd.toml").read_text() == DEFAULT_CONFIG_TOML
+    cfg = load_config(None)
+    assert isinstance(cfg, JanusConfig)
+    assert cfg.devices.kind == "cpu" and cfg.devices.count == 2
+    names = [m.name for m in cfg.models]
+    assert names == ["smollm2-135m-instruct", "demo-llama", "demo-qwen2"]
+    assert cfg.model("smollm2-135m-instruct").checkpoint == "builtin:smollm2-135m-instruct"
+    assert cfg.server.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[server]\nprot = 1\n", "server.prot: unknown key"),
+        ("colour = 'red'\n", "colour: unknown key"),
+        ("[devices]\ncount = 'two'\n", "devices.count: Expected `int`, got `str`"),
+        ("[devices]\ncount = 0\n", "devices.count: Expected `int` >= 1"),
+        ("[server]\nport = 70000\n", "server.port: Expected `int` <= 65535"),
+        ("[devices]\nkind = 'tpu'\n", "devices.kind: Invalid enum value 'tpu'"),
+        ("[dispatch]\nrelax_factor = 1.0\n", "dispatch.relax_factor"),
+        ("[[models]]\ncheckpoint = 'x'\n", "models[0]: Object missing required field `name`"),
+        ("[[models]]\nname = 'a'\ncheckpoint = 'x'\nttft_slo_ms = -5\n", "models[0].ttft_slo_ms"),
+        ("[[models]]\nname = 'a b'\ncheckpoint = 'x'\n", "models[0].name"),
+        (
+            "[[models]]\nname = 'a'\ncheckpoint = 'x'\n[[models]]\nname = 'a'\ncheckpoint = 'y'\n",
+            "models[1].name: duplicate model name 'a'",
+        ),
+        ("[[models]]\nname = 'a'\ncheckpoint = 'x'\ndevices = [2]\n", "models[0].devices: device 2 does not exist"),
+        ("[[models]]\nname = 'a'\ncheckpoint = 'x'\ntp = 3\n", "models[0].tp: 3 exceeds devices.count = 2"),
+        ("[devices]\nmemory_mib = 1001\n", "devices.memory_mib: must be a multiple"),
+        ("[server]\napi_keys = ['', 'a']\n", "server.api_keys"),
+        ("[server\nport = 1\n", "not valid TOML"),
+    ],
+)
+def test_bad_files_name_file_and_key(tmp_path, text, needle):
+    p = tmp_path / "bad.toml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        load_config(p)
+    msg = str(exc.value)
+    assert msg.startswith(f"{p}: "), msg
+    assert needle in msg, msg
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_config_is_frozen():
+    cfg = load_config(None)
+    with pytest.raises(AttributeError):
+        cfg.server.port = 1  # type: ignore[misc]
