@@ -1,0 +1,129 @@
+"""`janus ctl`: operate a running daemon over its admin Unix socket.
+
+status | models | instances | pools | load NAME | unload NAME | drain | config.
+Prints rich tables, or exactly one JSON object with --json (for scripts). The socket
+path comes from --socket, else from --config's server.admin_socket, else the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+from typing import Any
+
+SUBCOMMANDS = ("status", "models", "instances", "pools", "load", "unload", "drain", "config")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--socket", help="admin socket path (default: server.admin_socket of --config or the default)")
+    p.add_argument("--config", metavar="FILE", help="config file to read the admin socket path from")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the reply (load can be slow)")
+    p.add_argument("action", choices=SUBCOMMANDS)
+    p.add_argument("name", nargs="?", help="model name (load, unload)")
+    p.add_argument("--checkpoint", help="load: checkpoint spec of a model not in the config")
+    p.add_argument("--device", type=int, action="append", default=[], help="load: device index (repeatable)")
+
+
+def _socket_path(args: argparse.Namespace) -> str:
+    if args.socket:
+        return str(args.socket)
+    from janusd.config import load_config
+
+    return load_config(args.config).server.admin_socket
+
+
+def _request(args: argparse.Namespace) -> Any:
+    from janusd.wire import admin_msgs as am
+
+    a = args.action
+    if a in ("load", "unload") and not args.name:
+        raise ValueError(f"ctl {a}: a model name is required")
+    return {
+        "status": lambda: am.StatusReq(),
+        "models": lambda: am.ModelsReq(),
+        "instances": lambda: am.InstancesReq(),
+        "pools": lambda: am.PoolsReq(),
+        "load": lambda: am.LoadReq(args.name, args.checkpoint, list(args.device)),
+        "unload": lambda: am.UnloadReq(args.name),
+        "drain": lambda: am.DrainReq(),
+        "config": lambda: am.ConfigReq(),
+    }[a]()
+
+
+def call(path: str, req: Any, timeout: float = 60.0) -> Any:
+    """Send one admin request and return the decoded reply (AdminResult or AdminError)."""
+    import msgspec
+
+    from janusd.wire import admin_msgs as am
+    from janusd.wire.framing import BlockingFramedSocket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(path)
+        conn = BlockingFramedSocket(s, msgspec.msgpack.Encoder())
+        conn.send(req)
+        body = conn.recv()
+    if body is None:
+        raise ConnectionError(f"{path}: the daemon closed the connection without a reply")
+    return am.reply_decoder().decode(body)
+
+
+def _table(title: str, rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    cols: list[str] = []
+    for r in rows:
+        cols += [k for k in r if k not in cols]
+    for c in cols:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*("" if r.get(c) is None else str(r.get(c)) for c in cols))
+    Console().print(t)
+
+
+def _print(action: str, data: dict[str, Any]) -> None:
+    if action == "config":
+        sys.stdout.write(data["toml"])
+        return
+    if action == "pools":
+        keep = ("device", "state", "models", "running", "engine_requests", "num_pages", "free_pages",
+                "weight_pages", "kv_pages", "cached_pages", "fragmentation_pct")
+        _table("pools", [{k: r[k] for k in keep if k in r} for r in data["pools"]])
+        return
+    key = {"models": "models", "instances": "instances"}.get(action)
+    if key:
+        _table(key, data[key])
+        return
+    if action == "status":
+        flat = {k: v for k, v in data.items() if k not in ("workers", "dispatch")}
+        _table("janusd", [flat])
+        _table("workers", data["workers"])
+        _table("dispatch", [data["dispatch"]])
+        return
+    _table(action, [data])
+
+
+def run(args: argparse.Namespace) -> int:
+    from janusd.wire import admin_msgs as am
+
+    try:
+        path = _socket_path(args)
+        reply = call(path, _request(args), args.timeout)
+    except (OSError, ValueError) as e:
+        msg = f"janus ctl: {e}"
+        print(json.dumps({"error": msg}) if args.json else msg, file=sys.stdout if args.json else sys.stderr)
+        return 1
+    if isinstance(reply, am.AdminError):
+        print(json.dumps({"error": reply.message}) if args.json else f"janus ctl: {reply.message}",
+              file=sys.stdout if args.json else sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(reply.data, default=str))
+    else:
+        _print(args.action, reply.data)
+    return 0

@@ -1,0 +1,217 @@
+"""The format-neutral face of a checkpoint: ModelArch, CheckpointError and Checkpoint.
+
+Every reader (HF safetensors dirs, GGUF files) turns its file into the same three
+things: a ModelArch, the exact set of HF-named tensors the model needs with their HF
+shapes, and a stream of those tensors one at a time. The expected tensor set is
+derived from the architecture alone (``expected_tensor_shapes``), so a reader checks
+the file against what the model needs instead of trusting the file's own listing:
+a missing, extra or misshaped tensor is caught when the checkpoint is opened, long
+before a worker has allocated device memory for it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+if TYPE_CHECKING:
+    import torch
+
+    from janusd.engine.tokenizer import Tokenizer
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used; the message names the file and, where relevant, the tensor."""
+
+
+class ModelArch(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the llama-family forward needs to know about a model's shape.
+
+    ``attention_bias`` means bias on q/k/v only (Qwen2); ``qk_norm`` means per-head
+    RMSNorm on q and k before RoPE (Qwen3). ``rope_scaling`` is None for plain RoPE or a
+    dict with at least ``rope_type`` (e.g. llama3 with factor, low_freq_factor,
+    high_freq_factor, original_max_position_embeddings).
+    """
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
+    torch_dtype: str = "float32"
+
+
+def validate_arch(arch: ModelArch, where: str) -> None:
+    """Reject shapes no forward can run, naming ``where`` (the file) in the message."""
+    if arch.architecture not in SUPPORTED_ARCHITECTURES:
+        raise CheckpointError(
+            f"{where}: unsupported architecture {arch.architecture!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
+    for field in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+    ):
+        value = getattr(arch, field)
+        if not isinstance(value, int) or value <= 0:
+            raise CheckpointError(f"{where}: {field} must be a positive integer, got {value!r}")
+    if arch.num_attention_heads % arch.num_key_value_heads:
+        raise CheckpointError(
+            f"{where}: num_attention_heads ({arch.num_attention_heads}) is not a multiple of "
+            f"num_key_value_heads ({arch.num_key_value_heads})"
+        )
+    if arch.head_dim % 2:
+        raise CheckpointError(f"{where}: head_dim must be even for RoPE, got {arch.head_dim}")
+    if not arch.rms_norm_eps > 0 or not arch.rope_theta > 0:
+        raise CheckpointError(f"{where}: rms_norm_eps and rope_theta must be positive")
+
+
+def expected_tensor_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
+    """HF parameter name -> HF shape ([out, in] for linears) for every tensor the model needs."""
+    h, i, d = arch.hidden_size, arch.intermediate_size, arch.head_dim
+    q_rows, kv_rows = arch.num_attention_heads * d, arch.num_key_value_heads * d
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (arch.vocab_size, h)}
+    for n in range(arch.num_hidden_layers):
+        p = f"model.layers.{n}."
+        shapes[p + "input_layernorm.weight"] = (h,)
+        shapes[p + "self_attn.q_proj.weight"] = (q_rows, h)
+        shapes[p + "self_attn.k_proj.weight"] = (kv_rows, h)
+        shapes[p + "self_attn.v_proj.weight"] = (kv_rows, h)
+        shapes[p + "self_attn.o_proj.weight"] = (h, q_rows)
+        if arch.attention_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (q_rows,)
+            shapes[p + "self_attn.k_proj.bias"] = (kv_rows,)
+            shapes[p + "self_attn.v_proj.bias"] = (kv_rows,)
+        if arch.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (d,)
+            shapes[p + "self_attn.k_norm.weight"] = (d,)
+        shapes[p + "post_attention_layernorm.weight"] = (h,)
+        shapes[p + "mlp.gate_proj.weight"] = (i, h)
+        shapes[p + "mlp.up_proj.weight"] = (i, h)
+        shapes[p + "mlp.down_proj.weight"] = (h, i)
+    shapes["model.norm.weight"] = (h,)
+    if not arch.tie_word_embeddings:
+        shapes["lm_head.weight"] = (arch.vocab_size, h)
+    return shapes
+
+
+def check_tensor_set(
+    expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], where: Callable[[str], str]
+) -> None:
+    """Raise CheckpointError for the first missing, extra or misshaped tensor.
+
+    ``where(name)`` names the file holding ``name`` (shards differ per tensor).
+    """
+    missing = [n for n in expected if n not in found]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"{where(missing[0])}: missing tensor {missing[0]!r}{more}")
+    extra = sorted(n for n in found if n not in expected)
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise CheckpointError(f"{where(extra[0])}: unexpected tensor {extra[0]!r}{more}")
+    for name, shape in expected.items():
+        if tuple(found[name]) != tuple(shape):
+            raise CheckpointError(
+                f"{where(name)}: tensor {name!r} has shape {list(found[name])}, expected {list(shape)}"
+            )
+
+
+class Checkpoint:
+    """An opened, validated checkpoint. Subclasses implement ``_iter_raw``.
+
+    Construction reads only metadata (headers, config, tokenizer); weights are read
+    lazily, one tensor at a time, by ``iter_tensors`` / ``load_into``.
+    """
+
+    format: str = ""
+
+    def __init__(
+        self,
+        path: Path,
+        arch: ModelArch,
+        specs: dict[str, tuple[tuple[int, ...], str]],
+        tokenizer: Tokenizer,
+        generation_defaults: dict[str, Any],
+        eos_token_ids: list[int],
+    ) -> None:
+        self.path = path
+        self.arch = arch
+        self._specs = specs
+        self.tokenizer = tokenizer
+        self.generation_defaults = generation_defaults
+        self.eos_token_ids = eos_token_ids
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.format} {self.arch.architecture} {self.path}>"
+
+    def tensor_specs(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """HF name -> (HF shape, stored dtype name: float32/float16/bfloat16, or a GGUF quant like q4_1)."""
+        return dict(self._specs)
+
+    def num_parameters(self) -> int:
+        total = 0
+        for shape, _ in self._specs.values():
+            n = 1
+            for s in shape:
+                n *= s
+            total += n
+        return total
+
+    def _iter_raw(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        raise NotImplementedError
+
+    def iter_tensors(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (HF name, tensor in HF layout converted to ``dtype``), one tensor at a time."""
+        for name, tensor in self._iter_raw(dtype):
+            shape = self._specs[name][0]
+            if tuple(tensor.shape) != shape:  # a reader bug or a file changed under us
+                raise CheckpointError(
+                    f"{self.path}: tensor {name!r} read with shape {list(tensor.shape)}, expected {list(shape)}"
+                )
+            yield name, tensor
+
+    def load_into(self, dest: Callable[[str], torch.Tensor], dtype: torch.dtype) -> None:
+        """Copy every tensor into ``dest(name)`` (a preallocated view of exactly the HF shape).
+
+        Only one source tensor is alive at a time. A progress bar appears when loading
+        takes longer than a second (tqdm's ``delay``), and stays quiet off a terminal.
+        """
+        from tqdm import tqdm
+
+        start = time.monotonic()
+        with tqdm(
+            total=len(self._specs), desc=f"loading {self.path.name}", unit="tensor", delay=1.0, disable=None, leave=False
+        ) as bar:
+            for name, tensor in self.iter_tensors(dtype):
+                target = dest(name)
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise CheckpointError(
+                        f"{self.path}: destination for tensor {name!r} has shape {list(target.shape)}, "
+                        f"expected {list(tensor.shape)}"
+                    )
+                target.copy_(tensor)
+                del tensor
+                bar.update(1)
+        self.last_load_seconds = time.monotonic() - start

@@ -1,0 +1,181 @@
+"""GGUF files (llama.cpp's format) read through the ``gguf`` package.
+
+The file is memory-mapped by ``gguf.GGUFReader``; each tensor is dequantised on its own
+(``gguf.quants.dequantize``) when iterated, so peak extra memory is one float32 tensor.
+Three llama.cpp conventions are undone so the engine sees plain HF checkpoints:
+tensor names (``blk.N.attn_q`` -> ``model.layers.N.self_attn.q_proj``), shapes (GGUF
+lists dimensions innermost first) and, for llama, the row permutation of attn_q/attn_k
+that llama.cpp's converter applies for its interleaved RoPE.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from janusd.engine.checkpoint.base import (
+    Checkpoint,
+    CheckpointError,
+    ModelArch,
+    check_tensor_set,
+    expected_tensor_shapes,
+    validate_arch,
+)
+from janusd.engine.checkpoint.gguf_vocab import tokenizer_from_gguf
+
+if TYPE_CHECKING:
+    import torch
+
+GGUF_ARCHS = ("llama", "qwen2", "qwen3")
+_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+_PLAIN = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+_SAMPLING = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p", "general.sampling.top_k": "top_k",
+             "general.sampling.min_p": "min_p", "general.sampling.penalty_repeat": "repetition_penalty"}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """GGUF tensor name -> HF parameter name (None if unknown)."""
+    if gguf_name in _TOP:
+        return _TOP[gguf_name]
+    m = _BLOCK_RE.match(gguf_name)
+    if m and m.group(2) in _BLOCK:
+        return f"model.layers.{m.group(1)}.{_BLOCK[m.group(2)]}.{m.group(3)}"
+    return None
+
+
+def unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Inverse of llama.cpp's q/k permutation: rows (head, 2, half) were stored as (head, half, 2)."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _read_metadata(reader: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        try:
+            meta[key] = field.contents()
+        except Exception:  # a field type this gguf version cannot decode: not one we use
+            continue
+    return meta
+
+
+class GGUFCheckpoint(Checkpoint):
+    format = "gguf"
+
+    def __init__(self, path: Path) -> None:
+        import gguf
+
+        path = Path(path)
+        try:
+            self._reader = gguf.GGUFReader(str(path), "r")
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}: missing file") from None
+        except Exception as e:  # GGUFReader raises ValueError, struct.error, IndexError... on corrupt input
+            raise CheckpointError(f"{path}: unreadable or corrupt GGUF file: {type(e).__name__}: {e}") from e
+        meta = _read_metadata(self._reader)
+        self._tensors: dict[str, Any] = {}
+        found: dict[str, tuple[int, ...]] = {}
+        stored: dict[str, str] = {}
+        for t in self._reader.tensors:
+            if t.name == "rope_freqs.weight":
+                raise CheckpointError(f"{path}: tensor 'rope_freqs.weight' (llama3 rope in GGUF) is not supported")
+            name = hf_name(t.name)
+            if name is None:
+                raise CheckpointError(f"{path}: unexpected tensor {t.name!r}")
+            qtype = t.tensor_type.name
+            if qtype not in _PLAIN and not hasattr(gguf.quants, qtype):
+                raise CheckpointError(f"{path}: tensor {t.name!r} has unsupported type {qtype}")
+            self._tensors[name] = t
+            found[name] = tuple(int(d) for d in reversed(t.shape.tolist()))
+            stored[name] = _PLAIN.get(qtype, qtype.lower())
+        arch = self._arch(meta, found, path)
+        check_tensor_set(expected_tensor_shapes(arch), found, lambda name: str(path))
+        specs = {n: (s, stored[n]) for n, s in expected_tensor_shapes(arch).items()}
+        tokenizer = tokenizer_from_gguf(meta, str(path))
+        defaults: dict[str, Any] = {hf: meta[k] for k, hf in _SAMPLING.items() if k in meta}
+        eos = list(tokenizer.eos_token_ids)
+        defaults["eos_token_id"] = eos
+        super().__init__(path, arch, specs, tokenizer, defaults, eos)
+
+    @staticmethod
+    def _arch(meta: dict[str, Any], found: dict[str, tuple[int, ...]], path: Path) -> ModelArch:
+        name = meta.get("general.architecture")
+        if name not in GGUF_ARCHS:
+            raise CheckpointError(f"{path}: unsupported architecture {name!r} (supported in GGUF: {', '.join(GGUF_ARCHS)})")
+
+        def key(suffix: str, default: Any = None) -> Any:
+            value = meta.get(f"{name}.{suffix}", default)
+            if value is None:
+                raise CheckpointError(f"{path}: missing GGUF metadata key '{name}.{suffix}'")
+            return value
+
+        embd = found.get("model.embed_tokens.weight")
+        if embd is None:
+            raise CheckpointError(f"{path}: missing tensor 'token_embd.weight'")
+        heads = int(key("attention.head_count"))
+        hidden = int(key("embedding_length"))
+        scaling = None
+        stype = meta.get(f"{name}.rope.scaling.type")
+        if stype not in (None, "none"):
+            scaling = {"rope_type": stype, "factor": float(key("rope.scaling.factor"))}
+            if f"{name}.rope.scaling.original_context_length" in meta:
+                scaling["original_max_position_embeddings"] = int(meta[f"{name}.rope.scaling.original_context_length"])
+        arch = ModelArch(
+            architecture=name,
+            vocab_size=int(meta.get(f"{name}.vocab_size") or embd[0]),
+            hidden_size=hidden,
+            intermediate_size=int(key("feed_forward_length")),
+            num_hidden_layers=int(key("block_count")),
+            num_attention_heads=heads,
+            num_key_value_heads=int(meta.get(f"{name}.attention.head_count_kv") or heads),
+            head_dim=int(meta.get(f"{name}.attention.key_length") or hidden // heads),
+            rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+            rope_theta=float(meta.get(f"{name}.rope.freq_base", 10000.0)),
+            rope_scaling=scaling,
+            max_position_embeddings=int(meta.get(f"{name}.context_length", 2048)),
+            tie_word_embeddings="lm_head.weight" not in found,
+            attention_bias="model.layers.0.self_attn.q_proj.bias" in found,
+            qk_norm=name == "qwen3",
+            sliding_window=int(meta[f"{name}.attention.sliding_window"]) if meta.get(f"{name}.attention.sliding_window") else None,
+            torch_dtype="float32",
+        )
+        validate_arch(arch, str(path))
+        return arch
+
+    def _iter_raw(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        import numpy as np
+        import torch
+        from gguf.quants import dequantize
+
+        permute = self.arch.architecture == "llama"
+        for name, (shape, _) in self._specs.items():
+            t = self._tensors[name]
+            try:
+                if t.tensor_type.name in ("F32", "F16"):
+                    values = np.array(t.data)  # a copy: the memmap is read-only
+                else:
+                    values = dequantize(np.asarray(t.data), t.tensor_type)
+                tensor = torch.from_numpy(np.ascontiguousarray(values)).reshape(shape).to(dtype)
+            except Exception as e:  # a truncated file surfaces here as a short buffer
+                raise CheckpointError(f"{self.path}: cannot read tensor {t.name!r}: {type(e).__name__}: {e}") from e
+            if permute and name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+                tensor = unpermute_rows(tensor, self.arch.num_attention_heads)
+            elif permute and name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
+                tensor = unpermute_rows(tensor, self.arch.num_key_value_heads)
+            yield name, tensor

@@ -1,0 +1,66 @@
+"""`janus serve` (also installed as `janusd`): run the daemon in the foreground.
+
+Flags override the config file; with no --config the embedded default is served (two
+CPU virtual devices: SmolLM2 on device 0, two demo models on device 1). systemd runs
+this with Type=notify (systemd/janusd.service). Top-level imports stay light: the
+daemon and uvloop are imported in run().
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML config file (default: the embedded default)")
+    p.add_argument("--host", help="listen address (overrides server.host)")
+    p.add_argument("--port", type=int, help="listen port (overrides server.port; 0 = any free port)")
+    p.add_argument("--print-config", action="store_true", help="print the effective configuration and exit")
+
+
+def effective_config(args: argparse.Namespace):  # -> JanusConfig
+    import msgspec
+
+    from janusd.config import ConfigError, load_config
+
+    cfg = load_config(args.config)
+    server = cfg.server
+    if args.host is not None:
+        server = msgspec.structs.replace(server, host=args.host)
+    if args.port is not None:
+        if not 0 <= args.port <= 65535:
+            raise ConfigError(f"--port: must be in [0, 65535], got {args.port}")
+        server = msgspec.structs.replace(server, port=args.port)
+    return msgspec.structs.replace(cfg, server=server)
+
+
+def run(args: argparse.Namespace) -> int:
+    from janusd.config import ConfigError, dump_config
+
+    try:
+        cfg = effective_config(args)
+    except ConfigError as e:
+        print(f"janus serve: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        sys.stdout.write(dump_config(cfg))
+        return 0
+    import asyncio
+
+    import uvloop
+
+    from janusd.server.admin import AdminSocketError
+    from janusd.server.daemon import Daemon
+
+    async def main() -> int:
+        return await Daemon(cfg, args.config).run()
+
+    try:
+        return uvloop.run(main())
+    except AdminSocketError as e:
+        print(f"janus serve: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"janus serve: {e}", file=sys.stderr)
+        return 1

