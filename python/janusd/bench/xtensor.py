@@ -1,0 +1,69 @@
+"""`janus bench xtensor`: xTensor's costs (PAPER.md §7), measured in Rust in one call each.
+
+- map/unmap microseconds per page: a KV region grown and shrunk one page per resize
+  through the device pool (host backend; cache watermarks 0 so every step maps or
+  unmaps exactly one page), against the raw floor measured in the same run: a bare
+  mmap(MAP_FIXED|MAP_SHARED) of a memfd page and a bare mmap(MAP_FIXED, PROT_NONE) over
+  it. Neither side touches the page after mapping: first-touch faults are excluded from
+  both. Medians over alternating rounds.
+- bookkeeping nanoseconds per alloc/free on a 65,536-page pool (pure page pool): the
+  thread's CPU time per operation (wall time, inflated by neighbours on a shared
+  machine, is in the stderr detail line); medians of three trials.
+- fragmentation mean/max over a churn of 1,000,000 operations on a 32,768-page pool
+  (models of 0.5B..14B loaded/unloaded, KV regions growing and shrinking), sampled after
+  every operation; definition in rust/janus-core/src/xtensor/stats.rs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--map-pages", type=int, default=256, help="pages mapped per round (default 256)")
+    p.add_argument("--map-rounds", type=int, default=15, help="alternating ours/raw rounds (default 15)")
+    p.add_argument("--page-size", type=int, default=2 << 20, help="page size for map/unmap (default 2 MiB)")
+    p.add_argument("--book-pages", type=int, default=65536, help="pool size for bookkeeping (default 65536)")
+    p.add_argument("--book-ops", type=int, default=1_000_000, help="bookkeeping operations (default 1e6)")
+    p.add_argument("--churn-pages", type=int, default=32768, help="pool size for the churn (default 32768)")
+    p.add_argument("--churn-ops", type=int, default=1_000_000, help="churn operations (default 1e6)")
+    p.add_argument("--seed", type=int, default=7)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from janusd import _native
+
+    t0 = time.perf_counter()
+    m = _native.xtensor_bench_map(args.map_pages, args.page_size, args.map_rounds)
+    book_cpu, book_wall = _native.xtensor_bench_bookkeeping(args.book_pages, args.book_ops, args.seed)
+    churn = _native.xtensor_bench_churn(args.churn_pages, 4096, args.churn_ops, args.seed)
+    detail = {
+        "backend": "host",
+        "page_size": args.page_size,
+        "map_ratio": round(m["map_us_per_page"] / m["raw_map_us_per_page"], 3),
+        "unmap_ratio": round(m["unmap_us_per_page"] / m["raw_unmap_us_per_page"], 3),
+        "churn_ops": churn["ops"],
+        "churn_loads": churn["loads"],
+        "churn_noncontiguous_loads": churn["noncontiguous_loads"],
+        "churn_kv_refused": churn["kv_refused"],
+        "churn_mean_free_pct": round(churn["mean_free_pct"], 2),
+        "fragmentation_all_zones_mean_pct": round(churn["fragmentation_all_zones_mean_pct"], 4),
+        "fragmentation_all_zones_max_pct": round(churn["fragmentation_all_zones_max_pct"], 4),
+        "bookkeeping_wall_ns_per_op": round(book_wall, 1),
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    # The details go to stderr; the last stdout line is exactly the seven headline figures.
+    print("# xtensor detail: " + json.dumps(detail), file=sys.stderr)
+    return {
+        "map_us_per_page": round(m["map_us_per_page"], 3),
+        "unmap_us_per_page": round(m["unmap_us_per_page"], 3),
+        "raw_map_us_per_page": round(m["raw_map_us_per_page"], 3),
+        "raw_unmap_us_per_page": round(m["raw_unmap_us_per_page"], 3),
+        "bookkeeping_ns_per_op": round(book_cpu, 1),
+        "fragmentation_mean_pct": round(churn["fragmentation_mean_pct"], 4),
+        "fragmentation_max_pct": round(churn["fragmentation_max_pct"], 4),
+    }

@@ -1,0 +1,24 @@
+"""`janus bench xtensor` at a small size: the headline keys, real measured values."""
+
+from __future__ import annotations
+
+import argparse
+
+from janusd.bench import xtensor
+
+
+def test_bench_reports_the_seven_headline_figures(capsys) -> None:  # type: ignore[no-untyped-def]
+    p = argparse.ArgumentParser()
+    xtensor.add_arguments(p)
+    args = p.parse_args(
+        ["--map-pages", "16", "--map-rounds", "3", "--book-pages", "4096", "--book-ops", "20000",
+         "--churn-pages", "4096", "--churn-ops", "20000"]
+    )
+    out = xtensor.run(args)
+    assert list(out) == [
+        "map_us_per_page", "unmap_us_per_page", "raw_map_us_per_page", "raw_unmap_us_per_page",
+        "bookkeeping_ns_per_op", "fragmentation_mean_pct", "fragmentation_max_pct",
+    ]
+    assert all(out[k] > 0 for k in list(out)[:5])
+    assert 0 <= out["fragmentation_mean_pct"] <= out["fragmentation_max_pct"] <= 100
+    assert '"churn_ops": 20000' in capsys.readouterr().err
