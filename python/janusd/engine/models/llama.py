@@ -1,0 +1,113 @@
+"""The Llama family forward: Llama 2/3 (incl. llama3 RoPE scaling), Mistral, Qwen2
+(q/k/v bias) and Qwen3 (per-head q/k RMSNorm) differ only in flags of one module.
+
+Weights are not owned here: they are zero-copy views into the model's xTensor weight
+segment (see weights.py), so the model is a plain object holding tensors rather than an
+nn.Module of Parameters. The forward takes a packed batch of rows (tokens of several
+sequences, see attention.py) and the per-layer KV cache views, and returns hidden
+states; `logits` applies the final norm and the LM head to the rows that sample.
+Numerics follow HF: RMSNorm in float32, RoPE tables in float32 cast to the model dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from janusd.engine.models.attention import AttnBatch, paged_attention
+from janusd.engine.models.rope import RotaryTable, apply_rotary
+from janusd.engine.types import EngineError
+
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+class _Layer:
+    __slots__ = ("ln1", "ln2", "qkv_w", "qkv_b", "o_w", "q_norm", "k_norm", "gate_up_w", "down_w")
+
+    def __init__(self, w: Mapping[str, torch.Tensor], p: str) -> None:
+        self.ln1 = w[p + "input_layernorm.weight"]
+        self.ln2 = w[p + "post_attention_layernorm.weight"]
+        self.qkv_w = w[p + "self_attn.qkv_proj.weight"]
+        self.qkv_b = w.get(p + "self_attn.qkv_proj.bias")
+        self.o_w = w[p + "self_attn.o_proj.weight"]
+        self.q_norm = w.get(p + "self_attn.q_norm.weight")
+        self.k_norm = w.get(p + "self_attn.k_norm.weight")
+        self.gate_up_w = w[p + "mlp.gate_up_proj.weight"]
+        self.down_w = w[p + "mlp.down_proj.weight"]
+
+
+class LlamaModel:
+    """One module for the whole family; `arch` is a ModelArch (janusd.engine.loader)."""
+
+    def __init__(self, arch: Any, weights: Mapping[str, torch.Tensor], max_positions: int | None = None) -> None:
+        if arch.architecture not in SUPPORTED_ARCHS:
+            raise EngineError(f"architecture {arch.architecture!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+        if arch.num_attention_heads % arch.num_key_value_heads:
+            raise EngineError("num_attention_heads must be a multiple of num_key_value_heads")
+        self.arch = arch
+        self.embed = weights["model.embed_tokens.weight"]
+        self.lm_head = weights["lm_head.weight"]
+        self.norm = weights["model.norm.weight"]
+        self.dtype = self.embed.dtype
+        self.device = self.embed.device
+        self.layers = [_Layer(weights, f"model.layers.{i}.") for i in range(arch.num_hidden_layers)]
+        self.nq, self.nkv, self.hd = arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim
+        self.q_size, self.kv_size = self.nq * self.hd, self.nkv * self.hd
+        self.inter = arch.intermediate_size
+        self.eps = float(arch.rms_norm_eps)
+        n_pos = min(max_positions or arch.max_position_embeddings, arch.max_position_embeddings)
+        self.rope = RotaryTable(self.hd, float(arch.rope_theta), arch.rope_scaling, n_pos, self.dtype, self.device)
+
+    @property
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights a decode step reads (all matrices, the LM head; one embedding row)."""
+        total = self.lm_head.numel() * self.lm_head.element_size() + self.norm.numel() * self.norm.element_size()
+        for layer in self.layers:
+            for t in (layer.ln1, layer.ln2, layer.qkv_w, layer.qkv_b, layer.o_w, layer.q_norm, layer.k_norm,
+                      layer.gate_up_w, layer.down_w):
+                if t is not None:
+                    total += t.numel() * t.element_size()
+        return total + self.embed.shape[1] * self.embed.element_size()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnBatch,
+                kv: Sequence[tuple[torch.Tensor, torch.Tensor]] | None) -> torch.Tensor:
+        """input_ids, positions: [T] long. kv[l] = (k_cache, v_cache) views of layer l, or
+        None for a cache-less forward (prefills only). Returns hidden states [T, hidden]."""
+        if int(positions.max()) >= self.rope.max_positions:
+            raise EngineError(f"position {int(positions.max())} exceeds the model's {self.rope.max_positions} positions")
+        h = F.embedding(input_ids, self.embed)
+        cos, sin = self.rope.lookup(positions)
+        t = input_ids.shape[0]
+        for i, layer in enumerate(self.layers):
+            x = rms_norm(h, layer.ln1, self.eps)
+            qkv = F.linear(x, layer.qkv_w, layer.qkv_b)
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = q.view(t, self.nq, self.hd)
+            k = k.view(t, self.nkv, self.hd)
+            v = v.view(t, self.nkv, self.hd)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q = rms_norm(q, layer.q_norm, self.eps)
+                k = rms_norm(k, layer.k_norm, self.eps)
+            q = apply_rotary(q, cos, sin)
+            k = apply_rotary(k, cos, sin)
+            kc, vc = kv[i] if kv is not None else (None, None)
+            a = paged_attention(q, k, v.contiguous(), kc, vc, meta)
+            h = h + F.linear(a.view(t, self.q_size), layer.o_w)
+            x = rms_norm(h, layer.ln2, self.eps)
+            gu = F.linear(x, layer.gate_up_w)
+            h = h + F.linear(F.silu(gu[:, : self.inter]) * gu[:, self.inter :], layer.down_w)
+        return h
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits [n, vocab] for the given rows of hidden states."""
+        return F.linear(rms_norm(hidden, self.norm, self.eps), self.lm_head).float()

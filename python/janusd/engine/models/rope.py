@@ -1,0 +1,67 @@
+"""Rotary position embeddings (NeoX "rotate half" form, as the HF Llama family uses).
+
+The inverse frequencies follow the checkpoint's `rope_scaling`: none/default, "linear"
+(positions divided by factor) and "llama3" (Llama 3.1's per-band rescaling). The cos/sin
+table is built once in float32 up to max_position_embeddings and indexed by position,
+so a step only gathers rows; it is cast to the model dtype like HF does.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from janusd.engine.types import EngineError
+
+
+def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+    """Per-pair inverse frequencies, float32, shape [head_dim // 2]."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if not scaling:
+        return inv
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv
+    if kind == "linear":
+        return inv / float(scaling["factor"])
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low = float(scaling.get("low_freq_factor", 1.0))
+        high = float(scaling.get("high_freq_factor", 4.0))
+        old_len = float(scaling["original_max_position_embeddings"])
+        low_wavelen = old_len / low
+        high_wavelen = old_len / high
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    raise EngineError(f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3)")
+
+
+class RotaryTable:
+    """cos/sin rows for every position up to `max_positions`, in the model dtype."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None,
+                 max_positions: int, dtype: torch.dtype, device: torch.device) -> None:
+        inv = inv_frequencies(head_dim, theta, scaling)
+        pos = torch.arange(max_positions, dtype=torch.float32)
+        freqs = pos[:, None] * inv[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = emb.cos().to(dtype).to(device)
+        self.sin = emb.sin().to(dtype).to(device)
+        self.max_positions = max_positions
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape [T, 1, head_dim] for broadcasting over heads."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim]; cos/sin: [T, 1, head_dim]."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin

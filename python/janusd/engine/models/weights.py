@@ -1,0 +1,150 @@
+"""Where each weight lives inside a model's single weight segment.
+
+The engine allocates ONE xTensor weight segment per model and every parameter is a
+zero-copy view into it. The plan below places tensors at 64-byte aligned offsets and
+lays q/k/v (and gate/up) of a layer back to back, so that the fused [q;k;v] and
+[gate;up] matrices are themselves plain views: one matmul instead of three, without a
+copy. Tied embeddings get one tensor that serves as both `embed_tokens` and `lm_head`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from janusd.engine.types import EngineError
+
+ALIGN = 64
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass
+class Slot:
+    """One tensor in the segment: `parent` names a fused view it is a row slice of."""
+
+    offset: int
+    shape: tuple[int, ...]
+    parent: str | None = None
+    row0: int = 0
+
+
+@dataclass
+class WeightPlan:
+    total_bytes: int
+    dtype: torch.dtype
+    slots: dict[str, Slot] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)  # tied lm_head -> embed_tokens
+
+
+def expected_shapes(arch: Any) -> dict[str, tuple[int, ...]]:
+    """HF names and shapes the llama family needs for `arch` (a ModelArch)."""
+    h, inter, d = arch.hidden_size, arch.intermediate_size, arch.head_dim
+    nq, nkv = arch.num_attention_heads, arch.num_key_value_heads
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (arch.vocab_size, h), "model.norm.weight": (h,)}
+    if not arch.tie_word_embeddings:
+        out["lm_head.weight"] = (arch.vocab_size, h)
+    for i in range(arch.num_hidden_layers):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = (h,)
+        out[p + "post_attention_layernorm.weight"] = (h,)
+        out[p + "self_attn.q_proj.weight"] = (nq * d, h)
+        out[p + "self_attn.k_proj.weight"] = (nkv * d, h)
+        out[p + "self_attn.v_proj.weight"] = (nkv * d, h)
+        out[p + "self_attn.o_proj.weight"] = (h, nq * d)
+        if arch.attention_bias:
+            out[p + "self_attn.q_proj.bias"] = (nq * d,)
+            out[p + "self_attn.k_proj.bias"] = (nkv * d,)
+            out[p + "self_attn.v_proj.bias"] = (nkv * d,)
+        if arch.qk_norm:
+            out[p + "self_attn.q_norm.weight"] = (d,)
+            out[p + "self_attn.k_norm.weight"] = (d,)
+        out[p + "mlp.gate_proj.weight"] = (inter, h)
+        out[p + "mlp.up_proj.weight"] = (inter, h)
+        out[p + "mlp.down_proj.weight"] = (h, inter)
+    return out
+
+
+_FUSED = (
+    ("self_attn.qkv_proj.weight", ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")),
+    ("self_attn.qkv_proj.bias", ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")),
+    ("mlp.gate_up_proj.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
+)
+
+
+def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.dtype) -> WeightPlan:
+    """Offsets for every tensor the model needs; checks the checkpoint's shapes.
+
+    `specs` is `Checkpoint.tensor_specs()`: {hf_name: (shape, dtype_str)}. A needed tensor
+    that is missing, or a shape that disagrees with the architecture, is an EngineError.
+    """
+    want = expected_shapes(arch)
+    for name, shape in want.items():
+        if name not in specs:
+            raise EngineError(f"checkpoint lacks tensor {name!r}")
+        got = tuple(int(s) for s in specs[name][0])
+        if got != shape:
+            raise EngineError(f"tensor {name!r}: checkpoint shape {got} != expected {shape} from the config")
+    elt = torch.empty((), dtype=dtype).element_size()
+    plan = WeightPlan(total_bytes=0, dtype=dtype)
+    if arch.tie_word_embeddings:
+        plan.aliases["lm_head.weight"] = "model.embed_tokens.weight"
+    offset = 0
+    placed: set[str] = set()
+    for i in range(arch.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for fused, parts in _FUSED:
+            names = [p + x for x in parts]
+            if not all(n in want for n in names):
+                continue
+            offset = _align(offset)
+            rows = sum(want[n][0] for n in names)
+            tail = want[names[0]][1:]
+            plan.slots[p + fused] = Slot(offset, (rows, *tail))
+            r = 0
+            for n in names:
+                plan.slots[n] = Slot(offset, want[n], parent=p + fused, row0=r)
+                r += want[n][0]
+                placed.add(n)
+            numel = rows * math.prod(tail)
+            offset += numel * elt
+    for name, shape in want.items():
+        if name in placed:
+            continue
+        offset = _align(offset)
+        plan.slots[name] = Slot(offset, shape)
+        offset += math.prod(shape) * elt
+    plan.total_bytes = _align(offset)
+    return plan
+
+
+def materialize(plan: WeightPlan, view: Callable[[int, tuple[int, ...], torch.dtype], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Tensors for every slot: `view(offset, shape, dtype)` gives a zero-copy tensor
+    (WeightSegment.view for the real engine, a slice of a plain buffer in tests)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, slot in plan.slots.items():
+        if slot.parent is None:
+            out[name] = view(slot.offset, slot.shape, plan.dtype)
+    for name, slot in plan.slots.items():
+        if slot.parent is not None:
+            out[name] = out[slot.parent][slot.row0 : slot.row0 + slot.shape[0]]
+    for alias, target in plan.aliases.items():
+        out[alias] = out[target]
+    return out
+
+
+def plain_buffer_view(total_bytes: int, device: torch.device | str = "cpu") -> Callable[[int, tuple[int, ...], torch.dtype], torch.Tensor]:
+    """A `view` function over one ordinary torch byte buffer (tests, no pool)."""
+    buf = torch.zeros(total_bytes, dtype=torch.uint8, device=device)
+
+    def view(offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        elt = torch.empty((), dtype=dtype).element_size()
+        return buf[offset : offset + math.prod(shape) * elt].view(dtype).view(shape)
+
+    return view

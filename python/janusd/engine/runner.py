@@ -1,0 +1,259 @@
+"""ModelEngine: one model on one device — weights in an xTensor segment, paged KV in an
+xTensor region, a continuous-batching scheduler, the forward and the sampler.
+
+`step()` runs one engine step: schedule (decodes + chunked prefills under the token
+budget), build the packed batch's metadata, run the forward, sample the rows that reach
+the end of their tokens, and turn tokens into StepOutputs (detokenized, stop rules
+applied). Time is split into `forward_s` (model forward + logits) and `overhead_s`
+(scheduling, metadata, sampling, detokenization) so the bench can report the share
+spent outside the forward.
+
+Roles: "mixed" does everything; "prefill" stops a request after its prefill (and first
+token) with `kv_ready=True` and holds its blocks for `export_kv`; "decode" additionally
+accepts `import_kv` of a prefill done elsewhere (any role accepts plain requests).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from janusd.engine.kv_transfer import KVTransferMixin
+from janusd.engine.models.attention import build_attn_batch
+from janusd.engine.models.llama import LlamaModel
+from janusd.engine.sampler import SampleRequest, make_generator, sample
+from janusd.engine.scheduler import Scheduler
+from janusd.engine.sequence import Sequence, Status
+from janusd.engine.types import EngineError, RequestError, SamplingParams, StepOutput, TokenLogprob
+
+__all__ = ["EngineStats", "ModelEngine", "RequestError", "SamplingParams", "StepOutput", "TokenLogprob", "EngineError"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise EngineError(f"dtype {name!r} is not supported (supported: {', '.join(_DTYPES)})")
+    return _DTYPES[name]
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    forward_s: float = 0.0
+    overhead_s: float = 0.0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    preemptions: int = 0
+
+    @property
+    def overhead_share(self) -> float:
+        total = self.forward_s + self.overhead_s
+        return self.overhead_s / total if total > 0 else 0.0
+
+
+class ModelEngine(KVTransferMixin):
+    """Build with `DeviceEngine.load_model` (real pool) or directly from parts (tests)."""
+
+    def __init__(self, name: str, model: LlamaModel, kv: Any, tokenizer: Any, *, eos_token_ids: list[int],
+                 max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int, role: str = "mixed",
+                 dtype_name: str = "float32") -> None:
+        if role not in ("mixed", "prefill", "decode"):
+            raise EngineError(f"role {role!r} is not one of mixed, prefill, decode")
+        self.name = name
+        self.model = model
+        self.arch = model.arch
+        self.kv = kv
+        self.tokenizer = tokenizer
+        self.eos_token_ids = list(eos_token_ids)
+        self.max_model_len = max_model_len
+        self.role = role
+        self.dtype_name = dtype_name
+        self.block_size = kv.block_size
+        self.device = model.device
+        self.scheduler = Scheduler(kv.block_size, max_num_seqs, max_num_batched_tokens, kv)
+        self.seqs: dict[str, Sequence] = {}
+        self.stats = EngineStats()
+        self._arrivals = itertools.count()
+        self._window = getattr(self.arch, "sliding_window", None)
+        self._kv_layers = kv.layers
+        self.closed = False
+        # tests and tools may observe the float32 logits each sampled row came from
+        self.logit_sink: Callable[[str, torch.Tensor], None] | None = None
+
+    # ---- requests -------------------------------------------------------------------
+    def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        seq = self._new_sequence(req_id, prompt_token_ids, params)
+        self.seqs[req_id] = seq
+        self.scheduler.add(seq)
+
+    def _new_sequence(self, req_id: str, prompt: list[int], params: SamplingParams, n_out: int = 0) -> Sequence:
+        if self.closed:
+            raise EngineError(f"model {self.name!r} was unloaded")
+        if not isinstance(req_id, str) or not req_id:
+            raise RequestError("req_id: must be a non-empty string")
+        if req_id in self.seqs:
+            raise RequestError(f"req_id: {req_id!r} is already in use")
+        if not isinstance(params, SamplingParams):
+            raise RequestError("params: must be a SamplingParams")
+        params.validate(self.arch.vocab_size)
+        prompt = list(prompt)
+        if not prompt:
+            raise RequestError("prompt: must contain at least one token")
+        vocab = self.arch.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt):
+            raise RequestError(f"prompt: token ids must be integers in [0, {vocab})")
+        prompt_len = len(prompt) - n_out
+        if prompt_len + params.max_tokens > self.max_model_len:
+            raise RequestError(
+                f"prompt: {prompt_len} prompt tokens + max_tokens {params.max_tokens} exceed max_model_len {self.max_model_len}"
+            )
+        if -(-(prompt_len + params.max_tokens) // self.block_size) > self.kv.max_blocks:
+            raise RequestError(
+                f"prompt: {prompt_len} + {params.max_tokens} tokens need more KV blocks than this model's "
+                f"KV region holds ({self.kv.max_blocks} blocks of {self.block_size})"
+            )
+        from janusd.engine.tokenizer import IncrementalDetokenizer
+
+        detok = IncrementalDetokenizer(self.tokenizer, prompt[:prompt_len][-6:]) if self.tokenizer is not None else None
+        gen = make_generator(params.seed) if params.temperature > 0 else None
+        seq = Sequence(req_id, prompt[:prompt_len], params, next(self._arrivals), detok, self.eos_token_ids,
+                       self.max_model_len, gen)
+        seq.tokens = prompt
+        return seq
+
+    def abort(self, req_id: str) -> bool:
+        """Drop a request wherever it is and free its KV blocks; False if unknown."""
+        seq = self.seqs.pop(req_id, None)
+        if seq is None:
+            return False
+        self.scheduler.remove(seq)
+        if seq.blocks:  # held (KV_READY) or importing: not in the scheduler's queues
+            self.kv.free(seq.blocks)
+            seq.blocks = []
+        seq.status = Status.FINISHED
+        seq.finish_reason = "abort"
+        return True
+
+    def has_work(self) -> bool:
+        return not self.closed and self.scheduler.has_work()
+
+    def close(self) -> None:
+        """Drop every view into device memory (before the pool frees this model's pages)."""
+        self.closed = True
+        self.model = None  # type: ignore[assignment]
+        self.kv = None
+        self._kv_layers = []
+        self.scheduler.blocks = None
+
+    def num_requests(self) -> int:
+        return len(self.seqs)
+
+    def shrink_kv(self) -> int:
+        """Return KV pages above the highest used block to the pool; pages released."""
+        return self.kv.shrink()
+
+    # ---- the step -------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        if self.closed:
+            raise EngineError(f"model {self.name!r} was unloaded")
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule()
+        self.stats.preemptions += len(sched.preempted)
+        outputs = [self._fail(seq) for seq in sched.failed]
+        if not sched.items:
+            self.stats.overhead_s += time.perf_counter() - t0
+            return outputs
+        # decodes (1 token with earlier context) first, then prefill chunks
+        items = sorted(sched.items, key=lambda it: 0 if (it.n == 1 and it.start > 0) else 1)
+        n_dec = sum(1 for it in items if it.n == 1 and it.start > 0)
+        ids: list[int] = []
+        pos: list[int] = []
+        for it in items:
+            ids += it.seq.tokens[it.start : it.start + it.n]
+            pos += range(it.start, it.start + it.n)
+        meta = build_attn_batch(
+            [(it.seq.blocks, it.start + 1) for it in items[:n_dec]],
+            [(it.seq.blocks, it.start, it.n) for it in items[n_dec:]],
+            self.block_size, self.device, window=self._window,
+        )
+        rows, sampling = [], []
+        r = 0
+        for it in items:
+            r += it.n
+            if it.samples:
+                rows.append(r - 1)
+                sampling.append(it)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        positions = torch.tensor(pos, dtype=torch.long, device=self.device)
+        t1 = time.perf_counter()
+        with torch.inference_mode():
+            hidden = self.model.forward(input_ids, positions, meta, self._kv_layers)
+            logits = self.model.logits(hidden[rows]).cpu() if rows else None
+        t2 = time.perf_counter()
+        fwd = t2 - t1
+        self.scheduler.complete(sched)
+        total = sched.num_tokens
+        for it in items[n_dec:]:
+            it.seq.prefill_s += fwd * it.n / total
+        self.stats.prefill_tokens += sum(it.n for it in items[n_dec:])
+        self.stats.decode_tokens += n_dec
+        if logits is not None:
+            if self.logit_sink is not None:
+                for it, row in zip(sampling, logits):
+                    self.logit_sink(it.seq.req_id, row)
+            reqs = [SampleRequest(it.seq.params, it.seq.generator, it.seq.banned_now()) for it in sampling]
+            for it, (tok, lp) in zip(sampling, sample(logits, reqs)):
+                outputs.append(self._advance(it.seq, tok, lp))
+        self.stats.steps += 1
+        self.stats.forward_s += fwd
+        self.stats.overhead_s += (t1 - t0) + (time.perf_counter() - t2)
+        if not self.scheduler.has_work():
+            self.kv.shrink()
+        return outputs
+
+    def _advance(self, seq: Sequence, tok: int, lp: TokenLogprob | None) -> StepOutput:
+        text = seq.append_token(tok)
+        out = StepOutput(req_id=seq.req_id, model=self.name, token_ids=[tok], text=text,
+                         num_prompt_tokens=seq.prompt_len, num_output_tokens=seq.num_output,
+                         logprobs=[lp] if lp is not None else None)
+        if not seq.prefill_reported:
+            seq.prefill_reported = True
+            out.prefill_s = seq.prefill_s
+        if seq.finish_reason is not None:
+            self._finish(seq)
+            out.finished = True
+            out.finish_reason = seq.finish_reason
+        elif self.role == "prefill" and seq.status is Status.RUNNING:
+            self.scheduler.remove(seq, free_blocks=False)
+            seq.status = Status.KV_READY
+            out.kv_ready = True
+        return out
+
+    def _finish(self, seq: Sequence) -> None:
+        self.scheduler.remove(seq)
+        seq.status = Status.FINISHED
+        self.seqs.pop(seq.req_id, None)
+
+    def _fail(self, seq: Sequence) -> StepOutput:
+        self.seqs.pop(seq.req_id, None)
+        seq.status = Status.FINISHED
+        return StepOutput(req_id=seq.req_id, model=self.name, finished=True, finish_reason="abort",
+                          num_prompt_tokens=seq.prompt_len, num_output_tokens=seq.num_output,
+                          error="KV cache exhausted: the device pool cannot supply a KV block for this request")
+
+    # ---- convenience ----------------------------------------------------------------
+    def generate(self, prompts: dict[str, list[int]], params: SamplingParams | dict[str, SamplingParams]) -> dict[str, list[StepOutput]]:
+        """Run requests to completion on this engine alone (tests, `janus generate`)."""
+        for rid, p in prompts.items():
+            self.add_request(rid, p, params[rid] if isinstance(params, dict) else params)
+        outs: dict[str, list[StepOutput]] = {rid: [] for rid in prompts}
+        while self.has_work():
+            for o in self.step():
+                outs.setdefault(o.req_id, []).append(o)
+        return outs

@@ -1,0 +1,123 @@
+"""Messages of the engine's Python face: request parameters, per-step outputs, KV export.
+
+These are msgspec Structs because they cross the worker socket unchanged (wire/ wraps
+them); nothing here touches tensors. `RequestError` is what a caller can cause (bad
+prompt, bad parameters, duplicate id): a ValueError subclass so servers map it to 4xx.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class RequestError(ValueError):
+    """A request the engine refuses; the message names the offending field."""
+
+
+class EngineError(RuntimeError):
+    """The engine cannot run as configured (missing device runtime, unsupported model)."""
+
+
+class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Per-request sampling. temperature 0 means greedy; top_k 0 and top_p 1 are off.
+
+    `logprobs=n` returns the sampled token's log-probability under the model's raw
+    distribution (before temperature/top-k/top-p) and the n most likely alternatives.
+    Stop strings and EOS are not checked before `min_tokens` tokens were produced.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    min_tokens: int = 0
+
+    def validate(self, vocab_size: int) -> None:
+        """Raise RequestError naming the first bad field."""
+        if self.max_tokens < 1:
+            raise RequestError(f"max_tokens: must be >= 1, got {self.max_tokens}")
+        if not (self.temperature >= 0.0) or self.temperature != self.temperature or self.temperature > 1e4:
+            raise RequestError(f"temperature: must be in [0, 1e4], got {self.temperature}")
+        if self.top_k < 0:
+            raise RequestError(f"top_k: must be >= 0 (0 = off), got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise RequestError(f"top_p: must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not (-(2**63) <= self.seed < 2**64):
+            raise RequestError(f"seed: must fit in 64 bits, got {self.seed}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise RequestError("stop: stop strings must be non-empty")
+        if any(not (0 <= t < vocab_size) for t in self.stop_token_ids):
+            raise RequestError(f"stop_token_ids: ids must be in [0, {vocab_size})")
+        if self.logprobs is not None and not (0 <= self.logprobs <= 20):
+            raise RequestError(f"logprobs: must be in [0, 20], got {self.logprobs}")
+        if not (0 <= self.min_tokens <= self.max_tokens):
+            raise RequestError(f"min_tokens: must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+
+
+class TokenLogprob(msgspec.Struct, array_like=True):
+    """Log-probability of one sampled token and the `n` most likely tokens at that step."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+class StepOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What one engine step produced for one request.
+
+    `text` is the new detokenized text: never a broken UTF-8 sequence, and never any
+    part of a stop string or what follows it. `kv_ready` is set (prefill role) when the
+    prompt's KV is complete and can be exported; the request then holds its blocks until
+    `release_kv`/`abort`.
+    """
+
+    req_id: str
+    model: str
+    token_ids: list[int] = []
+    text: str = ""
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    prefill_s: float | None = None
+    kv_ready: bool = False
+    error: str | None = None
+
+
+class KVExport(msgspec.Struct, kw_only=True):
+    """A finished prefill's KV, described by blocks of the source model's KV region.
+
+    `global_offsets[i]` lists the (offset, length) pieces of block `block_ids[i]` in the
+    source pool's global xTensor range, so a transfer engine can read them directly.
+    `token_ids` are prompt + outputs so far; the first `num_cached_tokens` have KV.
+    """
+
+    req_id: str
+    model: str
+    block_size: int
+    block_bytes: int
+    dtype: str
+    block_ids: list[int]
+    global_offsets: list[list[tuple[int, int]]]
+    num_cached_tokens: int
+    prompt_len: int
+    token_ids: list[int]
+    page_ids: list[int] = []  # the source pool's physical pages holding these blocks (sorted)
+
+
+class KVImport(msgspec.Struct, kw_only=True):
+    """Destination blocks reserved for an incoming KV transfer (see ModelEngine.begin_import)."""
+
+    req_id: str
+    block_ids: list[int]
+    global_offsets: list[list[tuple[int, int]]]

@@ -1,0 +1,65 @@
+"""Helpers for the engine tests: tiny HF checkpoints written by `transformers` itself
+(the reference implementation), with a real byte-level BPE tokenizer, and the real
+xTensor device pool."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# One intra-op thread: on the shared 2-core CI VM two OpenMP threads wait at barriers for
+# a descheduled peer and small matmuls get ~300x slower.
+torch.set_num_threads(1)
+
+VOCAB = 512
+_TOKENIZER_CACHE: dict[int, Path] = {}
+
+
+def _tokenizer_file(tmp_root: Path) -> Path:
+    if VOCAB not in _TOKENIZER_CACHE:
+        from janusd.engine.checkpoint.demo import train_tokenizer
+
+        p = tmp_root / "tokenizer.json"
+        train_tokenizer(VOCAB).save(str(p))
+        _TOKENIZER_CACHE[VOCAB] = p
+    return _TOKENIZER_CACHE[VOCAB]
+
+
+def tiny_config(arch: str, **over: Any) -> Any:
+    import transformers as tf
+
+    common: dict[str, Any] = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                  rms_norm_eps=1e-6, tie_word_embeddings=False)
+    common.update(over)
+    cls = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config, "qwen3": tf.Qwen3Config}[arch]
+    if arch == "qwen3":
+        common.setdefault("head_dim", 16)
+    return cls(**common)
+
+
+def write_hf_checkpoint(out: Path, arch: str, seed: int = 0, **over: Any) -> tuple[Path, Any]:
+    """save_pretrained a random tiny model of `arch` into `out`; returns (dir, hf_model)."""
+    import transformers as tf
+
+    cfg = tiny_config(arch, **over)
+    cls = {"llama": tf.LlamaForCausalLM, "mistral": tf.MistralForCausalLM, "qwen2": tf.Qwen2ForCausalLM,
+           "qwen3": tf.Qwen3ForCausalLM}[arch]
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    with torch.no_grad():  # norms are ones at init; make them matter
+        for n, p in model.named_parameters():
+            if n.endswith("norm.weight") or n.endswith(".bias"):
+                p.copy_(torch.randn_like(p) * 0.1 + (1.0 if n.endswith("norm.weight") else 0.0))
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    shutil.copy(_tokenizer_file(out.parent), out / "tokenizer.json")
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>",
+        "add_bos_token": False, "add_eos_token": False,
+    }))
+    return out, model

@@ -1,0 +1,154 @@
+"""Several models on one xTensor pool, and KV export/import between a prefill-role and
+a decode-role engine (in process, by block ids and by global offsets)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_fixtures import write_hf_checkpoint
+from janusd.config import EngineConfig, ModelConfig
+from janusd.engine.device_engine import DeviceEngine
+from janusd.engine.runner import RequestError, SamplingParams
+
+ARCHS = ("llama", "qwen2", "qwen3")
+PROMPTS = {f"q{i}": [(11 * i + 5 * j) % 470 + 30 for j in range(n)] for i, n in enumerate([4, 13, 22])}
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+ENGINE = EngineConfig(block_size=4, max_num_batched_tokens=24, max_num_seqs=8)
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("co")
+    return {a: str(write_hf_checkpoint(root / a, a, seed=i)[0]) for i, a in enumerate(ARCHS)}
+
+
+def _cfg(name: str, ck: str, role: str = "mixed") -> ModelConfig:
+    return ModelConfig(name=name, checkpoint=ck, kv_cache_mib=1, max_model_len=128, role=role)
+
+
+def _run_all(de: DeviceEngine, names: list[str]) -> dict[tuple[str, str], list[int]]:
+    for n in names:
+        for rid, p in PROMPTS.items():
+            de.models[n].add_request(rid, p, GREEDY)
+    out: dict[tuple[str, str], list[int]] = {}
+    while de.has_work():
+        for o in de.step():
+            out.setdefault((o.model, o.req_id), []).extend(o.token_ids)
+    return out
+
+
+@pytest.fixture(scope="module")
+def alone(ckpts) -> dict[tuple[str, str], list[int]]:
+    ref = {}
+    for a in ARCHS:
+        de = DeviceEngine(memory_bytes=16 << 20, page_size=64 << 10, kv_cache_pages=(0, 0))
+        de.load_model(_cfg(a, ckpts[a]), ENGINE)
+        ref.update(_run_all(de, [a]))
+    return ref
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_colocated_models_match_each_alone_and_pool_returns_to_baseline(ckpts, alone, n) -> None:
+    de = DeviceEngine(memory_bytes=16 << 20, page_size=64 << 10, kv_cache_pages=(0, 0))
+    empty = de.pool.stats().free_pages
+    names = list(ARCHS[:n])
+    for a in names:
+        de.load_model(_cfg(a, ckpts[a]), ENGINE)
+    baseline = de.pool.stats()
+    out = _run_all(de, names)
+    assert out == {k: v for k, v in alone.items() if k[0] in names}
+    after = de.pool.stats()
+    assert after.free_pages == baseline.free_pages and after.pages_by_owner == baseline.pages_by_owner
+    assert after.kv_pages == 0
+    de.pool.check_integrity()
+    for a in names:
+        de.unload_model(a)
+    assert de.pool.stats().free_pages == empty
+
+
+def test_kv_grows_into_pages_another_model_released(ckpts) -> None:
+    de = DeviceEngine(memory_bytes=16 << 20, page_size=64 << 10, kv_cache_pages=(0, 0))
+    a = de.load_model(_cfg("a", ckpts["llama"]), ENGINE)
+    b = de.load_model(_cfg("b", ckpts["qwen2"]), ENGINE)
+    a.add_request("x", PROMPTS["q2"], GREEDY)
+    a.step()
+    a_pages = set(a.kv.region.page_ids())
+    assert a_pages
+    while a.has_work():
+        a.step()
+    assert a.kv.region.mapped_pages == 0
+    b.add_request("y", PROMPTS["q2"], GREEDY)
+    b.step()
+    assert set(b.kv.region.page_ids()) & a_pages  # lowest free pages: the ones a just gave back
+
+
+def test_prefill_role_exports_and_decode_role_imports(ckpts) -> None:
+    ck = ckpts["qwen3"]
+    mixed = DeviceEngine(memory_bytes=16 << 20, page_size=64 << 10)
+    m = mixed.load_model(_cfg("m", ck), ENGINE)
+    ref = m.generate(PROMPTS, GREEDY)
+    want = {rid: [t for o in os for t in o.token_ids] for rid, os in ref.items()}
+    want_text = {rid: "".join(o.text for o in os) for rid, os in ref.items()}
+
+    src_dev = DeviceEngine(memory_bytes=16 << 20, page_size=64 << 10)
+    dst_dev = DeviceEngine(memory_bytes=16 << 20, page_size=64 << 10)
+    p = src_dev.load_model(_cfg("p", ck, role="prefill"), ENGINE)
+    d = dst_dev.load_model(_cfg("d", ck, role="decode"), ENGINE)
+    for rid, prompt in PROMPTS.items():
+        p.add_request(rid, prompt, GREEDY)
+    first: dict[str, int] = {}
+    text: dict[str, str] = {}
+    while p.has_work():
+        for o in p.step():
+            assert o.kv_ready and not o.finished and len(o.token_ids) == 1
+            first[o.req_id] = o.token_ids[0]
+            text[o.req_id] = o.text
+    assert set(first) == set(PROMPTS)
+    with pytest.raises(RequestError, match="unknown request"):
+        d.export_kv("nope")
+    got: dict[str, list[int]] = {}
+    g = src_dev.pool.global_tensor()
+    for i, rid in enumerate(PROMPTS):
+        meta = p.export_kv(rid)
+        assert meta.token_ids == PROMPTS[rid] + [first[rid]] and meta.num_cached_tokens == len(PROMPTS[rid])
+        ps = src_dev.pool.page_size
+        assert meta.page_ids == sorted({off // ps for pieces in meta.global_offsets for off, _ in pieces})
+        if i % 2:  # by global offsets, as a transfer engine reads them
+            d.import_kv(meta, GREEDY, lambda off, n: g[off : off + n])
+        else:  # by block ids, engine to engine
+            d.import_kv(meta, GREEDY, p)
+        assert p.release_kv(rid)
+        got[rid] = [first[rid]]
+    assert p.kv.alloc.num_used == 0
+    while d.has_work():
+        for o in d.step():
+            got[o.req_id].extend(o.token_ids)
+            text[o.req_id] += o.text
+    assert got == want
+    assert text == want_text
+
+
+def test_missing_device_runtime_is_a_clear_error() -> None:
+    import torch
+
+    from janusd.engine.types import EngineError
+
+    if not torch.cuda.is_available():
+        with pytest.raises(EngineError, match="cuda"):
+            DeviceEngine(kind="cuda")
+    try:
+        import torch_npu  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError:
+        with pytest.raises(EngineError, match="torch_npu"):
+            DeviceEngine(kind="npu")
+    with pytest.raises(EngineError, match="multiple of page_size"):
+        DeviceEngine(memory_bytes=3 << 20, page_size=2 << 20)
+
+
+def test_loading_beyond_the_pool_fails_cleanly(ckpts) -> None:
+    from janusd.engine.types import EngineError
+
+    de = DeviceEngine(memory_bytes=256 << 10, page_size=64 << 10)
+    with pytest.raises(EngineError, match="device memory"):
+        de.load_model(_cfg("big", ckpts["llama"]), ENGINE)
+    assert de.models == {} and de.pool.stats().free_pages == 4
