@@ -56,6 +56,14 @@ class DevicesConfig(_Section):
     count: PositiveInt = 2
     memory_mib: PositiveInt = 2048
     page_size_mib: PositiveInt = 2
+    # torch intra-op threads per worker; 0 = share the host's cores evenly among workers
+    torch_threads: NonNegInt = 0
+
+    def worker_torch_threads(self) -> int:
+        """Threads per worker: oversubscribed OpenMP pools make small matmuls far slower."""
+        if self.torch_threads:
+            return self.torch_threads
+        return max(1, (os.cpu_count() or 1) // self.count)
 
 
 class ModelConfig(_Section):
@@ -141,6 +149,7 @@ kind = "cpu"                # cpu | cuda | npu
 count = 2                   # one worker process per device
 memory_mib = 2048           # xTensor page pool per device
 page_size_mib = 2
+torch_threads = 0           # torch threads per worker; 0 = host cores / count
 
 [engine]
 block_size = 16             # tokens per KV block

@@ -80,10 +80,11 @@ def _table(title: str, rows: list[dict[str, Any]]) -> None:
     for r in rows:
         cols += [k for k in r if k not in cols]
     for c in cols:
-        t.add_column(c)
+        t.add_column(c, overflow="fold")
     for r in rows:
         t.add_row(*("" if r.get(c) is None else str(r.get(c)) for c in cols))
-    Console().print(t)
+    # piped output (no terminal) gets a wide page instead of rich's 80 columns
+    Console(width=None if sys.stdout.isatty() else 200).print(t)
 
 
 def _print(action: str, data: dict[str, Any]) -> None:

@@ -12,7 +12,12 @@ import importlib
 import json
 
 # name -> (module path, help). Only real benchmarks are listed.
-BENCHES: dict[str, tuple[str, str]] = {}
+BENCHES: dict[str, tuple[str, str]] = {
+    "api": ("janusd.bench.api", "daemon overhead over the engine (TTFT) and the highest rate before p99 TTFT doubles"),
+    "dispatch": ("janusd.bench.dispatch", "LST-IMH per call: Rust vs the pure-Python reference"),
+    "engine": ("janusd.bench.engine", "engine prefill/decode tok/s, decode vs bandwidth roofline, co-location"),
+    "xtensor": ("janusd.bench.xtensor", "xTensor map/unmap vs raw mmap, bookkeeping ns/op, churn fragmentation"),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

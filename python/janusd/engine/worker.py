@@ -1,0 +1,266 @@
+"""The worker PROCESS: one per device, started by the daemon as
+`python -m janusd.engine.worker --fd N --device-index I ...` (spawn/exec, never fork).
+
+It wraps the in-process DeviceEngine (engine/device_engine.py) with a socket loop, as
+vLLM's EngineCoreProc wraps EngineCore: the engine steps, this file talks. Two threads:
+- the reader thread decodes frames from the daemon. Tokenize requests are answered
+  right there (tokenizers release the GIL; a prompt is tokenized while the main thread
+  is inside a step, so tokenization never waits for a step), everything else is queued;
+- the main thread owns the engine: it applies queued commands between steps, steps
+  while there is work, and sends every step's outputs as one StepBatch frame.
+The daemon tokenizes through us so that it never imports engine/ or torch (DESIGN.md).
+A clean EOF from the daemon (it died or closed) ends the worker: no orphans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+import msgspec
+
+from janusd.wire import worker_msgs as wm
+from janusd.wire.framing import BlockingFramedSocket, FrameError
+
+
+def _log(msg: str) -> None:
+    print(f"janusd-worker[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
+
+
+class WorkerProc:
+    def __init__(self, conn: BlockingFramedSocket, engine: Any, device_index: int, kind: str) -> None:
+        self.conn = conn
+        self.de = engine
+        self.device_index = device_index
+        self.kind = kind
+        self.inbox: queue.Queue[Any] = queue.Queue()
+        self.req_model: dict[int, str] = {}
+        self.running = True
+
+    # ---- reader thread ----
+    def reader(self) -> None:
+        dec = wm.to_worker_decoder()
+        while True:
+            try:
+                body = self.conn.recv()
+            except FrameError as e:
+                _log(f"bad frame from daemon, closing: {e}")
+                body = None
+            if body is None:
+                self.inbox.put(wm.Shutdown())
+                return
+            try:
+                msg = dec.decode(body)
+            except msgspec.DecodeError as e:
+                _log(f"undecodable message from daemon ignored: {e}")
+                continue
+            if isinstance(msg, wm.Tokenize):
+                self._send(self._tokenize(msg))
+            else:
+                self.inbox.put(msg)
+
+    def _tokenize(self, msg: wm.Tokenize) -> Any:
+        me = self.de.models.get(msg.model)
+        if me is None:
+            return wm.ErrorReply(msg.seq, f"model {msg.model!r} is not loaded on this worker", "bad_request")
+        try:
+            return wm.Tokenized(msg.seq, tokenize_prompt(me.tokenizer, msg.prompt, msg.messages))
+        except Exception as e:  # a template or tokenizer error is the client's input
+            return wm.ErrorReply(msg.seq, f"cannot tokenize the prompt: {e}", "bad_request")
+
+    def _send(self, msg: Any) -> None:
+        try:
+            self.conn.send(msg)
+        except OSError:
+            self.running = False  # daemon gone; the reader sees EOF and queues Shutdown
+
+    # ---- main thread ----
+    def serve(self) -> None:
+        threading.Thread(target=self.reader, name="janusd-worker-reader", daemon=True).start()
+        self._send(wm.Ready(os.getpid(), self.device_index, self.kind))
+        while self.running:
+            busy = self.de.has_work()
+            try:
+                msg = self.inbox.get_nowait() if busy else self.inbox.get(timeout=0.5)
+            except queue.Empty:
+                msg = None
+            while msg is not None:
+                self._handle(msg)
+                if not self.running:
+                    return
+                try:
+                    msg = self.inbox.get_nowait()
+                except queue.Empty:
+                    msg = None
+            if self.de.has_work():
+                self._step()
+
+    def _step(self) -> None:
+        try:
+            outs = self.de.step()
+        except Exception:
+            _log("engine step failed:\n" + traceback.format_exc())
+            self._fail_all("the engine failed during a step (see the worker log)")
+            return
+        batch = []
+        failed = []
+        for o in outs:
+            rid = int(o.req_id)
+            if o.finished:
+                self.req_model.pop(rid, None)
+            if o.error:
+                failed.append(wm.RequestFailed(rid, o.error, "unavailable"))
+                continue
+            lp = [t.logprob for t in o.logprobs] if o.logprobs else None
+            batch.append(
+                wm.TokenDelta(
+                    rid, list(o.token_ids), o.text, o.finished, o.finish_reason,
+                    o.num_prompt_tokens, o.num_output_tokens, o.prefill_s, lp,
+                )
+            )
+        if batch:
+            self._send(wm.StepBatch(batch))
+        for f in failed:
+            self._send(f)
+
+    def _fail_all(self, message: str) -> None:
+        for rid, model in list(self.req_model.items()):
+            me = self.de.models.get(model)
+            if me is not None:
+                try:
+                    me.abort(str(rid))
+                except Exception:
+                    pass
+            self._send(wm.RequestFailed(rid, message, "internal"))
+        self.req_model.clear()
+
+    def _handle(self, msg: Any) -> None:
+        if isinstance(msg, wm.Generate):
+            self._generate(msg)
+        elif isinstance(msg, wm.Abort):
+            model = self.req_model.pop(msg.req_id, None)
+            me = self.de.models.get(model) if model else None
+            if me is not None:
+                me.abort(str(msg.req_id))
+        elif isinstance(msg, wm.LoadModel):
+            self._load(msg)
+        elif isinstance(msg, wm.UnloadModel):
+            self._unload(msg)
+        elif isinstance(msg, wm.GetStats):
+            held = sum(me.num_requests() for me in self.de.models.values())
+            self._send(wm.Stats(msg.seq, _int_dict(self.de.pool.stats()), sorted(self.de.models), len(self.req_model),
+                                held))
+        elif isinstance(msg, wm.Shutdown):
+            self.running = False
+
+    def _generate(self, msg: wm.Generate) -> None:
+        from janusd.engine.types import RequestError, SamplingParams
+
+        me = self.de.models.get(msg.model)
+        if me is None:
+            self._send(wm.RequestFailed(msg.req_id, f"model {msg.model!r} is not loaded on this worker", "internal"))
+            return
+        try:
+            params = SamplingParams(**msgspec.structs.asdict(msg.sampling))
+            me.add_request(str(msg.req_id), msg.prompt_token_ids, params)
+        except (RequestError, ValueError, TypeError) as e:
+            self._send(wm.RequestFailed(msg.req_id, str(e), "bad_request"))
+            return
+        except Exception as e:
+            _log("add_request failed:\n" + traceback.format_exc())
+            self._send(wm.RequestFailed(msg.req_id, f"engine error: {e}", "internal"))
+            return
+        self.req_model[msg.req_id] = msg.model
+
+    def _load(self, msg: wm.LoadModel) -> None:
+        from pathlib import Path
+
+        t0 = time.perf_counter()
+        try:
+            me = self.de.load_model(msg.model, msg.engine, Path(msg.cache_dir) if msg.cache_dir else None)
+        except Exception as e:
+            _log(f"loading {msg.model.name} failed:\n" + traceback.format_exc())
+            self._send(wm.ErrorReply(msg.seq, f"cannot load {msg.model.name!r}: {e}", "bad_request"))
+            return
+        eos = [int(t) for t in getattr(me, "eos_token_ids", [])]
+        self._send(wm.ModelLoaded(msg.seq, msg.model.name, int(me.max_model_len), time.perf_counter() - t0, eos))
+
+    def _unload(self, msg: wm.UnloadModel) -> None:
+        for rid, model in list(self.req_model.items()):
+            if model == msg.name:
+                self.de.models[model].abort(str(rid))
+                self._send(wm.RequestFailed(rid, f"model {model!r} was unloaded", "internal"))
+                del self.req_model[rid]
+        try:
+            self.de.unload_model(msg.name)
+        except Exception as e:
+            self._send(wm.ErrorReply(msg.seq, f"cannot unload {msg.name!r}: {e}", "bad_request"))
+            return
+        self._send(wm.ModelUnloaded(msg.seq, msg.name))
+
+
+def tokenize_prompt(tokenizer: Any, prompt: str | None, messages: list[wm.ChatMessage] | None) -> list[int]:
+    """Chat messages go through the checkpoint's chat template (whose text already holds
+    any BOS), a plain prompt is encoded with the tokenizer's special tokens."""
+    if messages is not None:
+        text = tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True
+        )
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    if prompt is None:
+        raise ValueError("neither a prompt nor messages were given")
+    return list(tokenizer.encode(prompt, add_special_tokens=True))
+
+
+def _int_dict(d: Any) -> dict[str, int]:
+    if not isinstance(d, dict):
+        d = msgspec.structs.asdict(d) if isinstance(d, msgspec.Struct) else vars(d)
+    return {str(k): int(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m janusd.engine.worker", description=__doc__)
+    p.add_argument("--fd", type=int, required=True, help="inherited socket fd connected to the daemon")
+    p.add_argument("--device-index", type=int, required=True)
+    p.add_argument("--kind", default="cpu")
+    p.add_argument("--memory-bytes", type=int, required=True)
+    p.add_argument("--page-size", type=int, default=2 << 20)
+    p.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    args = p.parse_args(argv)
+    # The daemon owns our life: SIGINT from a terminal's Ctrl-C or SIGTERM sent to the whole
+    # process group must not kill a worker mid-drain; we exit on Shutdown or on EOF.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sock = socket.socket(fileno=args.fd)
+    conn = BlockingFramedSocket(sock)
+    try:
+        import torch
+
+        if args.torch_threads > 0:
+            torch.set_num_threads(args.torch_threads)
+        from janusd.engine.device_engine import DeviceEngine
+
+        de = DeviceEngine(
+            kind=args.kind, device_index=args.device_index, memory_bytes=args.memory_bytes, page_size=args.page_size
+        )
+    except Exception as e:
+        _log("cannot start the device engine:\n" + traceback.format_exc())
+        try:
+            conn.send(wm.ErrorReply(0, f"device {args.kind}:{args.device_index}: {e}", "internal"))
+        except OSError:
+            pass
+        return 1
+    WorkerProc(conn, de, args.device_index, args.kind).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""The OpenAI-compatible HTTP API (aiohttp): completions, chat, models, health, metrics.
+
+Handlers only translate: JSON body -> Parsed (openai_types.py) -> Daemon.admit() ->
+events -> JSON or SSE. Every error a client can cause leaves as an OpenAI error body
+with its status (400/401/404/413/429/503); nothing a client sends reaches a traceback.
+A streaming request that fails before its first token gets a plain HTTP error; one
+that fails later gets an SSE `error` event and then `data: [DONE]`. A client that goes
+away (the handler is cancelled, or a write fails) has its request aborted on the worker,
+which frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import traceback
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from aiohttp import web
+
+from janusd.server.openai_types import ApiError, Parsed, parse_chat, parse_completion
+from janusd.server.requests import Failure, Request
+from janusd.wire.worker_msgs import TokenDelta
+
+if TYPE_CHECKING:
+    from janusd.server.daemon import Daemon
+
+DAEMON: web.AppKey[Daemon] = web.AppKey("daemon")
+_json = msgspec.json.Encoder()
+
+
+def _error_response(e: ApiError) -> web.Response:
+    return web.Response(status=e.status, body=_json.encode(e.body()), content_type="application/json",
+                        headers=e.headers)
+
+
+@web.middleware
+async def errors_and_auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+    daemon = request.app[DAEMON]
+    try:
+        if request.path.startswith("/v1/") and daemon.cfg.server.api_keys:
+            auth = request.headers.get("Authorization", "")
+            key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+            if not any(secrets.compare_digest(key, k) for k in daemon.cfg.server.api_keys):
+                raise ApiError(401, "missing or invalid API key (send 'Authorization: Bearer KEY')",
+                               "authentication_error", code="invalid_api_key")
+        return await handler(request)
+    except ApiError as e:
+        return _error_response(e)
+    except web.HTTPRequestEntityTooLarge:
+        return _error_response(ApiError(
+            413, f"request body exceeds {daemon.cfg.server.max_body_bytes} bytes", code="request_too_large"))
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return _error_response(ApiError(e.status, e.reason, "invalid_request_error"))
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception:
+        traceback.print_exc()
+        return _error_response(ApiError(500, "internal server error (logged by the daemon)", "server_error"))
+
+
+def _usage(req: Request) -> dict[str, int]:
+    p, c = len(req.prompt_ids), req.num_output_tokens
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def _finish_reason(r: str | None) -> str | None:
+    return "stop" if r == "abort" else r
+
+
+class _Shape:
+    """The OpenAI response shapes of one request (completion or chat)."""
+
+    def __init__(self, parsed: Parsed) -> None:
+        self.chat = parsed.chat
+        self.model = parsed.model
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + secrets.token_hex(12)
+        self.created = int(time.time())
+
+    def chunk(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
+
+    def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [],
+                "usage": usage}
+
+    def full(self, text: str, finish: str | None, usage: dict[str, int]) -> dict[str, Any]:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": finish}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice],
+                "usage": usage}
+
+
+def _failure_error(f: Failure) -> ApiError:
+    return ApiError(f.status, f.message, f.type, code=f.code)
+
+
+async def _generate(request: web.Request, parse: Callable[[bytes], Parsed]) -> web.StreamResponse:
+    daemon = request.app[DAEMON]
+    body = await request.read()
+    parsed = parse(body)
+    req = await daemon.admit(parsed)
+    shape = _Shape(parsed)
+    try:
+        first = await req.events.get()
+        if isinstance(first, Failure):
+            raise _failure_error(first)
+        if parsed.stream:
+            return await _stream(request, req, parsed, shape, first)
+        text = [first.text]
+        ev: Any = first
+        while not ev.finished:
+            ev = await req.events.get()
+            if isinstance(ev, Failure):
+                raise _failure_error(ev)
+            text.append(ev.text)
+        return web.Response(body=_json.encode(shape.full("".join(text), _finish_reason(ev.finish_reason),
+                                                         _usage(req))), content_type="application/json")
+    finally:
+        if not req.done:
+            daemon.cancel(req)
+
+
+async def _stream(request: web.Request, req: Request, parsed: Parsed, shape: _Shape,
+                  first: TokenDelta) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+
+    async def send(obj: Any) -> None:
+        await resp.write(b"data: " + _json.encode(obj) + b"\n\n")
+
+    try:
+        if shape.chat:
+            await send(shape.chunk("", None, role=True))
+        ev: Any = first
+        while True:
+            if isinstance(ev, Failure):
+                await send(_failure_error(ev).body())
+                break
+            if ev.text:
+                await send(shape.chunk(ev.text, None))
+            if ev.finished:
+                await send(shape.chunk("" if not shape.chat else None, _finish_reason(ev.finish_reason)))
+                if parsed.include_usage:
+                    await send(shape.usage_chunk(_usage(req)))
+                break
+            ev = await req.events.get()
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+    except (ConnectionResetError, ConnectionError):
+        pass  # client gone: the caller's finally aborts the request
+    return resp
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, parse_completion)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, parse_chat)
+
+
+async def list_models(request: web.Request) -> web.Response:
+    daemon = request.app[DAEMON]
+    data = [
+        {"id": name, "object": "model", "created": int(daemon.started_wall), "owned_by": "janusd",
+         "max_model_len": e.max_model_len, "active_instances": len(e.active)}
+        for name, e in daemon.models.models.items()
+    ]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def health(request: web.Request) -> web.Response:
+    daemon = request.app[DAEMON]
+    h = daemon.health()
+    # 200 while serving (also "degraded": a worker is restarting, other models serve),
+    # 503 while starting or draining, so a load balancer stops sending new work
+    return web.json_response(h, status=200 if h["state"] == "running" else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    daemon = request.app[DAEMON]
+    return web.Response(body=daemon.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+def make_app(daemon: Daemon) -> web.Application:
+    app = web.Application(client_max_size=daemon.cfg.server.max_body_bytes, middlewares=[errors_and_auth])
+    app[DAEMON] = daemon
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def start_http(daemon: Daemon, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Start listening; returns the runner and the bound port (useful with port 0)."""
+    runner = web.AppRunner(make_app(daemon), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    addrs = runner.addresses  # the real port when asked for 0
+    bound = int(addrs[0][1]) if addrs else port
+    return runner, bound

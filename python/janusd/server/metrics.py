@@ -1,0 +1,117 @@
+"""Prometheus metrics of the daemon (GET /metrics), on a registry of its own.
+
+Two kinds: event metrics updated when a request ends (TTFT/TPOT histograms, per-token
+SLO attainment counters, outcomes), and state metrics read at scrape time from the live
+daemon (queue lengths, dispatcher counters, instance states, worker pool pages) by a
+custom collector, so a scrape never sees a stale copy of state we already hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from janusd.server.requests import Request
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2)
+
+
+def request_slo(req: Request) -> tuple[int, int]:
+    """(on-time tokens, counted tokens) of a finished request, per trace/slo.py."""
+    from janusd.trace.slo import request_attainment
+
+    times = [t - req.arrival for t in req.token_times]
+    expected = len(times) if not req.failed else max(len(times), 1)
+    a = request_attainment(times, expected, req.ttft_slo_s, req.tpot_slo_s, ok=not req.failed)
+    return a.on_time_tokens, a.total_tokens
+
+
+class _Live(Collector):
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Any]:
+        s = self.snapshot()
+        q = GaugeMetricFamily("janusd_queue_length", "requests waiting in the model's global queue", labels=["model"])
+        for model, n in s["queues"].items():
+            q.add_metric([model], n)
+        yield q
+        inflight = GaugeMetricFamily("janusd_requests_in_flight", "admitted requests not yet finished",
+                                     labels=["model"])
+        for model, n in s["in_flight"].items():
+            inflight.add_metric([model], n)
+        yield inflight
+        d = s["dispatch"]
+        for key in ("submitted", "assigned", "completed", "rejected", "relaxed", "cancelled"):
+            c = CounterMetricFamily(f"janusd_dispatch_{key}", f"dispatcher: requests {key}")
+            c.add_metric([], d.get(key, 0))
+            yield c
+        st = GaugeMetricFamily("janusd_instance_state", "1 for the state each (model, device) instance is in",
+                               labels=["model", "device", "state"])
+        for model, device, state in s["instances"]:
+            st.add_metric([model, str(device), state], 1)
+        yield st
+        up = GaugeMetricFamily("janusd_worker_up", "1 when the device's worker is ready", labels=["device"])
+        rs = CounterMetricFamily("janusd_worker_restarts", "worker restarts", labels=["device"])
+        for dev, (ready, restarts) in s["workers"].items():
+            up.add_metric([str(dev)], 1 if ready else 0)
+            rs.add_metric([str(dev)], restarts)
+        yield up
+        yield rs
+        pages = GaugeMetricFamily("janusd_pool_pages", "xTensor page pool of each device (last poll)",
+                                  labels=["device", "kind"])
+        for dev, stats in s["pools"].items():
+            for kind, v in stats.items():
+                pages.add_metric([str(dev), kind], v)
+        yield pages
+
+
+class Metrics:
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("janusd_requests", "finished requests by outcome", ["model", "outcome"], registry=r)
+        self.ttft = Histogram("janusd_ttft_seconds", "time to first token", ["model"], buckets=_TTFT_BUCKETS,
+                              registry=r)
+        self.tpot = Histogram("janusd_tpot_seconds", "mean time per output token after the first", ["model"],
+                              buckets=_TPOT_BUCKETS, registry=r)
+        self.tokens = Counter("janusd_slo_tokens", "tokens counted for per-token SLO attainment", ["model"],
+                              registry=r)
+        self.on_time = Counter("janusd_slo_tokens_on_time", "tokens delivered within their per-token SLO",
+                               ["model"], registry=r)
+        self.attainment = Gauge("janusd_slo_attainment", "per-token SLO attainment since start (on time / all)",
+                                ["model"], registry=r)
+        self.rejected = Counter("janusd_rejected", "requests refused before running", ["model", "reason"],
+                                registry=r)
+        r.register(_Live(snapshot))
+        self._tot: dict[str, tuple[int, int]] = {}
+
+    def observe(self, req: Request, outcome: str) -> None:
+        m = req.model
+        self.requests.labels(m, outcome).inc()
+        if outcome == "cancelled":
+            return  # the client left; its tokens are not the server's miss or hit
+        if req.ttft_s is not None:
+            self.ttft.labels(m).observe(req.ttft_s)
+        if len(req.token_times) > 1:
+            self.tpot.labels(m).observe((req.token_times[-1] - req.token_times[0]) / (len(req.token_times) - 1))
+        on, tot = request_slo(req)
+        self.tokens.labels(m).inc(tot)
+        self.on_time.labels(m).inc(on)
+        a, b = self._tot.get(m, (0, 0))
+        a, b = a + on, b + tot
+        self._tot[m] = (a, b)
+        if b:
+            self.attainment.labels(m).set(a / b)
+
+    def reject(self, model: str, reason: str) -> None:
+        self.rejected.labels(model, reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,203 @@
+"""Device worker processes seen from the daemon: spawn, handshake, talk, notice death.
+
+A worker is started by exec of `python -m janusd.engine.worker` (never a fork of this
+process) with one end of a socketpair passed as an inherited fd. The daemon serves a
+worker only after its Ready frame arrived within `worker_ready_timeout_s`.
+
+Death is noticed two ways, whichever comes first: EOF on the socket (the kernel closes
+the worker's end the moment the process dies, so kill -9 is seen within milliseconds)
+and the process sentinel (`proc.wait()`). Both run `_died()` once; it fails every
+pending reply and tells the owner (the daemon), which fails in-flight requests and
+schedules a restart. This file knows processes and frames, nothing about requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import socket
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from janusd.config import DevicesConfig
+from janusd.wire import worker_msgs as wm
+from janusd.wire.framing import FrameError, encode_frame, read_frame
+
+
+class WorkerError(RuntimeError):
+    """A worker could not start, died, or answered a command with an error."""
+
+    def __init__(self, message: str, kind: str = "internal") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class WorkerHandle:
+    """One device worker process and its socket."""
+
+    def __init__(
+        self,
+        device_index: int,
+        devices: DevicesConfig,
+        on_batch: Callable[[WorkerHandle, wm.StepBatch], None],
+        on_failed: Callable[[WorkerHandle, wm.RequestFailed], None],
+        on_death: Callable[[WorkerHandle], None],
+    ) -> None:
+        self.device_index = device_index
+        self.devices = devices
+        self._on_batch = on_batch
+        self._on_failed = on_failed
+        self._on_death = on_death
+        self.state = "stopped"  # stopped | starting | ready | dead
+        self.pid: int | None = None
+        self.restarts = 0
+        self.proc: asyncio.subprocess.Process | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._wait_task: asyncio.Task[None] | None = None
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._seq = itertools.count(1)
+        self._enc = msgspec.msgpack.Encoder()
+        self._dec = wm.from_worker_decoder()
+        self.last_stats: wm.Stats | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    async def start(self, timeout_s: float) -> None:
+        """Spawn the worker and wait for its Ready frame; raise WorkerError on failure."""
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.state = "starting"
+        cmd = [
+            sys.executable, "-m", "janusd.engine.worker",
+            "--fd", str(child.fileno()),
+            "--device-index", str(self.device_index),
+            "--kind", self.devices.kind,
+            "--memory-bytes", str(self.devices.memory_mib << 20),
+            "--page-size", str(self.devices.page_size_mib << 20),
+            "--torch-threads",
+            os.environ.get("JANUSD_WORKER_TORCH_THREADS") or str(self.devices.worker_torch_threads()),
+        ]
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *cmd, pass_fds=(child.fileno(),), stdin=asyncio.subprocess.DEVNULL
+            )
+        finally:
+            child.close()
+        self.pid = self.proc.pid
+        reader, self._writer = await asyncio.open_unix_connection(sock=parent)
+        try:
+            body = await asyncio.wait_for(read_frame(reader), timeout_s)
+            first = self._dec.decode(body) if body is not None else None
+        except asyncio.TimeoutError:
+            await self._kill()
+            raise WorkerError(f"worker for device {self.device_index} not ready within {timeout_s:g} s") from None
+        except (asyncio.IncompleteReadError, ConnectionError, FrameError, msgspec.DecodeError) as e:
+            first = None
+            await self._kill()
+            raise WorkerError(f"worker for device {self.device_index} failed during start-up: {e}") from None
+        if not isinstance(first, wm.Ready):
+            why = first.message if isinstance(first, wm.ErrorReply) else "it exited before the handshake"
+            await self._kill()
+            raise WorkerError(f"worker for device {self.device_index} failed to start: {why}")
+        self.state = "ready"
+        self._reader_task = asyncio.create_task(self._read_loop(reader), name=f"worker{self.device_index}-reader")
+        self._wait_task = asyncio.create_task(self._wait_exit(), name=f"worker{self.device_index}-wait")
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                body = await read_frame(reader)
+                if body is None:
+                    break
+                msg = self._dec.decode(body)
+                if isinstance(msg, (wm.StepBatch, wm.RequestFailed)):
+                    try:
+                        if isinstance(msg, wm.StepBatch):
+                            self._on_batch(self, msg)
+                        else:
+                            self._on_failed(self, msg)
+                    except Exception:  # a bug in a handler must not look like a dead worker
+                        traceback.print_exc()
+                else:
+                    fut = self._pending.pop(getattr(msg, "seq", -1), None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+        except (asyncio.IncompleteReadError, ConnectionError, FrameError, msgspec.DecodeError):
+            pass
+        finally:
+            self._died()
+
+    async def _wait_exit(self) -> None:
+        if self.proc is not None:
+            await self.proc.wait()
+        self._died()
+
+    def _died(self) -> None:
+        if self.state in ("dead", "stopped"):
+            return
+        was_stopping = self.state == "stopping"
+        self.state = "dead" if not was_stopping else "stopped"
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(WorkerError(f"worker for device {self.device_index} died"))
+        self._pending.clear()
+        if self._writer is not None:
+            self._writer.close()
+        if not was_stopping:
+            self._on_death(self)
+
+    def send(self, msg: Any) -> bool:
+        """Queue a message to the worker; False when it is not running."""
+        if self._writer is None or self.state not in ("ready", "starting") or self._writer.is_closing():
+            return False
+        self._writer.write(encode_frame(self._enc, msg))
+        return True
+
+    async def call(self, make: Callable[[int], Any], timeout_s: float | None = None) -> Any:
+        """Send make(seq) and await the reply with that seq; ErrorReply raises WorkerError."""
+        seq = next(self._seq)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[seq] = fut
+        if not self.send(make(seq)):
+            self._pending.pop(seq, None)
+            raise WorkerError(f"worker for device {self.device_index} is not running")
+        try:
+            reply = await asyncio.wait_for(fut, timeout_s)
+        finally:
+            self._pending.pop(seq, None)
+        if isinstance(reply, wm.ErrorReply):
+            raise WorkerError(reply.message, reply.kind)
+        return reply
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Ask the worker to exit; kill it if it does not within timeout_s."""
+        if self.proc is None or self.state in ("stopped",):
+            return
+        if self.state == "ready":
+            self.send(wm.Shutdown())
+        self.state = "stopping"
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            await self._kill()
+        self.state = "stopped"
+        if self._writer is not None:
+            self._writer.close()
+        for t in (self._reader_task, self._wait_task):
+            if t is not None and not t.done():
+                t.cancel()
+
+    async def _kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
+        self.state = "dead"

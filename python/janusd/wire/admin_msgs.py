@@ -1,0 +1,75 @@
+"""Messages on the admin Unix socket (`janus ctl` <-> the daemon).
+
+One request frame, one reply frame, then the client may send another. Requests are a
+closed tagged union: anything else (garbage bytes, an unknown tag, wrong field types)
+is answered with AdminError and the daemon keeps serving. Replies carry plain data
+(dicts and lists of scalars) because ctl only prints them, as a table or as JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+_OPTS = dict(array_like=True, omit_defaults=True, gc=False, tag=True)
+
+
+class StatusReq(msgspec.Struct, **_OPTS):
+    pass
+
+
+class ModelsReq(msgspec.Struct, **_OPTS):
+    pass
+
+
+class InstancesReq(msgspec.Struct, **_OPTS):
+    pass
+
+
+class PoolsReq(msgspec.Struct, **_OPTS):
+    pass
+
+
+class LoadReq(msgspec.Struct, **_OPTS):
+    """Load a model: one named in the config, or a new one when `checkpoint` is given."""
+
+    name: str
+    checkpoint: str | None = None
+    devices: list[int] = []
+
+
+class UnloadReq(msgspec.Struct, **_OPTS):
+    name: str
+
+
+class DrainReq(msgspec.Struct, **_OPTS):
+    """Stop accepting requests, let in-flight ones finish, then stop (as SIGTERM does)."""
+
+    pass
+
+
+class ConfigReq(msgspec.Struct, **_OPTS):
+    pass
+
+
+AdminRequest = StatusReq | ModelsReq | InstancesReq | PoolsReq | LoadReq | UnloadReq | DrainReq | ConfigReq
+
+
+class AdminResult(msgspec.Struct, **_OPTS):
+    data: dict[str, Any]
+
+
+class AdminError(msgspec.Struct, **_OPTS):
+    message: str
+
+
+AdminReply = AdminResult | AdminError
+
+
+def request_decoder() -> msgspec.msgpack.Decoder:
+    return msgspec.msgpack.Decoder(AdminRequest)
+
+
+def reply_decoder() -> msgspec.msgpack.Decoder:
+    return msgspec.msgpack.Decoder(AdminReply)

@@ -1,0 +1,142 @@
+"""The official `openai` client against a real daemon serving the default config's
+models (SmolLM2-135M-Instruct on device 0, two demo models on device 1), and every
+response checked token for token against the engine run in this process."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from daemon_harness import SHARED_CACHE, server_section, start_daemon
+from janusd.config import DEFAULT_CONFIG_TOML, EngineConfig, parse_config
+
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+PROMPT = "The quick brown fox"
+MODELS = ("smollm2-135m-instruct", "demo-llama", "demo-qwen2")
+# (kind, model, sampling): greedy chats and seeded-sampling completions, one pair per model
+CASES = [(kind, m) for m in MODELS for kind in ("chat", "completion")]
+GEN = {"chat": {"temperature": 0.0, "max_tokens": 12}, "completion": {"temperature": 0.9, "top_p": 0.95,
+                                                                       "seed": 1234, "max_tokens": 12}}
+
+
+def _default_models_config() -> str:
+    cfg = parse_config(DEFAULT_CONFIG_TOML)
+    models = msgspec.toml.encode({"models": cfg.models}).decode()
+    return server_section(Path("@RUN@")) + "[devices]\ncount = 2\nmemory_mib = 1024\n" + models
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    d = start_daemon(_default_models_config())
+    yield d
+    assert d.stop() == 0, d.log_text()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """(text, prompt tokens, completion tokens, finish reason) per case from the in-process engine."""
+    import torch
+
+    from janusd.engine.device_engine import DeviceEngine
+    from janusd.engine.types import SamplingParams
+    from janusd.engine.worker import tokenize_prompt
+    from janusd.wire.worker_msgs import ChatMessage
+
+    torch.set_num_threads(1)
+    cfg = parse_config(DEFAULT_CONFIG_TOML)
+    de = DeviceEngine(kind="cpu", device_index=0, memory_bytes=2048 << 20, page_size=2 << 20)
+    out = {}
+    for m in MODELS:
+        me = de.load_model(cfg.model(m), EngineConfig(), SHARED_CACHE)
+        for kind in ("chat", "completion"):
+            if kind == "chat":
+                ids = tokenize_prompt(me.tokenizer, None, [ChatMessage(c["role"], c["content"]) for c in CHAT])
+            else:
+                ids = tokenize_prompt(me.tokenizer, PROMPT, None)
+            res = me.generate({"r": ids}, SamplingParams(**GEN[kind]))["r"]
+            out[(kind, m)] = ("".join(o.text for o in res), len(ids), res[-1].num_output_tokens,
+                              res[-1].finish_reason)
+        de.unload_model(m)
+    return out
+
+
+def _client(d):
+    import openai
+
+    return openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _run(client, kind: str, model: str, stream: bool):
+    """(text, usage, finish_reason) of one request through the openai client."""
+    extra = dict(GEN[kind])
+    if kind == "chat":
+        call = lambda **kw: client.chat.completions.create(model=model, messages=CHAT, **kw)  # noqa: E731
+    else:
+        call = lambda **kw: client.completions.create(model=model, prompt=PROMPT, **kw)  # noqa: E731
+    if not stream:
+        r = call(**extra)
+        c = r.choices[0]
+        return (c.message.content if kind == "chat" else c.text), r.usage, c.finish_reason
+    text, usage, finish = [], None, None
+    for chunk in call(stream=True, stream_options={"include_usage": True}, **extra):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            piece = c.delta.content if kind == "chat" else c.text
+            text.append(piece or "")
+            finish = c.finish_reason or finish
+    return "".join(text), usage, finish
+
+
+def _check(ref, got):
+    text, usage, finish = got
+    r_text, r_prompt, r_out, r_finish = ref
+    assert text == r_text
+    assert usage.prompt_tokens == r_prompt
+    assert usage.completion_tokens == r_out
+    assert usage.total_tokens == r_prompt + r_out
+    assert finish == r_finish
+
+
+def test_openai_client_streams_chat_and_completion(daemon, reference):
+    client = _client(daemon)
+    got = _run(client, "chat", "smollm2-135m-instruct", stream=True)
+    assert "Paris" in got[0]
+    _check(reference[("chat", "smollm2-135m-instruct")], got)
+    _check(reference[("completion", "demo-llama")], _run(client, "completion", "demo-llama", stream=True))
+    _check(reference[("completion", "smollm2-135m-instruct")],
+           _run(client, "completion", "smollm2-135m-instruct", stream=False))
+    models = {m.id for m in client.models.list().data}
+    assert models == set(MODELS)
+
+
+def test_concurrent_requests_to_three_models_match_the_engine(daemon, reference):
+    client = _client(daemon)
+    jobs = [(kind, m, stream) for kind, m in CASES for stream in (False, True)]
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as ex:
+        results = list(ex.map(lambda j: _run(client, *j), jobs))
+    for (kind, m, _stream), got in zip(jobs, results):
+        _check(reference[(kind, m)], got)
+
+
+def test_metrics_account_for_the_requests(daemon):
+    st, _, text = daemon.http("GET", "/metrics")
+    assert st == 200
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            values[k] = float(v)
+    for m in MODELS:
+        ok = values[f'janusd_requests_total{{model="{m}",outcome="ok"}}']
+        assert ok >= 4
+        assert values[f'janusd_ttft_seconds_count{{model="{m}"}}'] == ok
+        att = values[f'janusd_slo_attainment{{model="{m}"}}']
+        assert 0.0 <= att <= 1.0
+        assert values[f'janusd_slo_tokens_on_time_total{{model="{m}"}}'] <= values[f'janusd_slo_tokens_total{{model="{m}"}}']
+        assert values[f'janusd_queue_length{{model="{m}"}}'] == 0
+    assert values["janusd_dispatch_submitted_total"] == values["janusd_dispatch_completed_total"]
+    assert values['janusd_pool_pages{device="0",kind="num_pages"}'] == 512

@@ -1,0 +1,199 @@
+"""Pure parts of the daemon: wire messages and framing, the prefill estimator, the
+systemd notify protocol (against a real datagram socket), placement, request parsing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+import tempfile
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from janusd.config import EngineConfig, ModelConfig
+from janusd.server import sdnotify
+from janusd.server.models import place
+from janusd.server.openai_types import ApiError, parse_chat, parse_completion
+from janusd.server.prefill_estimate import PrefillEstimator
+from janusd.wire import admin_msgs as am
+from janusd.wire import worker_msgs as wm
+from janusd.wire.framing import MAX_FRAME_BYTES, BlockingFramedSocket, FrameError, encode_frame, read_frame
+
+ENC = msgspec.msgpack.Encoder()
+
+TO_WORKER = [
+    wm.LoadModel(1, ModelConfig(name="m", checkpoint="demo:llama-tiny", devices=[1]), EngineConfig(), "/c"),
+    wm.UnloadModel(2, "m"),
+    wm.Tokenize(3, "m", prompt="hi"),
+    wm.Tokenize(4, "m", messages=[wm.ChatMessage("user", "hé")]),
+    wm.Generate(5, "m", [1, 2, 3], wm.SamplingSpec(max_tokens=4, temperature=0.0, seed=7, stop=["x"])),
+    wm.Abort(6),
+    wm.GetStats(7),
+    wm.Shutdown(),
+]
+FROM_WORKER = [
+    wm.Ready(10, 0, "cpu"),
+    wm.ModelLoaded(1, "m", 2048, 0.5, [2]),
+    wm.ModelUnloaded(2, "m"),
+    wm.Tokenized(3, [5, 6]),
+    wm.Stats(7, {"free_pages": 3}, ["m"], 1, 1),
+    wm.ErrorReply(8, "no", "bad_request"),
+    wm.StepBatch([wm.TokenDelta(5, [9], "a", True, "length", 3, 1, 0.01, [-0.5])]),
+    wm.RequestFailed(5, "bad", "unavailable"),
+]
+
+
+@pytest.mark.parametrize("msg", TO_WORKER)
+def test_to_worker_messages_round_trip(msg):
+    assert wm.to_worker_decoder().decode(ENC.encode(msg)) == msg
+
+
+@pytest.mark.parametrize("msg", FROM_WORKER)
+def test_from_worker_messages_round_trip(msg):
+    assert wm.from_worker_decoder().decode(ENC.encode(msg)) == msg
+
+
+def test_a_message_of_the_other_direction_is_refused():
+    with pytest.raises(msgspec.ValidationError):
+        wm.to_worker_decoder().decode(ENC.encode(wm.Ready(1, 0, "cpu")))
+    with pytest.raises(msgspec.ValidationError):
+        am.request_decoder().decode(ENC.encode(wm.Abort(1)))
+
+
+def test_frames_are_compact_arrays():
+    # array_like: a one-token delta is a positional array of a few bytes, not a dict
+    body = ENC.encode(wm.StepBatch([wm.TokenDelta(5, [9], "a")]))
+    assert len(body) < 30
+    tag, deltas = msgspec.msgpack.decode(body)
+    assert tag == "StepBatch" and deltas[0][:3] == [5, [9], "a"]
+
+
+def test_blocking_framing_over_a_socketpair():
+    a, b = socket.socketpair()
+    with a, b:
+        fa, fb = BlockingFramedSocket(a), BlockingFramedSocket(b)
+        for m in TO_WORKER:
+            fa.send(m)
+        dec = wm.to_worker_decoder()
+        assert [dec.decode(fb.recv()) for _ in TO_WORKER] == TO_WORKER
+        a.sendall(struct.pack(">I", MAX_FRAME_BYTES + 1))
+        with pytest.raises(FrameError):
+            fb.recv()
+    c, d = socket.socketpair()
+    with d:
+        c.sendall(struct.pack(">I", 10) + b"abc")  # a peer dying mid-frame reads as EOF
+        c.close()
+        assert BlockingFramedSocket(d).recv() is None
+
+
+def test_async_read_frame_eof_and_truncation():
+    async def go():
+        r = asyncio.StreamReader()
+        r.feed_data(encode_frame(ENC, wm.Abort(3)) + struct.pack(">I", 9) + b"xy")
+        r.feed_eof()
+        assert wm.to_worker_decoder().decode(await read_frame(r)) == wm.Abort(3)
+        with pytest.raises(asyncio.IncompleteReadError):
+            await read_frame(r)
+        r2 = asyncio.StreamReader()
+        r2.feed_eof()
+        assert await read_frame(r2) is None
+
+    asyncio.run(go())
+
+
+@given(
+    a=st.floats(0.0, 0.5), b=st.floats(0.0, 0.01),
+    xs=st.lists(st.integers(1, 4000), min_size=2, max_size=30).filter(lambda v: len(set(v)) > 1),
+)
+def test_estimator_recovers_a_noiseless_line(a, b, xs):
+    e = PrefillEstimator(decay=1.0)
+    for x in xs:
+        e.observe(x, a + b * x)
+    fa, fb = e.coefficients()
+    assert fa == pytest.approx(a, abs=1e-6)
+    assert fb == pytest.approx(b, abs=1e-9)
+    assert e.estimate(1000) == pytest.approx(a + b * 1000, abs=1e-5)
+
+
+def test_estimator_prior_and_single_length_and_bad_input():
+    e = PrefillEstimator(prior_a_s=0.01, prior_b_s=0.001)
+    assert e.estimate(100) == pytest.approx(0.11)
+    e.observe(100, 0.22)  # one length seen: the prior's shape, scaled to the observation
+    assert e.estimate(100) == pytest.approx(0.22)
+    assert e.estimate(200) == pytest.approx(0.42)
+    with pytest.raises(ValueError, match="bad observation"):
+        e.observe(10, float("nan"))
+    with pytest.raises(ValueError, match="decay"):
+        PrefillEstimator(decay=0)
+
+
+def test_sdnotify_sends_datagrams_to_the_notify_socket():
+    path = os.path.join(tempfile.mkdtemp(), "n")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.bind(path)
+        s.settimeout(2)
+        assert sdnotify.notify("READY=1\nSTATUS=x", {"NOTIFY_SOCKET": path})
+        assert s.recv(100) == b"READY=1\nSTATUS=x"
+    assert not sdnotify.notify("READY=1", {})
+    assert not sdnotify.notify("READY=1", {"NOTIFY_SOCKET": path + "-missing"})
+    name = f"jd-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.bind("\0" + name)
+        s.settimeout(2)
+        assert sdnotify.notify("WATCHDOG=1", {"NOTIFY_SOCKET": "@" + name})
+        assert s.recv(100) == b"WATCHDOG=1"
+
+
+def test_watchdog_interval():
+    assert sdnotify.watchdog_interval_s({"WATCHDOG_USEC": "2000000"}) == 1.0
+    assert sdnotify.watchdog_interval_s({"WATCHDOG_USEC": "2000000", "WATCHDOG_PID": str(os.getpid())}) == 1.0
+    assert sdnotify.watchdog_interval_s({"WATCHDOG_USEC": "2000000", "WATCHDOG_PID": "1"}) is None
+    assert sdnotify.watchdog_interval_s({}) is None
+    assert sdnotify.watchdog_interval_s({"WATCHDOG_USEC": "junk"}) is None
+
+
+def test_placement_follows_devices_and_spreads_the_rest():
+    ms = [ModelConfig(name="a", checkpoint="x", devices=[1, 0, 1]), ModelConfig(name="b", checkpoint="x"),
+          ModelConfig(name="c", checkpoint="x"), ModelConfig(name="d", checkpoint="x")]
+    assert place(ms, 2) == {"a": [0, 1], "b": [0], "c": [1], "d": [0]}
+
+
+def test_parse_completion_and_chat():
+    p = parse_completion(b'{"model":"m","prompt":"hi","max_tokens":5,"temperature":0,"stop":"x","seed":3,'
+                         b'"slo":{"ttft_ms":200},"stream":true,"stream_options":{"include_usage":true},"user":"u"}')
+    assert (p.prompt, p.sampling.max_tokens, p.sampling.temperature, p.sampling.stop) == ("hi", 5, 0.0, ["x"])
+    assert (p.ttft_ms, p.tpot_ms, p.stream, p.include_usage, p.chat) == (200.0, None, True, True, False)
+    assert parse_completion(b'{"model":"m","prompt":[1,2,3]}').prompt_ids == [1, 2, 3]
+    c = parse_chat(b'{"model":"m","messages":[{"role":"developer","content":[{"type":"text","text":"a"},'
+                   b'{"type":"text","text":"b"}]}],"max_completion_tokens":7}')
+    assert c.messages == [wm.ChatMessage("system", "ab")] and c.sampling.max_tokens == 7 and c.max_tokens_given
+    assert not parse_chat(b'{"model":"m","messages":[{"role":"user","content":"q"}]}').max_tokens_given
+    with pytest.raises(ApiError) as e:
+        parse_completion(b'{"model":"m","prompt":"hi","top_p":1.5}')
+    assert (e.value.status, e.value.param) == (400, "top_p")
+    with pytest.raises(ApiError) as e:
+        parse_completion(b'{"model":"m","prompt":"hi","min_tokens":9,"max_tokens":3}')
+    assert e.value.param == "min_tokens"
+
+
+def test_serve_print_config_applies_flag_overrides(tmp_path):
+    import subprocess
+    import sys
+
+    from janusd.config import parse_config
+
+    out = subprocess.run([sys.executable, "-m", "janusd.cli", "serve", "--print-config", "--port", "9123",
+                          "--host", "0.0.0.0"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    cfg = parse_config(out.stdout)
+    assert (cfg.server.host, cfg.server.port) == ("0.0.0.0", 9123)
+    assert [m.name for m in cfg.models] == ["smollm2-135m-instruct", "demo-llama", "demo-qwen2"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server]\nport = 'x'\n")
+    out = subprocess.run([sys.executable, "-m", "janusd.cli", "serve", "--config", str(bad)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "server.port" in out.stderr
