@@ -118,3 +118,31 @@ def test_cli_make_demo_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "directory is not empty" in capsys.readouterr().err
     with pytest.raises(CheckpointError, match="directory is not empty"):
         make_demo(out, "llama", "tiny")
+
+
+def test_make_demo_into_an_unwritable_place_is_a_clean_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # (a regular file as the parent: unwritable even for root, which ignores chmod)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(CheckpointError, match=r"file/demo: cannot write the demo checkpoint"):
+        make_demo(blocker / "demo", "llama", "tiny")
+    with pytest.raises(CheckpointError, match=r"file: cannot write the demo checkpoint"):
+        make_demo(blocker, "llama", "tiny")  # the target itself is a file
+    assert janus_main(["models", "make-demo", str(blocker / "demo")]) == 2
+    assert "cannot write the demo checkpoint" in capsys.readouterr().err
+
+
+def test_demo_spec_with_an_unusable_cache_dir_is_a_clean_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(CheckpointError, match=r"file/demo: cannot create the demo checkpoint cache"):
+        open_checkpoint("demo:llama-tiny", cache_dir=blocker)
+
+
+def test_demo_spec_with_a_broken_leftover_in_the_cache_is_a_clean_error(tmp_path: Path) -> None:
+    leftover = tmp_path / "demo" / "llama-tiny"
+    leftover.mkdir(parents=True)
+    (leftover / "config.json").write_text("{}")  # an interrupted copy, no weights
+    with pytest.raises(CheckpointError, match=r"demo/llama-tiny: cannot install the demo checkpoint there"):
+        open_checkpoint("demo:llama-tiny", cache_dir=tmp_path)
+    assert sorted(p.name for p in (tmp_path / "demo").iterdir()) == ["llama-tiny"]  # temp dir cleaned up

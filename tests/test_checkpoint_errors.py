@@ -206,3 +206,27 @@ def test_non_checkpoint_file_and_corrupt_gguf(tmp_path: Path) -> None:
     bad.write_bytes(b"not a gguf at all")
     with pytest.raises(CheckpointError, match=r"broken\.gguf: unreadable or corrupt GGUF file"):
         open_checkpoint(bad)
+
+
+def test_index_with_a_non_string_shard_name(ck_dir: Path) -> None:
+    names = sorted(load_file(str(ck_dir / "model.safetensors")))
+    weight_map: dict[str, object] = {n: "model.safetensors" for n in names}
+    weight_map[names[0]] = 7
+    (ck_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(CheckpointError, match=rf"model\.safetensors\.index\.json: tensor '{names[0]}' has shard 7, expected a file name"):
+        open_checkpoint(ck_dir)
+
+
+def test_unsupported_rope_scaling_is_refused_when_opening(ck_dir: Path) -> None:
+    # caught by `janus models inspect`/open, not only when the engine builds its rotary table
+    _cfg(ck_dir, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(CheckpointError, match=r"config\.json: rope_scaling type 'yarn' is not supported"):
+        open_checkpoint(ck_dir)
+    _cfg(ck_dir, rope_scaling={"rope_type": "llama3", "factor": 8.0})  # lacks original_max_position_embeddings
+    with pytest.raises(CheckpointError, match=r"config\.json: rope_scaling 'llama3' needs original_max_position_embeddings"):
+        open_checkpoint(ck_dir)
+    _cfg(ck_dir, rope_scaling={"rope_type": "linear", "factor": 0})
+    with pytest.raises(CheckpointError, match=r"config\.json: rope_scaling factor must be a number > 0"):
+        open_checkpoint(ck_dir)
+    _cfg(ck_dir, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    assert open_checkpoint(ck_dir).arch.rope_scaling == {"rope_type": "linear", "factor": 2.0}

@@ -177,3 +177,17 @@ def test_tokenizer_facts_from_demo(demo_tok: Tokenizer, tmp_path: Path) -> None:
     assert demo_tok.bos_token_id == 0 and demo_tok.eos_token_ids == [2, 0]
     assert demo_tok.special_token_ids == frozenset({0, 1, 2})
     assert demo_tok.encode("hi", add_special_tokens=True) == demo_tok.encode("hi")  # no BOS for ChatML models
+
+
+def test_template_runtime_errors_and_overriding_variables() -> None:
+    # A template doing arithmetic on a client's content raises TypeError inside Jinja: that is
+    # bad input (a 400), not a server crash, so it must surface as ChatTemplateError.
+    t = _tok_with("{{ messages[0]['content'] + 1 }}")
+    with pytest.raises(ChatTemplateError, match="chat template failed"):
+        t.apply_chat_template([{"role": "user", "content": "x"}])
+    with pytest.raises(ChatTemplateError, match="chat template failed"):
+        _tok_with("{{ 1 // 0 }}").apply_chat_template([{"role": "user", "content": "x"}])
+    # transformers lets caller variables override the special-token strings
+    # (template_kwargs = {**special_tokens_map, **kwargs}); it must not be a TypeError.
+    t = _tok_with("{{ bos_token }}|{{ messages[0]['content'] }}")
+    assert t.apply_chat_template([{"role": "user", "content": "x"}], bos_token="<B>") == "<B>|x"

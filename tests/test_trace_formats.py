@@ -116,3 +116,30 @@ def test_build_validates_and_sorts():
         Trace.build(np.array([2.0, 1.0]), ["a", "b"], ["m", "m"], np.array([1, 2]), np.array([1, 1]))
     with pytest.raises(TraceError, match="row 0: output_tokens must be >= 1"):
         Trace.build(np.array([0.0]), ["a"], ["m"], np.array([1]), np.array([0]))
+
+
+def _corrupt_gzip(rows: int = 2000) -> bytes:
+    """A gzip file whose header is fine but whose deflate stream is damaged (zlib.error)."""
+    data = bytearray(gzip.compress((HEADER + "\n" + "0.1,a,m,1,1\n" * rows).encode()))
+    for i in range(30, 60):
+        data[i] ^= 0xFF
+    return bytes(data)
+
+
+def test_corrupt_gzip_stream_is_a_trace_error(tmp_path):
+    (tmp_path / "c.csv.gz").write_bytes(_corrupt_gzip())
+    with pytest.raises(TraceError, match="c.csv.gz: broken gzip file"):
+        read_trace(tmp_path / "c.csv.gz")
+
+
+def test_csv_with_a_utf8_byte_order_mark_loads(tmp_path):
+    # Spreadsheet exports start with U+FEFF; it is not part of the first column's name.
+    (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbf" + (HEADER + "\n0.5,chat,m,3,4\n").encode())
+    t = read_trace(tmp_path / "bom.csv")
+    assert t.arrival_s.tolist() == [0.5] and t.app_names().tolist() == ["chat"]
+
+
+def test_duplicate_header_column_is_rejected(tmp_path):
+    (tmp_path / "d.csv").write_text(HEADER + ",app\n0.5,chat,m,3,4,code\n")
+    with pytest.raises(TraceError, match=r"d.csv:1: .*column 'app' appears twice"):
+        read_trace(tmp_path / "d.csv")

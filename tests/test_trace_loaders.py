@@ -122,3 +122,15 @@ def test_servegen_multimodal_input_is_text_plus_counted_items(tmp_path):
     t = load_servegen(tmp_path / "rates_multimodal_mm-x.csv", duration_s=600)
     assert len(t) == 300 and t.apps == ("mm-x-c0",)
     assert set(t.input_tokens.tolist()) == {100 + 2 * 50} and set(t.output_tokens.tolist()) == {9}
+
+
+def test_azure_corrupt_gzip_is_a_trace_error(tmp_path):
+    import gzip
+
+    data = bytearray(gzip.compress(AZ[0].read_bytes() * 20))
+    for i in range(30, 60):
+        data[i] ^= 0xFF
+    p = tmp_path / "AzureLLMInferenceTrace_code.csv.gz"
+    p.write_bytes(bytes(data))
+    with pytest.raises(TraceError, match="AzureLLMInferenceTrace_code.csv.gz: broken gzip file"):
+        load_azure([p])

@@ -22,3 +22,19 @@ def test_bench_reports_the_seven_headline_figures(capsys) -> None:  # type: igno
     assert all(out[k] > 0 for k in list(out)[:5])
     assert 0 <= out["fragmentation_mean_pct"] <= out["fragmentation_max_pct"] <= 100
     assert '"churn_ops": 20000' in capsys.readouterr().err
+
+
+def test_bad_arguments_are_usage_errors_not_tracebacks(capsys) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    p = argparse.ArgumentParser()
+    xtensor.add_arguments(p)
+    for bad, why in (
+        (["--map-pages", "0"], "must be >= 1"), (["--churn-ops", "-5"], "must be >= 1"),
+        (["--page-size", "12288"], "power of two"), (["--page-size", "x"], "expected an integer"),
+        (["--churn-pages", "10"], "must be >= 1024"),  # too small to load any model: 0% would be fake
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            p.parse_args(bad)
+        assert e.value.code == 2
+        assert why in capsys.readouterr().err

@@ -192,6 +192,10 @@ def test_kv_takes_the_lowest_free_pages() -> None:
         (lambda p: p.kv_region("m", 2 * PAGE, cache_low=0, cache_high=0).resize(-1), "n_pages must be >= 0"),
         (lambda p: p.kv_region("m", 2 * PAGE, cache_low=0, cache_high=0).global_offsets(0, 1), "not inside the region's 0 mapped bytes"),
         (lambda p: p.free("nobody"), "unknown owner"),
+        # beyond 64-bit: an XTensorError, not PyO3's OverflowError
+        (lambda p: p.alloc_weights("m", 2**70), "nbytes must be <= 9223372036854775807"),
+        (lambda p: p.kv_region("m", PAGE, cache_low=2**64, cache_high=2**64), "cache_low must be <= 9223372036854775807"),
+        (lambda p: p.kv_region("m", 2 * PAGE, cache_low=0, cache_high=0).resize(2**64), "n_pages must be <= 9223372036854775807"),
     ],
 )
 def test_bad_input_is_a_clear_error_and_changes_nothing(call, message) -> None:  # type: ignore[no-untyped-def]

@@ -23,14 +23,44 @@ import time
 from typing import Any
 
 
+# The churn's smallest model needs ~500 pages with its KV: a smaller pool loads nothing and
+# would report a meaningless 0% fragmentation, so it is refused up front.
+MIN_CHURN_PAGES = 1024
+
+
+def _at_least(minimum: int):  # type: ignore[no-untyped-def]
+    """argparse type: an int >= minimum (bad values get argparse's usage error, not a traceback)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _page_size(text: str) -> int:
+    value = _at_least(4096)(text)
+    if value & (value - 1):
+        raise argparse.ArgumentTypeError(f"must be a power of two, got {value}")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--map-pages", type=int, default=256, help="pages mapped per round (default 256)")
-    p.add_argument("--map-rounds", type=int, default=15, help="alternating ours/raw rounds (default 15)")
-    p.add_argument("--page-size", type=int, default=2 << 20, help="page size for map/unmap (default 2 MiB)")
-    p.add_argument("--book-pages", type=int, default=65536, help="pool size for bookkeeping (default 65536)")
-    p.add_argument("--book-ops", type=int, default=1_000_000, help="bookkeeping operations (default 1e6)")
-    p.add_argument("--churn-pages", type=int, default=32768, help="pool size for the churn (default 32768)")
-    p.add_argument("--churn-ops", type=int, default=1_000_000, help="churn operations (default 1e6)")
+    pos = _at_least(1)
+    p.add_argument("--map-pages", type=pos, default=256, help="pages mapped per round (default 256)")
+    p.add_argument("--map-rounds", type=pos, default=15, help="alternating ours/raw rounds (default 15)")
+    p.add_argument("--page-size", type=_page_size, default=2 << 20, help="page size for map/unmap (default 2 MiB)")
+    p.add_argument("--book-pages", type=pos, default=65536, help="pool size for bookkeeping (default 65536)")
+    p.add_argument("--book-ops", type=pos, default=1_000_000, help="bookkeeping operations (default 1e6)")
+    p.add_argument(
+        "--churn-pages", type=_at_least(MIN_CHURN_PAGES), default=32768, help="pool size for the churn (default 32768)"
+    )
+    p.add_argument("--churn-ops", type=pos, default=1_000_000, help="churn operations (default 1e6)")
     p.add_argument("--seed", type=int, default=7)
 
 

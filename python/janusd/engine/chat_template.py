@@ -70,11 +70,14 @@ def render_chat(
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise ChatTemplateError("messages must be a list of dicts with 'role' and 'content'")
     template = _compile(source)
+    # As transformers does: caller variables override the special-token strings (passing
+    # both as keywords would be a TypeError when a name is in both).
+    context = {**special_tokens, **extra, "messages": messages, "add_generation_prompt": add_generation_prompt}
     try:
-        return template.render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **special_tokens, **extra
-        )
+        return template.render(**context)
     except ChatTemplateError:
         raise
-    except TemplateError as e:
-        raise ChatTemplateError(f"chat template failed: {e}") from e
+    except Exception as e:  # noqa: BLE001 - a template is an untrusted program run on client input:
+        # besides TemplateError it raises TypeError, ZeroDivisionError, ... on odd content,
+        # and each is a rejected request, never a crash of the server.
+        raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from e

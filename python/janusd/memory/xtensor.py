@@ -30,11 +30,16 @@ DEFAULT_CACHE_HIGH = 4
 _KINDS = ("cpu", "cuda", "npu")
 
 
+_I64_MAX = (1 << 63) - 1  # the native layer takes i64: larger ints would be PyO3 OverflowErrors
+
+
 def _int(value: Any, name: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise XTensorError(f"{name} must be an int, got {value!r}")
     if value < minimum:
         raise XTensorError(f"{name} must be >= {minimum}, got {value}")
+    if value > _I64_MAX:
+        raise XTensorError(f"{name} must be <= {_I64_MAX}, got {value}")
     return value
 
 

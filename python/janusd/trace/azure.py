@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from janusd.trace.formats import Trace, TraceError, open_text
+from janusd.trace.formats import Trace, TraceError, open_text, reading
 
 HEADER = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
 
@@ -34,7 +34,7 @@ def _read_one(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray, np.
     times: list[float] = []
     inp: list[int] = []
     out: list[int] = []
-    with open_text(path) as f:
+    with reading(src), open_text(path) as f:
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None or [h.strip() for h in header] != HEADER:

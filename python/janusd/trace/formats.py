@@ -22,7 +22,9 @@ import gzip
 import io
 import math
 import os
+import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,10 +167,32 @@ class Trace:
 
 
 def open_text(path: str | os.PathLike[str], mode: str = "r") -> io.TextIOBase:
-    """Open a text file, gzip-compressed when the name ends in .gz."""
+    """Open a text file, gzip-compressed when the name ends in .gz.
+
+    Reading uses utf-8-sig: spreadsheet exports start with a byte-order mark, which would
+    otherwise become part of the first column's name.
+    """
+    encoding = "utf-8-sig" if mode == "r" else "utf-8"
     if str(path).endswith(".gz"):
-        return gzip.open(path, mode + "t", encoding="utf-8", newline="")  # type: ignore[return-value]
-    return open(path, mode, encoding="utf-8", newline="")  # type: ignore[return-value]
+        return gzip.open(path, mode + "t", encoding=encoding, newline="")  # type: ignore[return-value]
+    return open(path, mode, encoding=encoding, newline="")  # type: ignore[return-value]
+
+
+@contextmanager
+def reading(source: str) -> Iterator[None]:
+    """Turn the ways a text file can be unreadable into one TraceError naming it.
+
+    A damaged deflate stream raises zlib.error and a cut-off one EOFError, neither an
+    OSError, so without this a bad .gz crashed the CLI with a traceback.
+    """
+    try:
+        yield
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{source}: not UTF-8 text: {e}") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise TraceError(f"{source}: broken gzip file: {e}") from None
+    except csv.Error as e:
+        raise TraceError(f"{source}: CSV error: {e}") from None
 
 
 def _is_jsonl(path: str | os.PathLike[str]) -> bool:
@@ -247,6 +271,9 @@ def _read_csv(f: io.TextIOBase, source: str) -> Trace:
     if header is None:
         raise TraceError(f"{source}:1: empty file (expected the header {','.join(REQUIRED)})")
     header = [h.strip() for h in header]
+    twice = sorted({h for h in header if header.count(h) > 1})
+    if twice:
+        raise TraceError(f"{source}:1: bad header: column {twice[0]!r} appears twice")
     missing = [c for c in REQUIRED if c not in header]
     unknown = [c for c in header if c not in REQUIRED + OPTIONAL]
     if missing or unknown:
@@ -306,15 +333,8 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     source = str(path)
     if not Path(path).is_file():
         raise TraceError(f"{source}: no such file")
-    try:
-        with open_text(path) as f:
-            return _read_jsonl(f, source) if _is_jsonl(path) else _read_csv(f, source)
-    except UnicodeDecodeError as e:
-        raise TraceError(f"{source}: not UTF-8 text: {e}") from None
-    except (gzip.BadGzipFile, EOFError) as e:
-        raise TraceError(f"{source}: broken gzip file: {e}") from None
-    except csv.Error as e:
-        raise TraceError(f"{source}: CSV error: {e}") from None
+    with reading(source), open_text(path) as f:
+        return _read_jsonl(f, source) if _is_jsonl(path) else _read_csv(f, source)
 
 
 def _fmt_slo(v: float) -> str:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from janusd.trace.formats import Trace, TraceError, open_text
+from janusd.trace.formats import Trace, TraceError, open_text, reading
 
 RATE_HEADER = ["client_id", "window_start_s", "rate_rps", "cv", "iat_dist", "iat_p1", "iat_p2"]
 RATE_WINDOW_S = 600.0
@@ -55,7 +55,7 @@ def lengths_path_for(rates_path: str | os.PathLike[str]) -> Path:
 def _read_rates(path: str | os.PathLike[str], start_s: float, end_s: float) -> list[tuple[int, float, float, str, float, float]]:
     src = str(path)
     rows = []
-    with open_text(path) as f:
+    with reading(src), open_text(path) as f:
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None or [h.strip() for h in header] != RATE_HEADER:
@@ -85,7 +85,7 @@ def _read_lengths(path: str | os.PathLike[str]) -> dict[tuple[int, int, str], np
     """(client, window_start_s, field) -> the 101 quantiles."""
     src = str(path)
     out: dict[tuple[int, int, str], np.ndarray] = {}
-    with open_text(path) as f:
+    with reading(src), open_text(path) as f:
         reader = csv.reader(f)
         header = next(reader, None)
         want = ["client_id", "window_start_s", "field"] + [f"q{k}" for k in range(101)]

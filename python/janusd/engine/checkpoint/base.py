@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from janusd.engine.tokenizer import Tokenizer
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+# RoPE scalings the forward implements (engine/models/rope.py); anything else is refused
+# when the checkpoint is opened, so `janus models inspect` never approves a model that
+# would only fail once a worker builds it.
+SUPPORTED_ROPE_SCALINGS = ("linear", "llama3")
 
 
 class CheckpointError(ValueError):
@@ -85,6 +89,21 @@ def validate_arch(arch: ModelArch, where: str) -> None:
         raise CheckpointError(f"{where}: head_dim must be even for RoPE, got {arch.head_dim}")
     if not arch.rms_norm_eps > 0 or not arch.rope_theta > 0:
         raise CheckpointError(f"{where}: rms_norm_eps and rope_theta must be positive")
+    if arch.rope_scaling is not None:
+        _validate_rope_scaling(arch.rope_scaling, where)
+
+
+def _validate_rope_scaling(scaling: dict[str, Any], where: str) -> None:
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind not in SUPPORTED_ROPE_SCALINGS:
+        raise CheckpointError(
+            f"{where}: rope_scaling type {kind!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_SCALINGS)})"
+        )
+    factor = scaling.get("factor")
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not factor > 0:
+        raise CheckpointError(f"{where}: rope_scaling factor must be a number > 0, got {factor!r}")
+    if kind == "llama3" and not isinstance(scaling.get("original_max_position_embeddings"), int):
+        raise CheckpointError(f"{where}: rope_scaling 'llama3' needs original_max_position_embeddings")
 
 
 def expected_tensor_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:

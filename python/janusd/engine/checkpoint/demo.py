@@ -160,13 +160,24 @@ def make_demo(out_dir: Path, arch: str, size: str, dtype: str = "float32", seed:
     if dtype not in ("float32", "float16", "bfloat16") or not isinstance(getattr(torch, dtype, None), torch.dtype):
         raise CheckpointError(f"demo dtype must be float32, float16 or bfloat16, got {dtype!r}")
     out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise CheckpointError(f"{out_dir}: directory is not empty")
-    out_dir.mkdir(parents=True, exist_ok=True)
     a = demo_arch(arch, size, dtype)
     tok = train_tokenizer(a.vocab_size)
     if tok.get_vocab_size() > a.vocab_size:
         raise CheckpointError(f"demo tokenizer has {tok.get_vocab_size()} tokens, more than vocab_size {a.vocab_size}")
+    from safetensors import SafetensorError
+
+    try:
+        _write_demo(out_dir, a, tok, seed, save_file)
+    except (OSError, SafetensorError) as e:  # unwritable, not a directory, disk full: the CLI says so
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise CheckpointError(f"{out_dir}: cannot write the demo checkpoint: {why}") from e
+    return out_dir
+
+
+def _write_demo(out_dir: Path, a: ModelArch, tok: Any, seed: int, save_file: Any) -> None:
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        raise CheckpointError(f"{out_dir}: directory is not empty")
+    out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
     (out_dir / "config.json").write_text(json.dumps(_config_json(a), indent=2) + "\n")
     tok_cfg = {
@@ -186,7 +197,6 @@ def make_demo(out_dir: Path, arch: str, size: str, dtype: str = "float32", seed:
                "temperature": 0.7, "top_p": 0.9, "top_k": 50}
     (out_dir / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
     save_file(random_weights(a, seed), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    return out_dir
 
 
 def ensure_demo(cache_dir: Path, arch: str, size: str) -> Path:
@@ -196,15 +206,18 @@ def ensure_demo(cache_dir: Path, arch: str, size: str) -> Path:
     target = Path(cache_dir) / "demo" / f"{arch}-{size}"
     if (target / "model.safetensors").exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{arch}-{size}.", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{arch}-{size}.", dir=target.parent))
+    except OSError as e:
+        raise CheckpointError(f"{target.parent}: cannot create the demo checkpoint cache: {e.strerror or e}") from e
     try:
         make_demo(tmp, arch, size)
         try:
             os.rename(tmp, target)
-        except OSError:
-            if not (target / "model.safetensors").exists():
-                raise
+        except OSError as e:
+            if not (target / "model.safetensors").exists():  # not a lost race: a leftover or a file
+                raise CheckpointError(f"{target}: cannot install the demo checkpoint there ({e.strerror or e}); remove it") from e
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -124,7 +124,10 @@ class HFCheckpoint(Checkpoint):
             weight_map = data.get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
                 raise CheckpointError(f"{index}: no weight_map")
-            files = {f: root / f for f in set(weight_map.values()) if isinstance(f, str)}
+            for name, f in weight_map.items():
+                if not isinstance(f, str) or not f:
+                    raise CheckpointError(f"{index}: tensor {name!r} has shard {f!r}, expected a file name")
+            files = {f: root / f for f in set(weight_map.values())}
             for f, p in files.items():
                 if not p.exists():
                     raise CheckpointError(f"{p}: missing file (a shard named in {index.name})")

@@ -109,14 +109,21 @@ impl Backend for AclBackend {
         }
         check(unsafe { janus_acl_release(va as *mut c_void) }, "aclrtReleaseMemAddress")
     }
+    /// All or nothing: a failure part-way unmaps the pages this call mapped (the caller's
+    /// rollback only undoes earlier calls).
     fn map(&self, va: usize, first_page: u32, count: usize) -> XtResult<()> {
+        if first_page as usize + count > self.handles.len() {
+            return Err(XtError::invalid(format!("pages {first_page}+{count} out of range")));
+        }
         for i in 0..count {
-            let h = *self
-                .handles
-                .get(first_page as usize + i)
-                .ok_or_else(|| XtError::invalid("page id out of range"))?;
+            let h = self.handles[first_page as usize + i];
             let a = va + i * self.page_size;
-            check(unsafe { janus_acl_map(a as *mut c_void, self.page_size, h as *mut c_void) }, "aclrtMapMem")?;
+            if let Err(e) = check(unsafe { janus_acl_map(a as *mut c_void, self.page_size, h as *mut c_void) }, "aclrtMapMem") {
+                if i > 0 {
+                    let _ = self.unmap(va, i * self.page_size);
+                }
+                return Err(e);
+            }
             self.mapped.lock().unwrap().insert(a);
         }
         Ok(())

@@ -178,6 +178,23 @@ impl Drop for CudaBackend {
     }
 }
 
+impl CudaBackend {
+    fn map_pages(&self, va: usize, first_page: u32, count: usize, done: &mut usize) -> XtResult<()> {
+        for i in 0..count {
+            let h = self.handles[first_page as usize + i];
+            let a = va + i * self.page_size;
+            self.check(unsafe { (self.api.map)(a as CuDevicePtr, self.page_size, 0, h, 0) }, "cuMemMap")?;
+            self.mapped.lock().unwrap().insert(a);
+            *done += 1;
+        }
+        let desc = CuMemAccessDesc { location: CuMemLocation { kind: 1, id: self.device }, flags: 3 };
+        self.check(
+            unsafe { (self.api.set_access)(va as CuDevicePtr, count * self.page_size, &desc, 1) },
+            "cuMemSetAccess",
+        )
+    }
+}
+
 impl Backend for CudaBackend {
     fn kind(&self) -> DeviceKind {
         DeviceKind::Cuda
@@ -205,22 +222,21 @@ impl Backend for CudaBackend {
         self.set_current()?;
         self.check(unsafe { (self.api.address_free)(va as CuDevicePtr, nbytes) }, "cuMemAddressFree")
     }
+    /// All or nothing, like the host backend: if a page fails to map (or access cannot be
+    /// set), the pages this call mapped are unmapped again, so the caller's rollback (which
+    /// only undoes earlier calls) leaves no stray mapping that would make a later cuMemMap
+    /// at these addresses fail.
     fn map(&self, va: usize, first_page: u32, count: usize) -> XtResult<()> {
-        self.set_current()?;
-        for i in 0..count {
-            let h = *self
-                .handles
-                .get(first_page as usize + i)
-                .ok_or_else(|| XtError::invalid("page id out of range"))?;
-            let a = va + i * self.page_size;
-            self.check(unsafe { (self.api.map)(a as CuDevicePtr, self.page_size, 0, h, 0) }, "cuMemMap")?;
-            self.mapped.lock().unwrap().insert(a);
+        if first_page as usize + count > self.handles.len() {
+            return Err(XtError::invalid(format!("pages {first_page}+{count} out of range")));
         }
-        let desc = CuMemAccessDesc { location: CuMemLocation { kind: 1, id: self.device }, flags: 3 };
-        self.check(
-            unsafe { (self.api.set_access)(va as CuDevicePtr, count * self.page_size, &desc, 1) },
-            "cuMemSetAccess",
-        )
+        self.set_current()?;
+        let mut done = 0;
+        let result = self.map_pages(va, first_page, count, &mut done);
+        if result.is_err() && done > 0 {
+            let _ = self.unmap(va, done * self.page_size);
+        }
+        result
     }
     fn unmap(&self, va: usize, nbytes: usize) -> XtResult<()> {
         self.set_current()?;
