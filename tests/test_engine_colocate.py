@@ -3,6 +3,7 @@ a decode-role engine (in process, by block ids and by global offsets)."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from engine_fixtures import write_hf_checkpoint
@@ -106,6 +107,12 @@ def test_prefill_role_exports_and_decode_role_imports(ckpts) -> None:
     assert set(first) == set(PROMPTS)
     with pytest.raises(RequestError, match="unknown request"):
         d.export_kv("nope")
+    bad = p.export_kv("q1")
+    with pytest.raises(RequestError, match="max_tokens"):  # the prefill side already used the only token
+        d.import_kv(bad, SamplingParams(max_tokens=1, temperature=0.0), p)
+    with pytest.raises(RequestError, match="prompt_len"):
+        d.import_kv(msgspec.structs.replace(bad, prompt_len=len(bad.token_ids)), GREEDY, p)
+    assert d.seqs == {} and d.kv.alloc.num_used == 0
     got: dict[str, list[int]] = {}
     g = src_dev.pool.global_tensor()
     for i, rid in enumerate(PROMPTS):
@@ -152,3 +159,50 @@ def test_loading_beyond_the_pool_fails_cleanly(ckpts) -> None:
     with pytest.raises(EngineError, match="device memory"):
         de.load_model(_cfg("big", ckpts["llama"]), ENGINE)
     assert de.models == {} and de.pool.stats().free_pages == 4
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("intermediate_size", 128, r"gate_proj\.weight' has shape \[96, 64\], expected \[128, 64\]"),
+    ("num_hidden_layers", 3, r"missing tensor 'model\.layers\.2\."),
+])
+def test_checkpoint_disagreeing_with_its_config_is_refused_cleanly(ckpts, tmp_path, field, value, message) -> None:
+    import json
+    import shutil
+
+    from janusd.engine.loader import CheckpointError
+
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpts["llama"], bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg[field] = value
+    (bad / "config.json").write_text(json.dumps(cfg))
+    de = DeviceEngine(memory_bytes=16 << 20, page_size=64 << 10)
+    with pytest.raises(CheckpointError, match=message):
+        de.load_model(_cfg("bad", str(bad)), ENGINE)
+    assert de.models == {} and de.pool.stats().free_pages == de.pool.num_pages
+
+
+def test_pd_split_streams_the_same_text_when_the_first_token_is_held_back(ckpts) -> None:
+    """With a stop string starting with the first token's text, the prefill side holds
+    that text back; the decode side must emit it once it is safe (and report no second
+    prefill time), so prefill + decode text equals the mixed engine's text."""
+    ck = ckpts["qwen3"]
+    de = DeviceEngine(memory_bytes=16 << 20, page_size=64 << 10)
+    m = de.load_model(_cfg("m", ck), ENGINE)
+    ref = m.generate({"r": PROMPTS["q1"]}, GREEDY)["r"]
+    full = "".join(o.text for o in ref)
+    assert ref[0].text and full.count(ref[0].text + "\u2603") == 0
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, stop=[ref[0].text + "\u2603"])
+    p = de.load_model(_cfg("p", ck, role="prefill"), ENGINE)
+    d = de.load_model(_cfg("d", ck, role="decode"), ENGINE)
+    p.add_request("r", PROMPTS["q1"], params)
+    outs = []
+    while p.has_work():
+        outs += p.step()
+    assert len(outs) == 1 and outs[0].kv_ready and outs[0].text == ""  # held back: may start the stop string
+    d.import_kv(p.export_kv("r"), params, p)
+    p.release_kv("r")
+    while d.has_work():
+        outs += d.step()
+    assert "".join(o.text for o in outs) == full and outs[-1].finish_reason == "length"
+    assert all(o.prefill_s is None for o in outs[1:])

@@ -82,3 +82,31 @@ def test_prefill_without_chunks_matches_transformers(device: DeviceEngine, tmp_p
         assert (torch.stack(seen) - ref).abs().max().item() < 1e-4
     finally:
         device.unload_model("whole")
+
+
+@pytest.mark.parametrize("case", ["llama3-rope-tied", "qwen3"])
+def test_bfloat16_logits_as_close_as_transformers_own_bfloat16(case: str, device: DeviceEngine, tmp_path) -> None:
+    """bfloat16 cannot match to 1e-4. Teacher-forced over the same tokens, our bf16 logits
+    must be within 3 bf16 steps of transformers' bf16 logits, and no further from the
+    float32 reference than twice transformers' own bf16 error (+1 bf16 step)."""
+    arch, over = CASES[case]
+    ck, hf = write_hf_checkpoint(tmp_path / case, arch, seed=5, **over)
+    me = device.load_model(ModelConfig(name=case, checkpoint=str(ck), kv_cache_mib=4, max_model_len=128,
+                                       dtype="bfloat16"),
+                           EngineConfig(block_size=4, max_num_batched_tokens=5, max_num_seqs=4))
+    try:
+        assert me.model.embed.dtype == torch.bfloat16 and me.kv.dtype == torch.bfloat16
+        seen: list[torch.Tensor] = []
+        me.logit_sink = lambda rid, row: seen.append(row.clone())
+        prompt = [(7 * i + 3) % 500 + 5 for i in range(11)]
+        outs = me.generate({"r": prompt}, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+        full = torch.tensor([prompt + [t for o in outs["r"] for t in o.token_ids]])
+        with torch.no_grad():
+            ref32 = hf(full).logits[0, len(prompt) - 1 : -1].float()
+            ref16 = hf.to(torch.bfloat16)(full).logits[0, len(prompt) - 1 : -1].float()
+        ours = torch.stack(seen)
+        step = 2.0 ** -7 * ref32.abs().max().item()  # one bf16 step at the logits' scale
+        assert (ours - ref16).abs().max().item() <= 3 * step
+        assert (ours - ref32).abs().max().item() <= 2 * (ref16 - ref32).abs().max().item() + step
+    finally:
+        device.unload_model(case)

@@ -170,3 +170,51 @@ def test_paged_cache_stops_at_pool_exhaustion() -> None:
     assert kv.allocate(1) is None and region.mapped_pages == 1  # pool has no 5th page
     pool.free("w")
     assert kv.allocate(1) == [8]
+
+
+def test_a_sequence_that_alone_outgrows_the_blocks_fails_instead_of_looping() -> None:
+    """2 blocks of 4 tokens; `big` needs 3 (4 prompt + 8 outputs). Preempting itself and
+    recomputing would hit the same wall forever: it must fail, free its blocks, and let
+    the request behind it run."""
+    alloc = BlockAllocator(2)
+    sched = Scheduler(4, 8, 100, alloc)
+    big, small = _seq(0, 4, 8), _seq(1, 2, 2)
+    sched.add(big)
+    sched.add(small)
+    failed, finished = [], []
+    for _ in range(50):
+        if not sched.has_work():
+            break
+        out = sched.schedule()
+        failed += out.failed
+        assert all(s.blocks == [] and s not in sched.running for s in out.failed)
+        sched.complete(out)
+        for it in out.items:
+            if it.samples:
+                it.seq.tokens.append(7)
+                if it.seq.num_output >= it.seq.params.max_tokens:
+                    sched.remove(it.seq)
+                    finished.append(it.seq)
+    assert failed == [big] and finished == [small]
+    assert big.num_output == 5  # 8 tokens fill its 2 blocks; the 9th (5th output) needs a 3rd
+    assert not sched.has_work() and alloc.num_used == 0
+
+
+def test_preemption_picks_youngest_even_after_an_import_ran_ahead() -> None:
+    """An imported (decode-role) sequence can be younger than one waiting: once both run,
+    the imported one is the youngest and is the one preempted."""
+    alloc = BlockAllocator(3)
+    sched = Scheduler(4, 8, 100, alloc)
+    older, imported = _seq(1, 4, 8), _seq(2, 4, 8)
+    imported.blocks = alloc.allocate(1) or []
+    imported.num_computed = 4
+    imported.tokens.append(9)
+    sched.add_running(imported)
+    sched.add(older)
+    out = sched.schedule()
+    assert {it.seq.req_id for it in out.items} == {"r1", "r2"} and alloc.num_free == 0
+    sched.complete(out)
+    for s in (older, imported):
+        s.tokens.append(9)  # older now needs a second block
+    out = sched.schedule()
+    assert out.preempted == [imported] and [it.seq for it in out.items] == [older]

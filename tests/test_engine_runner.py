@@ -72,12 +72,18 @@ def test_chunked_prefill_equals_whole_prefill(device, ckpt) -> None:
     assert (torch.stack(rows[3]) - torch.stack(rows[512])).abs().max().item() < 1e-5
 
 
-def test_preemption_and_recompute_give_identical_greedy_output(ckpt, alone) -> None:
-    # a pool with 8 spare 4 KiB pages for KV, far fewer than the 6 requests need together
+@pytest.fixture(scope="module")
+def weight_pages(ckpt) -> int:
+    """4 KiB pages the tiny model's weights take (to size pools with a few KV pages)."""
     probe = DeviceEngine(kind="cpu", memory_bytes=8 << 20, page_size=4096, kv_cache_pages=(0, 0))
-    me = probe.load_model(ModelConfig(name="probe", checkpoint=ckpt, kv_cache_mib=1), EngineConfig(block_size=4))
-    weight_pages = probe.pool.stats().pages_by_owner["probe"]
+    probe.load_model(ModelConfig(name="probe", checkpoint=ckpt, kv_cache_mib=1), EngineConfig(block_size=4))
+    n = probe.pool.stats().pages_by_owner["probe"]
     probe.unload_model("probe")
+    return n
+
+
+def test_preemption_and_recompute_give_identical_greedy_output(ckpt, alone, weight_pages) -> None:
+    # a pool with 8 spare 4 KiB pages for KV, far fewer than the 6 requests need together
     de = DeviceEngine(kind="cpu", memory_bytes=(weight_pages + 8) * 4096, page_size=4096, kv_cache_pages=(0, 0))
     me = de.load_model(ModelConfig(name="tight", checkpoint=ckpt, kv_cache_mib=1),
                        EngineConfig(block_size=4, max_num_batched_tokens=64))
@@ -186,3 +192,58 @@ def test_any_budget_block_size_and_mix_gives_the_alone_output(device, ckpt, alon
         assert me.kv.alloc.num_used == 0
     finally:
         device.unload_model("prop")
+
+
+def test_request_outgrowing_pages_another_owner_holds_fails_then_runs_once_freed(ckpt, alone, weight_pages) -> None:
+    """p1 needs 8 blocks (9 + 20 tokens) = 4 pages; another owner holds all but 2. The
+    request must end with an error (not preempt-and-recompute itself forever), give its
+    pages back, and run normally once the other owner lets go."""
+    de = DeviceEngine(kind="cpu", memory_bytes=(weight_pages + 8) * 4096, page_size=4096, kv_cache_pages=(0, 0))
+    me = de.load_model(ModelConfig(name="m", checkpoint=ckpt, kv_cache_mib=1), EngineConfig(block_size=4))
+    de.pool.alloc_weights("other", 6 * 4096)
+    me.add_request("r", PROMPTS["p1"], GREEDY)
+    outs = []
+    for _ in range(40):
+        if not me.has_work():
+            break
+        outs += me.step()
+    assert not me.has_work() and outs[-1].finished and outs[-1].finish_reason == "abort"
+    assert "KV cache exhausted" in (outs[-1].error or "")
+    assert me.seqs == {} and me.kv.alloc.num_used == 0 and me.kv.region.mapped_pages == 0
+    de.pool.free("other")
+    assert _tokens(me.generate({"r": PROMPTS["p1"]}, GREEDY))["r"] == alone["p1"]
+    de.unload_model("m")
+
+
+def test_abort_mid_prefill_returns_blocks_and_pages_at_once(device, ckpt) -> None:
+    me = _load(device, ckpt, "abort_pf", max_num_batched_tokens=8)
+    try:
+        me.add_request("r", PROMPTS["p3"], GREEDY)  # 30 prompt tokens: 4 chunks of 8
+        assert me.step() == [] and me.step() == []
+        seq = me.seqs["r"]
+        assert seq.num_computed == 16 and len(seq.blocks) == 4 and me.kv.region.mapped_pages > 0
+        assert me.abort("r")
+        # no further step: the worker only steps while there is work
+        assert not me.has_work() and me.kv.alloc.num_used == 0 and me.kv.region.mapped_pages == 0
+    finally:
+        device.unload_model("abort_pf")
+
+
+def test_pages_of_a_finished_request_go_back_while_others_still_run(ckpt, weight_pages) -> None:
+    """A short request above a long one finishes first: its pages return to the pool at
+    once (another model may need them), not when the whole model goes idle."""
+    de = DeviceEngine(kind="cpu", memory_bytes=(weight_pages + 32) * 4096, page_size=4096, kv_cache_pages=(0, 0))
+    me = de.load_model(ModelConfig(name="m", checkpoint=ckpt, kv_cache_mib=1), EngineConfig(block_size=4))
+    me.add_request("long", PROMPTS["p3"], GREEDY)  # blocks 0-7, then grows
+    me.add_request("short", PROMPTS["p5"], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    pages, short_done = [], False
+    while me.has_work():
+        before = me.kv.region.mapped_pages
+        done_now = any(o.req_id == "short" and o.finished for o in me.step())
+        if done_now:
+            pages = [before, me.kv.region.mapped_pages]
+        short_done |= done_now
+        if short_done and me.has_work():
+            assert me.kv.region.mapped_pages == -(-me.kv.alloc.high_water() * me.kv.block_bytes // 4096)
+    assert short_done and pages[1] < pages[0] and me.kv.region.mapped_pages == 0
+    de.unload_model("m")

@@ -123,3 +123,9 @@ def test_eos_and_stop_token_ids_and_min_tokens() -> None:
     seq.append_token(0)
     seq.append_token(1)
     assert seq.banned_now() is None
+
+
+def test_tiny_temperature_is_greedy_not_a_nan_crash() -> None:
+    logits = torch.tensor([[3.0, 40.0, -2.0, 39.5], [1.0, -5.0, 2.0, 0.0]])
+    reqs = [SampleRequest(SamplingParams(temperature=t, top_p=0.5, top_k=2), make_generator(1)) for t in (1e-38, 1e-6)]
+    assert [tok for tok, _ in sample(logits, reqs)] == [1, 2]

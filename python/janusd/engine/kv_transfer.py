@@ -56,13 +56,16 @@ class KVTransferMixin:
         need = -(-meta.num_cached_tokens // self.block_size)
         if len(meta.block_ids) != need or meta.num_cached_tokens >= len(meta.token_ids):
             raise RequestError("kv import: block count or token count inconsistent")
+        if not 1 <= meta.prompt_len <= meta.num_cached_tokens:
+            raise RequestError(f"kv import: prompt_len {meta.prompt_len} must be in [1, num_cached_tokens="
+                               f"{meta.num_cached_tokens}] (the prefill side exports a whole prompt)")
         rid = req_id or meta.req_id
         n_out = len(meta.token_ids) - meta.prompt_len
         seq = self._new_sequence(rid, meta.token_ids, params, n_out=n_out)  # type: ignore[attr-defined]
-        if seq.detok is not None:
-            for t in meta.token_ids[meta.prompt_len :]:  # outputs already streamed by the prefill side
-                seq.text += seq.detok.add(t)
-            seq.emitted = len(seq.text)
+        if n_out >= params.max_tokens:
+            raise RequestError(f"max_tokens: {params.max_tokens} leaves nothing to decode after the {n_out} "
+                               "token(s) the prefill side produced")
+        seq.resume_streamed(meta.token_ids[meta.prompt_len :])
         blocks = self.kv.allocate(need)
         if blocks is None:
             raise RequestError(f"kv import: no room for {need} KV blocks on model {self.name!r}")

@@ -83,6 +83,7 @@ class ModelEngine(KVTransferMixin):
         self._window = getattr(self.arch, "sliding_window", None)
         self._kv_layers = kv.layers
         self.closed = False
+        self._freed = False  # this step freed KV blocks: shrink the region after it
         # tests and tools may observe the float32 logits each sampled row came from
         self.logit_sink: Callable[[str, torch.Tensor], None] | None = None
 
@@ -138,6 +139,8 @@ class ModelEngine(KVTransferMixin):
             seq.blocks = []
         seq.status = Status.FINISHED
         seq.finish_reason = "abort"
+        if self.kv is not None:  # the worker may not step again: give the pages back now
+            self._return_free_pages()
         return True
 
     def has_work(self) -> bool:
@@ -165,8 +168,10 @@ class ModelEngine(KVTransferMixin):
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         self.stats.preemptions += len(sched.preempted)
+        self._freed = bool(sched.preempted or sched.failed)
         outputs = [self._fail(seq) for seq in sched.failed]
         if not sched.items:
+            self._return_free_pages()
             self.stats.overhead_s += time.perf_counter() - t0
             return outputs
         # decodes (1 token with earlier context) first, then prefill chunks
@@ -212,10 +217,17 @@ class ModelEngine(KVTransferMixin):
                 outputs.append(self._advance(it.seq, tok, lp))
         self.stats.steps += 1
         self.stats.forward_s += fwd
+        if self._freed:
+            self._return_free_pages()
         self.stats.overhead_s += (t1 - t0) + (time.perf_counter() - t2)
-        if not self.scheduler.has_work():
-            self.kv.shrink()
         return outputs
+
+    def _return_free_pages(self) -> None:
+        """After blocks were freed (finish, abort, preemption), hand the KV pages above the
+        highest block still held back to the pool at once, not only when this model goes
+        idle: under steady load another model on the device can grow into them."""
+        self.kv.shrink()
+        self._freed = False
 
     def _advance(self, seq: Sequence, tok: int, lp: TokenLogprob | None) -> StepOutput:
         text = seq.append_token(tok)
@@ -236,6 +248,7 @@ class ModelEngine(KVTransferMixin):
         return out
 
     def _finish(self, seq: Sequence) -> None:
+        self._freed = True
         self.scheduler.remove(seq)
         seq.status = Status.FINISHED
         self.seqs.pop(seq.req_id, None)

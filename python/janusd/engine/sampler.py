@@ -16,6 +16,11 @@ import torch
 from janusd.engine.types import SamplingParams, TokenLogprob
 
 
+# Temperatures below this sample greedily: logits / 1e-38 overflow to inf, softmax gives
+# NaN and multinomial would raise, failing the whole batch's step (vLLM uses 1e-5 too).
+GREEDY_BELOW = 1e-5
+
+
 @dataclass
 class SampleRequest:
     params: SamplingParams
@@ -56,11 +61,11 @@ def sample(logits: torch.Tensor, reqs: list[SampleRequest]) -> list[tuple[int, T
     for i, r in enumerate(reqs):
         p = r.params
         row = logits[i]
-        if r.suppress or p.temperature > 0:
+        if r.suppress or p.temperature >= GREEDY_BELOW:
             row = row.clone()
             if r.suppress:
                 row[r.suppress] = float("-inf")
-        if p.temperature == 0:
+        if p.temperature < GREEDY_BELOW:
             tok = greedy[i] if not r.suppress else int(torch.argmax(row))
         else:
             row = _filter(row / p.temperature, p.top_k, p.top_p)

@@ -12,6 +12,10 @@ preempted: its blocks are freed and it goes back to the front of the waiting que
 be recomputed later from its prompt and the tokens it already produced (recompute, not
 swap: the KV is rebuilt by a prefill over prompt + outputs, so greedy output is the same
 as without preemption). No waiting sequence is admitted in a step that preempted.
+A sequence that cannot get a block while it is the only one running (the pool is held
+by other models or by this model's held/importing KV, or it alone needs more than the
+pool) is not preempted but FAILS (`Schedule.failed`): recomputing it alone would only
+hit the same wall again, so step() can never loop forever on it.
 
 The scheduler knows sequences and block ids, never tensors; `blocks` is anything with
 `allocate(n) -> list[int] | None` and `free(ids)` (PagedKVCache or a BlockAllocator).
@@ -19,6 +23,7 @@ The scheduler knows sequences and block ids, never tensors; `blocks` is anything
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -47,7 +52,7 @@ class Scheduled:
 class Schedule:
     items: list[Scheduled] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
-    failed: list[Sequence] = field(default_factory=list)  # cannot get even one block with nothing running
+    failed: list[Sequence] = field(default_factory=list)  # cannot grow with nothing left to preempt (blocks freed)
 
     @property
     def num_tokens(self) -> int:
@@ -115,6 +120,12 @@ class Scheduler:
             got = self.blocks.allocate(need) if need > 0 else []
             while got is None:
                 victim = self.running[-1]
+                if victim is seq and len(self.running) == 1:
+                    # nothing of this model is left to preempt: recomputing alone would hit
+                    # the same wall again, forever, so the request ends with an error
+                    self.remove(seq)
+                    out.failed.append(seq)
+                    break
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is seq:
@@ -144,7 +155,7 @@ class Scheduler:
             self.waiting.popleft()
             seq.blocks = got
             seq.status = Status.RUNNING
-            self.running.append(seq)
+            bisect.insort(self.running, seq, key=lambda s: s.arrival)  # youngest last, for preemption
             out.items.append(Scheduled(seq, seq.num_computed, n))
             budget -= n
         return out

@@ -112,6 +112,18 @@ class Sequence:
         self.emitted = len(self.text)
         return delta
 
+    def resume_streamed(self, output_ids: list[int]) -> None:
+        """Decode side of a P/D split: `output_ids` (already in `tokens`) were produced and
+        streamed by the prefill side, which held back any text that could start a stop
+        string. Rebuild the same text state so that held-back text is emitted here once it
+        is safe (not lost), and nothing already streamed is repeated; the prefill side
+        also reported the prefill time."""
+        if self.detok is not None:
+            for t in output_ids:
+                self.text += self.detok.add(t)
+        self.emitted = len(self.text) - self._held_back()
+        self.prefill_reported = True
+
     def reset_for_recompute(self) -> None:
         """After preemption: KV is gone, every token (prompt and outputs) is recomputed."""
         self.num_computed = 0

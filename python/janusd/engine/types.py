@@ -23,7 +23,7 @@ class EngineError(RuntimeError):
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """Per-request sampling. temperature 0 means greedy; top_k 0 and top_p 1 are off.
+    """Per-request sampling. temperature 0 (anything below 1e-5) means greedy; top_k 0 and top_p 1 are off.
 
     `logprobs=n` returns the sampled token's log-probability under the model's raw
     distribution (before temperature/top-k/top-p) and the n most likely alternatives.
