@@ -7,4 +7,159 @@ __version__: str
 
 # ---- dispatch (rust/janus-core/src/dispatch, rust/janus-py/src/dispatch.rs) ----
 
+from typing import final as _final
+
+def moore_hodgson(proc: list[float], deadline: list[float], start: float) -> list[int]:
+    """Indices of a maximum set of jobs that all finish by their deadlines on one machine
+    free at `start`, in execution (earliest-deadline-first) order. O(n log n).
+
+    Ties: equal deadlines run by lower index; of equal lengths the higher index is dropped.
+    Raises ValueError for unequal lengths or a time that is NaN, infinite or negative.
+    """
+
+def lst_imh(proc: list[float], deadline: list[float], avail: list[float]) -> list[list[int]]:
+    """LST-IMH: machines by descending `avail` (equal: lower index first) each take the
+    Moore-Hodgson subset of the jobs still unassigned. Returns per machine, in input
+    order, its job indices in execution order; jobs no machine can take are absent.
+    Raises ValueError like `moore_hodgson`."""
+
+@_final
+class Dispatcher:
+    """Online, clock-injected dispatcher: per-model FIFO queues, per-instance EPDT, the
+    pre-pull window, LST-IMH (or a baseline) and reject/relax requeue. Every time is an
+    argument in seconds; nothing reads a clock. Bad times or ids raise ValueError.
+
+    relax: a job past its latest start (now > deadline - est) gets
+    deadline = now + (original deadline - arrival) * relax_factor**k on its k-th
+    relaxation, at most max_relax times, then is rejected.
+    """
+
+    def __new__(
+        cls,
+        policy: str = "lst_imh",
+        prepull_window_s: float = 0.02,
+        requeue: str = "reject",
+        relax_factor: float = 1.5,
+        max_relax: int = 2,
+    ) -> Dispatcher: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def prepull_window_s(self) -> float: ...
+    def add_instance(self, instance_id: int, model: str) -> None:
+        """Registers a ready instance of `model`; ValueError if the id exists."""
+    def remove_instance(self, instance_id: int) -> list[int]:
+        """Forgets the instance; returns (assignment order) the requests it had been given
+        and not completed, which the dispatcher forgets too. Queued jobs stay queued."""
+    def set_instance_ready(self, instance_id: int, ready: bool) -> None:
+        """Only ready instances get work."""
+    def submit(self, request_id: int, model: str, arrival_s: float, deadline_s: float, est_proc_s: float) -> None:
+        """Queues a request (an unknown model waits for an instance); ValueError for an id
+        already queued or in flight, or a time that is NaN, infinite or negative."""
+    def tick(self, now: float) -> list[tuple[int, int]]:
+        """Applies the requeue policy and returns the (request_id, instance_id) assignments
+        made now (per instance in execution order). Releases the GIL."""
+    def complete(self, request_id: int, now: float) -> None:
+        """The request's prefill finished: its remaining estimated work leaves its instance."""
+    def cancel(self, request_id: int) -> bool:
+        """Removes a queued or assigned request; False if the id is not known."""
+    def take_rejected(self) -> list[int]:
+        """Ids rejected since the last call."""
+    def next_wakeup(self, now: float) -> float | None:
+        """When tick should next run (a value <= now means now); None if nothing is queued."""
+    def epdt(self, instance_id: int, now: float) -> float:
+        """Estimated prefill done time of the work given to the instance (>= now)."""
+    def pending(self, model: str) -> int:
+        """Queued requests of `model`."""
+    def stats(self) -> dict[str, int]:
+        """submitted, assigned, completed, rejected, relaxed, cancelled, orphaned (handed
+        back by remove_instance), pending, in_flight, ticks."""
+
 # ---- xtensor (rust/janus-core/src/xtensor, rust/janus-py/src/xtensor.rs) ----
+
+from typing import final as _xt_final
+
+class XTensorError(ValueError):
+    """xTensor: bad arguments, unknown owner or double free, an exhausted pool, or a
+    missing/failing device backend."""
+
+@_xt_final
+class XtRange:
+    """A reserved virtual range, kept reserved while this object exists."""
+
+    @property
+    def base(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+
+@_xt_final
+class XtPool:
+    """One device's page pool; see janusd.memory.DevicePool for the documented face."""
+
+    def __new__(
+        cls, kind: str, num_pages: int, page_size: int, device_index: int = 0, background: bool = True
+    ) -> XtPool: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def num_pages(self) -> int: ...
+    @property
+    def global_base(self) -> int: ...
+    @property
+    def global_nbytes(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+    def global_range(self) -> XtRange: ...
+    def alloc_weights(self, owner: str, nbytes: int) -> XtSegment: ...
+    def kv_region(self, owner: str, max_bytes: int, cache_low: int, cache_high: int) -> XtKv: ...
+    def free(self, owner: str) -> None: ...
+    def maintain(self) -> None: ...
+    def stats(self) -> dict[str, object]: ...
+    def check_integrity(self) -> None: ...
+    def close(self) -> None: ...
+
+@_xt_final
+class XtSegment:
+    @property
+    def id(self) -> int: ...
+    @property
+    def addr(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def page_ids(self) -> list[int]: ...
+    @property
+    def contiguous(self) -> bool: ...
+    @property
+    def global_offset(self) -> int: ...
+    def range(self) -> XtRange: ...
+
+@_xt_final
+class XtKv:
+    @property
+    def id(self) -> int: ...
+    @property
+    def base(self) -> int: ...
+    @property
+    def max_pages(self) -> int: ...
+    def range(self) -> XtRange: ...
+    def resize(self, n_pages: int) -> None: ...
+    def state(self) -> tuple[int, int, int, int, int]:
+        """(used pages, cached pages, max pages, cache misses, cache hits)"""
+    def page_ids(self) -> list[int]: ...
+    def global_offsets(self, byte_offset: int, nbytes: int) -> list[tuple[int, int]]: ...
+
+def xtensor_bench_map(pages: int = 256, page_size: int = ..., rounds: int = 15) -> dict[str, float]:
+    """Per-page map/unmap microseconds through DevicePool vs bare mmap (host backend)."""
+
+def xtensor_bench_bookkeeping(num_pages: int = 65536, ops: int = 1000000, seed: int = 1) -> tuple[float, float]:
+    """(thread CPU ns, wall ns) per alloc/free of the pure page pool, medians of 3 trials."""
+
+def xtensor_bench_churn(
+    num_pages: int = 32768, page_size: int = 4096, ops: int = 1000000, seed: int = 7
+) -> dict[str, float]:
+    """Fragmentation statistics of a load/unload + KV grow/shrink churn."""
+
+# ---- end xtensor ----

@@ -1,0 +1,152 @@
+//! The deadline-sorted backlog that Moore-Hodgson scans, laid out for fast repeated scans.
+//!
+//! LST-IMH scans the unassigned jobs once per machine, so the scan is the hot loop. On an
+//! overloaded backlog almost every job is late on the current machine and no shorter than
+//! the longest job kept so far: it is skipped. So the lengths and deadlines live in two
+//! plain arrays (deadline order) and the scan first tests eight jobs at a time for "all
+//! skipped" with branch-free comparisons; only a block with a candidate goes through the
+//! exact one-by-one step. A job taken by a machine gets length +inf, which every later
+//! scan skips without a special case; the arrays are compacted when half is taken.
+
+use std::collections::BinaryHeap;
+
+/// Heap key of a kept job, packed in one u128 so that ordering is one comparison: length
+/// bits (bits 64..128), job index (32..64), position in the arrays (0..32). Lengths are
+/// finite and `>= +0.0`, so their bit patterns order like their values; equal lengths
+/// order by job index (the higher one is dropped first); positions never decide (job
+/// indices are unique) and only say where to find the job afterwards.
+type Key = u128;
+
+fn key(p: f64, j: u32, at: usize) -> Key {
+    ((p.to_bits() as u128) << 64) | ((j as u128) << 32) | at as u128
+}
+
+fn key_len(k: Key) -> f64 {
+    f64::from_bits((k >> 64) as u64)
+}
+
+/// Jobs tested together for "all skipped" (one or two SIMD registers of f64).
+const BLOCK: usize = 8;
+
+pub(crate) struct Backlog {
+    /// Length of the job at each position (earliest deadline first); +inf once taken.
+    p: Vec<f64>,
+    d: Vec<f64>,
+    /// Job index at each position.
+    j: Vec<u32>,
+    alive: usize,
+    heap: BinaryHeap<Key>,
+    /// Scratch: positions of the jobs a machine keeps.
+    at: Vec<u32>,
+}
+
+impl Backlog {
+    /// The jobs that could finish in time on a machine free at `earliest`, in (deadline,
+    /// index) order. A job late even alone on the earliest machine can never be kept (it
+    /// cannot be added, and replacing a longer job would leave it later still), so
+    /// leaving it out changes no result. Inputs must be validated (finite, `>= +0.0`).
+    pub(crate) fn new(proc: &[f64], deadline: &[f64], earliest: f64) -> Self {
+        // (deadline bits, index) packed in one u128 sorts faster than a key closure.
+        let mut keys: Vec<u128> = (0..proc.len())
+            .filter(|&j| earliest + proc[j] <= deadline[j])
+            .map(|j| ((deadline[j].to_bits() as u128) << 32) | j as u128)
+            .collect();
+        keys.sort_unstable();
+        let j: Vec<u32> = keys.into_iter().map(|k| k as u32).collect();
+        Backlog {
+            p: j.iter().map(|&x| proc[x as usize]).collect(),
+            d: j.iter().map(|&x| deadline[x as usize]).collect(),
+            alive: j.len(),
+            j,
+            heap: BinaryHeap::new(),
+            at: Vec::new(),
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.alive == 0
+    }
+
+    /// Moore-Hodgson on the remaining jobs for a machine free at `start`: removes the
+    /// jobs it keeps and returns their indices in execution (deadline) order.
+    ///
+    /// Per job: on time after the kept ones -> keep it; else if the longest kept job is
+    /// longer (equal: higher index) -> it makes way for this one, which still ends in
+    /// time (t - p_top + p <= t <= the last kept deadline <= d); else skip it. The same
+    /// set as the textbook add-then-drop-the-longest, without the `t + p - p` rounding.
+    pub(crate) fn take(&mut self, start: f64) -> Vec<usize> {
+        self.heap.clear();
+        let mut t = start;
+        let mut top: Option<Key> = None;
+        // Length of `top`; -1 while nothing is kept (then no job can replace one).
+        let mut p_top = -1.0f64;
+        let n = self.p.len();
+        let mut k = 0;
+        while k < n {
+            let end = (k + BLOCK).min(n);
+            if end - k == BLOCK {
+                let (ps, ds) = (&self.p[k..end], &self.d[k..end]);
+                let mut skip = true;
+                for l in 0..BLOCK {
+                    // Late here and strictly longer than the longest kept job.
+                    skip &= (t + ps[l] > ds[l]) & (ps[l] > p_top);
+                }
+                if skip {
+                    k = end;
+                    continue;
+                }
+            }
+            for i in k..end {
+                let p = self.p[i];
+                let key = key(p, self.j[i], i);
+                let done = t + p;
+                if done <= self.d[i] {
+                    self.heap.push(key);
+                    t = done;
+                    if top.is_none_or(|x| key > x) {
+                        top = Some(key);
+                        p_top = p;
+                    }
+                } else if top.is_some_and(|x| x > key) {
+                    if let Some(mut head) = self.heap.peek_mut() {
+                        t = done - key_len(*head);
+                        *head = key;
+                    }
+                    top = self.heap.peek().copied();
+                    p_top = top.map_or(-1.0, key_len);
+                }
+            }
+            k = end;
+        }
+        let mut at = std::mem::take(&mut self.at);
+        at.clear();
+        at.extend(self.heap.drain().map(|x| x as u32));
+        at.sort_unstable();
+        let kept: Vec<usize> = at.iter().map(|&i| self.j[i as usize] as usize).collect();
+        for &i in &at {
+            self.p[i as usize] = f64::INFINITY;
+        }
+        self.alive -= at.len();
+        self.at = at;
+        if self.alive * 2 < self.p.len() {
+            self.compact();
+        }
+        kept
+    }
+
+    /// Drops the taken jobs from the arrays, keeping the order.
+    fn compact(&mut self) {
+        let mut w = 0;
+        for r in 0..self.p.len() {
+            if self.p[r] != f64::INFINITY {
+                self.p[w] = self.p[r];
+                self.d[w] = self.d[r];
+                self.j[w] = self.j[r];
+                w += 1;
+            }
+        }
+        self.p.truncate(w);
+        self.d.truncate(w);
+        self.j.truncate(w);
+    }
+}

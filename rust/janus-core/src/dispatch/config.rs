@@ -1,0 +1,89 @@
+//! The dispatcher's settings and counters: policy names as the config spells them.
+
+use super::DispatchError;
+
+/// How a tick assigns queued jobs to candidate instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// The paper's: LST-IMH over the model's whole backlog.
+    LstImh,
+    /// Baseline: one job per candidate per tick, candidates in rotating id order.
+    RoundRobin,
+    /// Baseline: one job per candidate per tick, least outstanding work first.
+    LeastLoad,
+}
+
+impl Policy {
+    pub fn parse(s: &str) -> Result<Self, DispatchError> {
+        match s {
+            "lst_imh" => Ok(Policy::LstImh),
+            "round_robin" => Ok(Policy::RoundRobin),
+            "least_load" => Ok(Policy::LeastLoad),
+            _ => Err(DispatchError::InvalidInput(format!(
+                "policy must be 'lst_imh', 'round_robin' or 'least_load', got {s:?}"
+            ))),
+        }
+    }
+}
+
+/// What happens to a queued job past its latest start (`now > deadline - est`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requeue {
+    /// Drop it (reported by `take_rejected`).
+    Reject,
+    /// Extend its deadline up to `max_relax` times, then reject it.
+    Relax,
+}
+
+impl Requeue {
+    pub fn parse(s: &str) -> Result<Self, DispatchError> {
+        match s {
+            "reject" => Ok(Requeue::Reject),
+            "relax" => Ok(Requeue::Relax),
+            _ => Err(DispatchError::InvalidInput(format!(
+                "requeue must be 'reject' or 'relax', got {s:?}"
+            ))),
+        }
+    }
+}
+
+/// Mirrors `janusd.config.DispatchConfig` (the window in seconds here, ms there).
+#[derive(Debug, Clone)]
+pub struct DispatcherConfig {
+    pub policy: Policy,
+    pub prepull_window_s: f64,
+    pub requeue: Requeue,
+    pub relax_factor: f64,
+    pub max_relax: u32,
+}
+
+impl Default for DispatcherConfig {
+    fn default() -> Self {
+        DispatcherConfig {
+            policy: Policy::LstImh,
+            prepull_window_s: 0.02,
+            requeue: Requeue::Reject,
+            relax_factor: 1.5,
+            max_relax: 2,
+        }
+    }
+}
+
+/// Counters since creation; `pending` and `in_flight` are current sizes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stats {
+    pub submitted: u64,
+    pub assigned: u64,
+    pub completed: u64,
+    pub rejected: u64,
+    pub relaxed: u64,
+    pub cancelled: u64,
+    /// Assigned requests handed back by `remove_instance` (then forgotten).
+    pub orphaned: u64,
+    pub pending: u64,
+    pub in_flight: u64,
+    pub ticks: u64,
+}
+
+/// (request id, instance id).
+pub type Assignment = (i64, i64);

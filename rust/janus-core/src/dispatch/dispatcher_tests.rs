@@ -1,0 +1,322 @@
+//! Tests of the online dispatcher: EPDT numbers, pre-pull, requeue, conservation.
+
+use super::super::config::Requeue;
+use super::super::next_up;
+use super::*;
+use proptest::prelude::*;
+use std::collections::HashSet;
+
+fn disp(policy: Policy, requeue: Requeue, window: f64) -> Dispatcher {
+    Dispatcher::new(DispatcherConfig {
+        policy,
+        prepull_window_s: window,
+        requeue,
+        relax_factor: 1.5,
+        max_relax: 2,
+    })
+    .unwrap()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+#[test]
+fn epdt_tracks_work_given_minus_work_done() {
+    let mut d = disp(Policy::LstImh, Requeue::Reject, 0.02);
+    d.add_instance(7, "m").unwrap();
+    d.submit(1, "m", 0.0, 1.0, 0.1).unwrap();
+    d.submit(2, "m", 0.0, 1.0, 0.2).unwrap();
+    let got = d.tick(0.0).unwrap();
+    assert_eq!(got, vec![(1, 7), (2, 7)]);
+    assert!(close(d.epdt(7, 0.0).unwrap(), 0.3));
+    assert!(close(d.epdt(7, 0.1).unwrap(), 0.3));
+    d.complete(1, 0.05).unwrap(); // 0.05 early
+    assert!(close(d.epdt(7, 0.05).unwrap(), 0.25));
+    d.complete(2, 0.4).unwrap(); // late
+    assert_eq!(d.epdt(7, 0.4).unwrap(), 0.4);
+    let s = d.stats();
+    assert_eq!(
+        (s.submitted, s.assigned, s.completed, s.pending, s.in_flight),
+        (2, 2, 2, 0, 0)
+    );
+}
+
+#[test]
+fn worked_example_through_the_dispatcher() {
+    // Instance 1 busy until 3, instance 2 idle at 0; a window wide enough for both.
+    let mut d = disp(Policy::LstImh, Requeue::Reject, 5.0);
+    d.add_instance(1, "m").unwrap();
+    d.add_instance(2, "m").unwrap();
+    d.submit(100, "m", 0.0, 10.0, 3.0).unwrap();
+    d.set_instance_ready(2, false).unwrap();
+    assert_eq!(d.tick(0.0).unwrap(), vec![(100, 1)]);
+    d.set_instance_ready(2, true).unwrap();
+    d.submit(10, "m", 0.0, 5.0, 4.0).unwrap(); // A
+    d.submit(11, "m", 0.0, 6.0, 2.0).unwrap(); // B
+    d.submit(12, "m", 0.0, 7.0, 2.0).unwrap(); // C
+    let got = d.tick(0.0).unwrap();
+    assert_eq!(got, vec![(11, 1), (12, 1), (10, 2)]);
+}
+
+#[test]
+fn prepull_window_gates_candidates() {
+    let mut d = disp(Policy::LstImh, Requeue::Reject, 0.020);
+    d.add_instance(1, "m").unwrap();
+    d.submit(1, "m", 0.0, 10.0, 0.030).unwrap();
+    assert_eq!(d.tick(0.0).unwrap(), vec![(1, 1)]);
+    d.submit(2, "m", 0.0, 10.0, 0.010).unwrap();
+    // EPDT 30 ms away: outside the 20 ms window.
+    assert!(d.tick(0.0).unwrap().is_empty());
+    let wake = d.next_wakeup(0.0).unwrap().unwrap();
+    assert!(close(wake, 0.010));
+    // 15 ms away: inside.
+    assert_eq!(d.tick(0.015).unwrap(), vec![(2, 1)]);
+    assert!(close(d.epdt(1, 0.015).unwrap(), 0.040));
+}
+
+#[test]
+fn reject_drops_jobs_past_their_latest_start() {
+    let mut d = disp(Policy::LstImh, Requeue::Reject, 0.02);
+    d.submit(1, "nobody", 0.0, 0.5, 0.2).unwrap();
+    d.submit(2, "nobody", 0.0, 5.0, 0.2).unwrap();
+    assert!(d.tick(0.3).unwrap().is_empty());
+    assert_eq!(d.take_rejected(), Vec::<i64>::new());
+    // Latest start of job 1 is 0.3: the wakeup is just after it.
+    assert_eq!(d.next_wakeup(0.3).unwrap(), Some(next_up(0.5 - 0.2)));
+    assert!(d.tick(0.31).unwrap().is_empty());
+    assert_eq!(d.take_rejected(), vec![1]);
+    assert_eq!(d.take_rejected(), Vec::<i64>::new());
+    assert_eq!(d.pending("nobody"), 1);
+    assert_eq!(d.stats().rejected, 1);
+}
+
+#[test]
+fn relax_extends_then_rejects() {
+    let mut d = disp(Policy::LstImh, Requeue::Relax, 0.02);
+    // Budget 1.0 s, est 0.2: latest start 0.8.
+    d.submit(1, "nobody", 0.0, 1.0, 0.2).unwrap();
+    d.tick(0.9).unwrap();
+    assert_eq!(d.stats().relaxed, 1); // deadline 0.9 + 1.5 = 2.4
+    d.tick(2.3).unwrap();
+    assert_eq!(d.stats().relaxed, 2); // deadline 2.3 + 2.25 = 4.55
+    assert_eq!(d.pending("nobody"), 1);
+    d.tick(4.4).unwrap();
+    assert_eq!((d.stats().relaxed, d.stats().rejected), (2, 1));
+    assert_eq!(d.take_rejected(), vec![1]);
+    // A job longer than any relaxed budget burns every relaxation in one tick.
+    d.submit(2, "nobody", 0.0, 0.1, 5.0).unwrap();
+    d.tick(0.0).unwrap();
+    assert_eq!((d.stats().relaxed, d.stats().rejected), (4, 2));
+}
+
+#[test]
+fn not_ready_instances_get_nothing() {
+    let mut d = disp(Policy::RoundRobin, Requeue::Reject, 0.02);
+    d.add_instance(1, "m").unwrap();
+    d.set_instance_ready(1, false).unwrap();
+    d.submit(1, "m", 0.0, 10.0, 0.1).unwrap();
+    assert!(d.tick(0.0).unwrap().is_empty());
+    d.set_instance_ready(1, true).unwrap();
+    assert_eq!(d.tick(0.0).unwrap(), vec![(1, 1)]);
+}
+
+#[test]
+fn round_robin_rotates_and_least_load_prefers_the_idle() {
+    let mut d = disp(Policy::RoundRobin, Requeue::Reject, 1.0);
+    for i in [1, 2, 3] {
+        d.add_instance(i, "m").unwrap();
+    }
+    for r in 0..5 {
+        d.submit(r, "m", 0.0, 100.0, 0.1).unwrap();
+    }
+    assert_eq!(d.tick(0.0).unwrap(), vec![(0, 1), (1, 2), (2, 3)]);
+    assert_eq!(d.tick(0.0).unwrap(), vec![(3, 1), (4, 2)]);
+
+    let mut d = disp(Policy::LeastLoad, Requeue::Reject, 1.0);
+    d.add_instance(1, "m").unwrap();
+    d.add_instance(2, "m").unwrap();
+    d.submit(0, "m", 0.0, 100.0, 0.5).unwrap();
+    d.tick(0.0).unwrap();
+    d.submit(1, "m", 0.0, 100.0, 0.1).unwrap();
+    assert_eq!(d.tick(0.0).unwrap(), vec![(1, 2)]);
+}
+
+#[test]
+fn remove_instance_hands_back_in_flight_work() {
+    let mut d = disp(Policy::LstImh, Requeue::Reject, 0.02);
+    d.add_instance(1, "m").unwrap();
+    for r in [5, 3, 9] {
+        d.submit(r, "m", 0.0, 100.0, 0.1).unwrap();
+    }
+    d.tick(0.0).unwrap();
+    d.complete(3, 0.1).unwrap();
+    d.submit(4, "m", 0.0, 100.0, 0.1).unwrap();
+    assert_eq!(d.remove_instance(1).unwrap(), vec![5, 9]);
+    assert_eq!(d.pending("m"), 1);
+    assert!(d.complete(5, 0.2).is_err());
+    d.submit(5, "m", 0.0, 100.0, 0.1).unwrap(); // the caller resubmits
+    assert!(d.remove_instance(1).is_err());
+    let s = d.stats();
+    assert_eq!((s.orphaned, s.in_flight, s.pending), (2, 0, 2));
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    let mut d = disp(Policy::LstImh, Requeue::Reject, 0.02);
+    assert!(d.submit(1, "m", f64::NAN, 1.0, 0.1).is_err());
+    assert!(d.submit(1, "m", 0.0, f64::INFINITY, 0.1).is_err());
+    assert!(d.submit(1, "m", 0.0, 1.0, -0.1).is_err());
+    d.submit(1, "m", 0.0, 1.0, 0.1).unwrap();
+    assert!(d.submit(1, "m", 0.0, 1.0, 0.1).is_err());
+    assert!(d.complete(1, 0.0).is_err()); // queued
+    assert!(d.complete(2, 0.0).is_err()); // unknown
+    assert!(d.tick(f64::NAN).is_err());
+    assert!(d.epdt(3, 0.0).is_err());
+    assert!(d.set_instance_ready(3, true).is_err());
+    d.add_instance(3, "m").unwrap();
+    assert!(d.add_instance(3, "other").is_err());
+    assert!(!d.cancel(42));
+    assert!(Dispatcher::new(DispatcherConfig {
+        relax_factor: f64::NAN,
+        ..Default::default()
+    })
+    .is_err());
+    assert!(Dispatcher::new(DispatcherConfig {
+        prepull_window_s: -1.0,
+        ..Default::default()
+    })
+    .is_err());
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Add(i64, u8),
+    Remove(i64),
+    Ready(i64, bool),
+    Submit(u8, f64, f64),
+    Tick(f64),
+    Complete(usize),
+    Cancel(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        1 => (0i64..4, 0u8..2).prop_map(|(i, m)| Op::Add(i, m)),
+        1 => (0i64..4).prop_map(Op::Remove),
+        1 => (0i64..4, any::<bool>()).prop_map(|(i, r)| Op::Ready(i, r)),
+        4 => (0u8..2, 0.0f64..0.5, 0.0f64..0.1).prop_map(|(m, s, p)| Op::Submit(m, s, p)),
+        3 => (0.0f64..0.05).prop_map(Op::Tick),
+        2 => (0usize..64).prop_map(Op::Complete),
+        1 => (0usize..64).prop_map(Op::Cancel),
+    ]
+}
+
+proptest! {
+    /// Every submitted request ends up exactly once in: assigned (then completed,
+    /// cancelled or orphaned), rejected, cancelled from the queue, or still queued; and
+    /// an LST-IMH assignment is on time under the EPDT estimate at the moment it is made.
+    #[test]
+    fn no_request_lost_or_assigned_twice(
+        ops in prop::collection::vec(op(), 1..80),
+        policy in prop_oneof![Just(Policy::LstImh), Just(Policy::RoundRobin), Just(Policy::LeastLoad)],
+        relax in any::<bool>(),
+    ) {
+        let requeue = if relax { Requeue::Relax } else { Requeue::Reject };
+        let mut d = disp(policy, requeue, 0.02);
+        let models = ["a", "b"];
+        let mut now = 0.0;
+        let mut next_id = 0i64;
+        let mut queued: HashSet<i64> = HashSet::new();
+        let mut flying: Vec<i64> = Vec::new();
+        let mut ended: HashSet<i64> = HashSet::new();
+        let mut info: HashMap<i64, (usize, f64, f64)> = HashMap::new();
+        let mut inst_model: HashMap<i64, usize> = HashMap::new();
+        let mut ready: HashMap<i64, bool> = HashMap::new();
+        for o in ops {
+            match o {
+                Op::Add(i, m) => {
+                    let ok = d.add_instance(i, models[m as usize]).is_ok();
+                    prop_assert_eq!(ok, !inst_model.contains_key(&i));
+                    if ok { inst_model.insert(i, m as usize); ready.insert(i, true); }
+                }
+                Op::Remove(i) => match d.remove_instance(i) {
+                    Ok(back) => {
+                        for r in back {
+                            let pos = flying.iter().position(|&x| x == r);
+                            prop_assert!(pos.is_some());
+                            flying.remove(pos.unwrap());
+                            ended.insert(r);
+                        }
+                        inst_model.remove(&i);
+                    }
+                    Err(_) => prop_assert!(!inst_model.contains_key(&i)),
+                },
+                Op::Ready(i, r) => {
+                    prop_assert_eq!(d.set_instance_ready(i, r).is_ok(), inst_model.contains_key(&i));
+                    if inst_model.contains_key(&i) { ready.insert(i, r); }
+                }
+                Op::Submit(m, slack, p) => {
+                    d.submit(next_id, models[m as usize], now, now + slack, p).unwrap();
+                    queued.insert(next_id);
+                    info.insert(next_id, (m as usize, now + slack, p));
+                    next_id += 1;
+                }
+                Op::Tick(dt) => {
+                    now += dt;
+                    let before: HashMap<i64, f64> =
+                        inst_model.keys().map(|&i| (i, d.epdt(i, now).unwrap())).collect();
+                    let mut finish = before.clone();
+                    for (r, i) in d.tick(now).unwrap() {
+                        prop_assert!(queued.remove(&r), "request {} assigned but not queued", r);
+                        prop_assert_eq!(inst_model[&i], info[&r].0);
+                        prop_assert!(ready[&i]);
+                        prop_assert!(before[&i] - now <= 0.02);
+                        let f = finish.get_mut(&i).unwrap();
+                        *f += info[&r].2;
+                        if policy == Policy::LstImh && !relax {
+                            prop_assert!(*f <= info[&r].1 + 1e-9);
+                        }
+                        flying.push(r);
+                    }
+                    for r in d.take_rejected() {
+                        prop_assert!(queued.remove(&r));
+                        ended.insert(r);
+                    }
+                    for &i in inst_model.keys() {
+                        prop_assert!(d.epdt(i, now).unwrap() >= now);
+                    }
+                    if let Some(w) = d.next_wakeup(now).unwrap() {
+                        prop_assert!(!queued.is_empty() && w.is_finite());
+                    } else {
+                        prop_assert!(queued.is_empty());
+                    }
+                }
+                Op::Complete(k) => {
+                    if !flying.is_empty() {
+                        let r = flying.remove(k % flying.len());
+                        d.complete(r, now).unwrap();
+                        ended.insert(r);
+                    }
+                }
+                Op::Cancel(k) => {
+                    let target = k as i64 % (next_id + 1);
+                    let known = queued.remove(&target) || flying.contains(&target);
+                    flying.retain(|&x| x != target);
+                    prop_assert_eq!(d.cancel(target), known);
+                    if known { ended.insert(target); }
+                }
+            }
+            let s = d.stats();
+            prop_assert_eq!(s.pending as usize, queued.len());
+            prop_assert_eq!(s.in_flight as usize, flying.len());
+            prop_assert_eq!(d.pending("a") + d.pending("b"), queued.len());
+            prop_assert_eq!(s.submitted, next_id as u64);
+            prop_assert_eq!(
+                s.submitted,
+                s.completed + s.rejected + s.cancelled + s.orphaned + s.pending + s.in_flight
+            );
+            prop_assert_eq!(queued.len() + flying.len() + ended.len(), next_id as usize);
+        }
+    }
+}
