@@ -3,6 +3,21 @@
 Checked against the built extension by `make lint` (mypy.stubtest).
 """
 
+__all__ = [
+    "__version__",
+    "moore_hodgson",
+    "lst_imh",
+    "Dispatcher",
+    "xtensor_bench_map",
+    "xtensor_bench_bookkeeping",
+    "xtensor_bench_churn",
+    "XTensorError",
+    "XtPool",
+    "XtSegment",
+    "XtKv",
+    "XtRange",
+]
+
 __version__: str
 
 # ---- dispatch (rust/janus-core/src/dispatch, rust/janus-py/src/dispatch.rs) ----
