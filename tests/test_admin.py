@@ -23,7 +23,10 @@ from janusd.wire import admin_msgs as am
 def daemon():
     from pathlib import Path
 
-    text = server_section(Path("@RUN@")) + "[devices]\ncount = 2\nmemory_mib = 256\npage_size_mib = 2\n" + DEMO_MODELS
+    # requeue = relax with a huge factor: one relaxation turns a 10 us TTFT budget into 1 s
+    dispatch = '[dispatch]\nrequeue = "relax"\nrelax_factor = 100000.0\nmax_relax = 1\n'
+    text = (server_section(Path("@RUN@")) + "[devices]\ncount = 2\nmemory_mib = 256\npage_size_mib = 2\n"
+            + dispatch + DEMO_MODELS)
     d = start_daemon(text)
     yield d
     assert d.stop() == 0, d.log_text()  # already stopped by `ctl drain` when all tests ran
@@ -79,6 +82,10 @@ def test_ctl_cli_prints_json_and_tables(daemon):
                          env=env, timeout=60)
     assert out.returncode == 1
     assert "no-such" in json.loads(out.stdout)["error"]
+    gone = daemon.admin_socket + "-missing"
+    out = subprocess.run([sys.executable, "-m", "janusd.cli", "ctl", "--socket", gone, "status"], capture_output=True,
+                         text=True, cwd=ROOT, env=env, timeout=60)
+    assert out.returncode == 1 and gone in out.stderr and "janus serve" in out.stderr, out.stderr
 
 
 def _raw(daemon, payload: bytes) -> am.AdminError | am.AdminResult:
@@ -128,9 +135,12 @@ def test_load_and_unload_a_model_on_two_devices(daemon):
         results = list(ex.map(lambda _: daemon.http("POST", "/v1/completions", body), range(12)))
     assert [st for st, _, _ in results] == [200] * 12
     assert all(out["usage"]["completion_tokens"] == 3 for _, _, out in results)
+    for _ in range(2):  # first token == last token: its prefill time still counts
+        st, _, out = daemon.http("POST", "/v1/completions", {**body, "max_tokens": 1})
+        assert st == 200 and out["usage"]["completion_tokens"] == 1
     served = {i["device"]: i["served"] for i in daemon.ctl(am.InstancesReq()).data["instances"]
               if i["model"] == "extra"}
-    assert set(served) == {0, 1} and sum(served.values()) == 12, served
+    assert set(served) == {0, 1} and sum(served.values()) == 14, served
     # each instance fitted its prefill-time line from the prefill times its worker reported
     fits = [i for i in daemon.ctl(am.InstancesReq()).data["instances"] if i["model"] == "extra"]
     assert sorted(i["prefill_samples"] for i in fits) == sorted(served.values())
@@ -145,6 +155,27 @@ def test_load_and_unload_a_model_on_two_devices(daemon):
     # the other models were never disturbed
     st, _, out = daemon.http("POST", "/v1/completions", {**body, "model": "demo-qwen2"})
     assert st == 200
+
+
+def _metric(daemon, name: str) -> float:
+    st, _, text = daemon.http("GET", "/metrics")
+    found = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ")]
+    return found[0] if found else 0.0
+
+
+def test_relax_requeue_serves_a_late_request_or_rejects_after_max_relax(daemon):
+    relaxed0 = _metric(daemon, "janusd_dispatch_relaxed_total")
+    body = {"model": "demo-qwen2", "prompt": "hello", "max_tokens": 2, "ignore_eos": True}
+    # 10 us cannot cover any prefill estimate (a fit of observed prefills, >= ~0.1 ms): relaxed once, to 1 s
+    st, _, out = daemon.http("POST", "/v1/completions", {**body, "slo": {"ttft_ms": 0.01}})
+    assert st == 200 and out["usage"]["completion_tokens"] == 2, out
+    assert _metric(daemon, "janusd_dispatch_relaxed_total") == relaxed0 + 1
+    # 0.1 ns relaxed once is 10 us, still too short: max_relax = 1, so it is rejected
+    st, _, out = daemon.http("POST", "/v1/completions", {**body, "slo": {"ttft_ms": 1e-7}})
+    assert st == 503 and out["error"]["code"] == "slo_unattainable", out
+    assert "requeue=relax" in out["error"]["message"]
+    assert _metric(daemon, "janusd_dispatch_relaxed_total") == relaxed0 + 2
+    assert _metric(daemon, 'janusd_rejected_total{model="demo-qwen2",reason="slo"}') == 1
 
 
 def test_ctl_drain_stops_the_daemon_cleanly(daemon):

@@ -31,8 +31,8 @@ def daemon():
     assert d.stop() == 0, d.log_text()
 
 
-def _err(d, body, status, param=None, path="/v1/completions", headers=AUTH, raw=None):
-    st, hdrs, out = d.http("POST", path, body, headers=headers, raw=raw)
+def _err(d, body, status, param=None, path="/v1/completions", headers=AUTH, raw=None, timeout=60.0):
+    st, hdrs, out = d.http("POST", path, body, headers=headers, raw=raw, timeout=timeout)
     assert st == status, (st, out)
     assert set(out) == {"error"}, out
     assert set(out["error"]) == {"message", "type", "param", "code"}, out
@@ -92,11 +92,18 @@ def test_auth_is_required(daemon):
         ({"model": "demo-llama", "prompt": "hello " * 80, "max_tokens": 1}, "prompt"),
         ({"model": "demo-llama", "prompt": "hi", "max_tokens": 100}, "max_tokens"),
         ({"model": "demo-qwen2", "prompt": [10**9]}, None),
+        # past 2**64 msgpack cannot carry it: once this hung the request and its dispatch tick
+        ({"model": "demo-qwen2", "prompt": [10**20], "max_tokens": 1}, "prompt"),
+        ({"model": "demo-qwen2", "prompt": "hi", "stop_token_ids": [2**64 + 1]}, "stop_token_ids[0]"),
+        ({"model": "demo-qwen2", "prompt": "hi", "logit_bias": {"5": 10}}, "logit_bias"),
+        ({"model": "demo-qwen2", "prompt": "hi", "best_of": 3}, "best_of"),
+        # every stop string is checked after every token: 60k of them slowed a device ~13x
+        ({"model": "demo-qwen2", "prompt": "hi", "max_tokens": 1, "stop": [f"s{i}" for i in range(33)]}, "stop"),
         ([1, 2, 3], None),
     ],
 )
 def test_bad_completion_bodies_get_400(daemon, body, param):
-    e, _ = _err(daemon, body, 400, param=param)
+    e, _ = _err(daemon, body, 400, param=param, timeout=10)
     assert e["type"] == "invalid_request_error"
 
 

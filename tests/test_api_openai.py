@@ -139,4 +139,11 @@ def test_metrics_account_for_the_requests(daemon):
         assert values[f'janusd_slo_tokens_on_time_total{{model="{m}"}}'] <= values[f'janusd_slo_tokens_total{{model="{m}"}}']
         assert values[f'janusd_queue_length{{model="{m}"}}'] == 0
     assert values["janusd_dispatch_submitted_total"] == values["janusd_dispatch_completed_total"]
+    # token times come from a fine clock, not uvloop's loop.time() (cached per iteration, whole
+    # milliseconds), under which every TTFT, and so every sum of them, was a multiple of 1 ms
+    sums = [values[f'janusd_ttft_seconds_sum{{model="{m}"}}'] * 1000 for m in MODELS]
+    assert any(abs(x - round(x)) > 1e-6 for x in sums), sums
     assert values['janusd_pool_pages{device="0",kind="num_pages"}'] == 512
+    # figures that are not page counts are not labelled as pages
+    assert not any(k.startswith("janusd_pool_pages") and ("page_size" in k or "_pct" in k) for k in values)
+    assert values['janusd_pool_stat{device="0",stat="page_size"}'] == 2 << 20

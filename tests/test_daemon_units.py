@@ -197,3 +197,73 @@ def test_serve_print_config_applies_flag_overrides(tmp_path):
     out = subprocess.run([sys.executable, "-m", "janusd.cli", "serve", "--config", str(bad)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and "server.port" in out.stderr
+
+
+def test_a_failing_assignment_does_not_lose_the_rest_of_the_tick():
+    from janusd.config import DispatchConfig
+    from janusd.server.scheduling import Scheduler
+
+    calls: list[int] = []
+
+    def on_assign(rid, inst):
+        calls.append(rid)
+        if rid == 1:
+            raise OverflowError("can't serialize ints > 2**64 - 1")
+
+    s = Scheduler(DispatchConfig(policy="lst_imh"), on_assign, lambda rid: None)
+    inst = s.add_instance("m", 0)
+    s.set_ready(inst, True)
+    for rid in (1, 2, 3):
+        s.submit(rid, "m", 0.0, 100.0, 10)
+    s.tick(0.0)
+    assert sorted(calls) == [1, 2, 3]
+    assert s.pending("m") == 0
+
+
+def test_a_request_tokenized_while_its_model_was_unloaded_is_refused_not_queued():
+    from janusd.config import JanusConfig
+    from janusd.server.daemon import Daemon
+
+    async def go():
+        d = Daemon(JanusConfig(models=[ModelConfig(name="m", checkpoint="demo:llama-tiny")]))
+        entry = d.models.add(d.cfg.models[0], [0])
+        p = parse_completion(b'{"model":"m","prompt":"hi","max_tokens":2}')
+        d.models.models.pop("m")  # what unload() does first, while admit() awaited the tokenizer
+        with pytest.raises(ApiError) as e:
+            d._enqueue(entry, p, [1, 2, 3], 0.0)
+        assert e.value.status == 404 and e.value.param == "model"
+        assert d.sched.pending("m") == 0 and d.requests.count() == 0
+
+    asyncio.run(go())
+
+
+def test_the_daemon_side_never_imports_the_engine_or_torch():
+    # DESIGN.md: server/ talks to workers only through wire/; torch lives in worker processes
+    import subprocess
+    import sys
+
+    code = ("import sys, janusd.serve_cli, janusd.ctl_cli, janusd.server.daemon, janusd.server.api, "
+            "janusd.server.admin, janusd.server.model_ops; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'janusd.engine'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_client_that_leaves_while_queued_leaves_nothing_behind():
+    from janusd.config import JanusConfig
+    from janusd.server.daemon import Daemon
+    from janusd.server.requests import Failure
+
+    async def go():
+        d = Daemon(JanusConfig(models=[ModelConfig(name="m", checkpoint="demo:llama-tiny")]))
+        entry = d.models.add(d.cfg.models[0], [0])  # no instance is ready: the request stays queued
+        p = parse_completion(b'{"model":"m","prompt":"hi","max_tokens":2}')
+        req = d._enqueue(entry, p, [1, 2, 3], 0.0)
+        assert d.queue_length("m") == 1 and d.requests.count() == 1
+        d.cancel(req)  # what the HTTP handler does when its client goes away
+        assert d.queue_length("m") == 0 and d.requests.count() == 0 and d.requests.idle.is_set()
+        assert d.sched.stats()["cancelled"] == 1
+        assert isinstance(req.events.get_nowait(), Failure) and req.failure.code == "cancelled"
+
+    asyncio.run(go())

@@ -62,7 +62,11 @@ def call(path: str, req: Any, timeout: float = 60.0) -> Any:
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
-        s.connect(path)
+        try:
+            s.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            raise ConnectionError(f"cannot reach the daemon's admin socket {path} ({e.strerror}); is `janus serve` "
+                                  "running with this server.admin_socket? (--socket or --config choose it)") from None
         conn = BlockingFramedSocket(s, msgspec.msgpack.Encoder())
         conn.send(req)
         body = conn.recv()

@@ -100,12 +100,13 @@ def _fit(daemon: Daemon, model: str, device: int) -> dict[str, Any]:
 
 
 async def handle(daemon: Daemon, req: Any) -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
+    from janusd.server.daemon import clock
+
     if isinstance(req, am.StatusReq):
         return {
             "state": daemon.state,
             "pid": os.getpid(),
-            "uptime_s": round(loop.time() - daemon.started_loop, 3),
+            "uptime_s": round(clock() - daemon.started_loop, 3),
             "http": f"{daemon.cfg.server.host}:{daemon.http_port}",
             "workers": [{"device": w.device_index, "state": w.state, "pid": w.pid, "restarts": w.restarts}
                         for w in daemon.workers],
@@ -125,7 +126,7 @@ async def handle(daemon: Daemon, req: Any) -> dict[str, Any]:
         return {"models": rows}
     if isinstance(req, am.InstancesReq):
         rows = []
-        now = loop.time()
+        now = clock()
         for e in daemon.models.models.values():
             for p in e.placements.values():
                 rows.append({

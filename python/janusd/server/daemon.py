@@ -24,8 +24,8 @@ from typing import Any
 
 import msgspec
 
-from janusd.config import ConfigError, JanusConfig, ModelConfig, cache_dir, dump_config, load_config
-from janusd.server import sdnotify
+from janusd.config import JanusConfig, cache_dir, dump_config
+from janusd.server import model_ops, sdnotify
 from janusd.server.metrics import Metrics
 from janusd.server.models import ModelEntry, ModelManager, place
 from janusd.server.openai_types import ApiError, Parsed
@@ -33,6 +33,11 @@ from janusd.server.requests import Failure, Request, RequestTable
 from janusd.server.scheduling import Instance, Scheduler
 from janusd.server.workers import WorkerError, WorkerHandle
 from janusd.wire import worker_msgs as wm
+
+# The daemon's clock for request times (arrival, deadlines, per-token timestamps) and for
+# the dispatcher. Not loop.time(): uvloop's is cached per loop iteration at 1 ms
+# resolution, too coarse for per-token times; both read CLOCK_MONOTONIC.
+clock = time.monotonic
 
 
 def _log(msg: str) -> None:
@@ -100,7 +105,7 @@ class Daemon:
             return 1
         _log(f"{len(self.workers)} workers ready: " + ", ".join(f"device {w.device_index} pid {w.pid}"
                                                                  for w in self.workers))
-        self._spawn(self.sched.run(), "dispatch")
+        self._spawn(self.sched.run(clock), "dispatch")
         sdnotify.notify(f"STATUS=loading {len(self.cfg.models)} models")
         placement = place(self.cfg.models, self.cfg.devices.count)
         entries = [self.models.add(m, placement[m.name]) for m in self.cfg.models]
@@ -119,7 +124,7 @@ class Daemon:
         if wd:
             self._spawn(self._watchdog(wd), "watchdog")
         self.state = "running"
-        self.started_loop = loop.time()
+        self.started_loop = clock()
         _log(f"serving on http://{self.cfg.server.host}:{self.http_port} (admin {self.cfg.server.admin_socket})")
         sdnotify.notify(f"READY=1\nSTATUS=serving on port {self.http_port}\nMAINPID={os.getpid()}")
         while not self._shutdown_requested:
@@ -179,7 +184,7 @@ class Daemon:
         """Check, tokenize and queue a request; raises ApiError for every refusal.
 
         The request's clock (SLO deadlines, token times) starts here, before tokenizing."""
-        arrival = asyncio.get_running_loop().time()
+        arrival = clock()
         entry = self.models.models.get(p.model)
         if entry is None:
             raise ApiError(404, f"model {p.model!r} does not exist", param="model", code="model_not_found")
@@ -201,6 +206,10 @@ class Daemon:
         return self.sched.pending(model) + self._admitting.get(model, 0)
 
     def _enqueue(self, entry: ModelEntry, p: Parsed, ids: list[int], now: float) -> Request:
+        if self.models.models.get(p.model) is not entry:
+            # unloaded (or replaced by a reload) while we tokenized: its queue is gone, so a
+            # request queued now would wait for an instance that never comes
+            raise ApiError(404, f"model {p.model!r} was unloaded", param="model", code="model_not_found")
         max_len = entry.max_model_len
         where = "messages" if p.chat else "prompt"
         if len(ids) >= max_len:
@@ -244,9 +253,8 @@ class Daemon:
         self.requests.fail(req.rid, Failure(499, "client closed the request", code="cancelled"))
 
     def _finished(self, req: Request) -> None:
-        loop = asyncio.get_running_loop()
         if not req.prefill_seen:
-            self.sched.cancel(req.rid, loop.time())
+            self.sched.cancel(req.rid, clock())
         if not req.failed:
             outcome = "ok"
         else:
@@ -259,11 +267,17 @@ class Daemon:
     def _on_assign(self, rid: int, inst: Instance) -> None:
         req = self.requests.by_id.get(rid)
         if req is None:
-            self.sched.cancel(rid, asyncio.get_running_loop().time())
+            self.sched.cancel(rid, clock())
             return
         w = self.workers[inst.device]
         req.instance, req.worker = inst, w
-        if not w.send(wm.Generate(rid, req.model, req.prompt_ids, req.sampling)):
+        try:
+            sent = w.send(wm.Generate(rid, req.model, req.prompt_ids, req.sampling))
+        except Exception as e:  # e.g. a frame over the limit: this request fails, dispatching goes on
+            _log(f"request {rid}: cannot send it to device {inst.device}: {type(e).__name__}: {e}")
+            self.requests.fail(rid, Failure(500, f"internal error sending the request to its worker: {e}"))
+            return
+        if not sent:
             self.requests.fail(rid, Failure(503, f"the worker for device {inst.device} is not running"))
 
     def _on_reject(self, rid: int) -> None:
@@ -276,12 +290,15 @@ class Daemon:
                 code="slo_unattainable"))
 
     def _on_batch(self, w: WorkerHandle, batch: wm.StepBatch) -> None:
-        now = asyncio.get_running_loop().time()
+        now = clock()
         for d in batch.outputs:
-            req = self.requests.deliver(d, now)
-            if req is not None and not req.prefill_seen:
+            req = self.requests.by_id.get(d.req_id)
+            if req is not None and not req.prefill_seen and d.token_ids:
+                # before deliver(): a request whose first token is also its last ends inside
+                # deliver(), and its prefill time must still reach the estimator and EPDT
                 req.prefill_seen = True
                 self.sched.prefill_done(req.rid, now, len(req.prompt_ids), d.prefill_s)
+            self.requests.deliver(d, now)
 
     def _on_failed(self, w: WorkerHandle, f: wm.RequestFailed) -> None:
         status = {"bad_request": 400, "unavailable": 503}.get(f.kind, 500)
@@ -313,65 +330,15 @@ class Daemon:
             await self.models.reload_device(w.device_index)
             return
 
-    # ---- config reload and admin operations ----
+    # ---- config reload and admin operations (server/model_ops.py) ----
     async def reload(self) -> dict[str, Any]:
-        try:
-            new = load_config(self.config_path)
-        except ConfigError as e:
-            _log(f"reload refused: {e}")
-            return {"error": str(e)}
-        if new.server != self.cfg.server or new.devices != self.cfg.devices or new.engine != self.cfg.engine:
-            _log("reload: [server], [devices] and [engine] changes need a restart; applying [[models]] only")
-        old = {m.name: m for m in self.cfg.models}
-        fresh = {m.name: m for m in new.models}
-        removed = [n for n in old if n not in fresh or fresh[n] != old[n]]
-        added = [m for m in new.models if m.name not in old or old[m.name] != m]
-        for name in removed:
-            if name in self.models.models:
-                await self.models.unload(name, self.cfg.server.drain_timeout_s)
-        self.cfg = msgspec.structs.replace(self.cfg, models=list(new.models))
-        await self._load_new(added)
-        _log(f"reload: removed {removed or 'none'}, added {[m.name for m in added] or 'none'}")
-        return {"removed": removed, "added": [m.name for m in added]}
-
-    async def _load_new(self, added: list[ModelConfig]) -> None:
-        placement = place(self.cfg.models, self.cfg.devices.count)
-        entries = [self.models.add(m, placement[m.name]) for m in added]
-        await asyncio.gather(*(self.models.load_all(e) for e in entries))
+        return await model_ops.reload(self)
 
     async def load_model(self, name: str, checkpoint: str | None, devices: list[int]) -> dict[int, str]:
-        if name in self.models.models:
-            raise ValueError(f"model {name!r} is already loaded")
-        if checkpoint is None:
-            try:
-                m = self.cfg.model(name)
-            except KeyError:
-                raise ValueError(f"model {name!r} is not in the config; give --checkpoint to add it") from None
-            if devices:
-                m = msgspec.structs.replace(m, devices=devices)
-        else:
-            try:
-                m = msgspec.convert({"name": name, "checkpoint": checkpoint, "devices": devices}, ModelConfig)
-            except msgspec.ValidationError as e:
-                raise ValueError(f"bad model: {e}") from None
-        if any(d >= self.cfg.devices.count for d in m.devices):
-            raise ValueError(f"devices: only {self.cfg.devices.count} devices exist")
-        others = [x for x in self.cfg.models if x.name != name]
-        self.cfg = msgspec.structs.replace(self.cfg, models=[*others, m])
-        await self._load_new([m])
-        entry = self.models.models[name]
-        if not entry.active:
-            errors = "; ".join(f"device {p.device}: {p.error}" for p in entry.placements.values())
-            await self.unload_model(name)
-            raise ValueError(f"model {name!r} failed to load: {errors}")
-        return {p.device: p.state + (f": {p.error}" if p.error else "") for p in entry.placements.values()}
+        return await model_ops.load_model(self, name, checkpoint, devices)
 
     async def unload_model(self, name: str) -> dict[str, Any]:
-        if name not in self.models.models:
-            raise ValueError(f"model {name!r} is not loaded")
-        out = await self.models.unload(name, self.cfg.server.drain_timeout_s)
-        self.cfg = msgspec.structs.replace(self.cfg, models=[x for x in self.cfg.models if x.name != name])
-        return out
+        return await model_ops.unload_model(self, name)
 
     # ---- views ----
     def health(self) -> dict[str, Any]:

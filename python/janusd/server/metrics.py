@@ -64,12 +64,24 @@ class _Live(Collector):
             rs.add_metric([str(dev)], restarts)
         yield up
         yield rs
-        pages = GaugeMetricFamily("janusd_pool_pages", "xTensor page pool of each device (last poll)",
+        pages = GaugeMetricFamily("janusd_pool_pages", "xTensor page pool of each device in pages (last poll)",
                                   labels=["device", "kind"])
+        other = GaugeMetricFamily("janusd_pool_stat", "other xTensor pool figures (bytes, counts, percent)",
+                                  labels=["device", "stat"])
         for dev, stats in s["pools"].items():
             for kind, v in stats.items():
-                pages.add_metric([str(dev), kind], v)
+                if _is_page_count(kind):
+                    pages.add_metric([str(dev), kind], v)
+                else:
+                    other.add_metric([str(dev), kind], v)
         yield pages
+        yield other
+
+
+def _is_page_count(kind: str) -> bool:
+    """Pool stats measured in pages (free_pages, largest_free_run, ...), not page_size in
+    bytes or fragmentation_pct, which must not share a metric whose unit is pages."""
+    return kind.endswith("_pages") or kind == "largest_free_run"
 
 
 class Metrics:

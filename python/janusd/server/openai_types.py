@@ -20,6 +20,12 @@ from msgspec import Meta, Struct
 from janusd.wire.worker_msgs import ChatMessage, SamplingSpec
 
 PosFloat = Annotated[float, Meta(gt=0, le=3.6e6)]
+# token ids travel as msgpack ints to the worker; anything past int32 is no vocabulary's id
+# (and past 2**64 cannot even be encoded), so refuse it here with a 400
+MAX_TOKEN_ID = 2**31 - 1
+TokenId = Annotated[int, Meta(ge=0, le=MAX_TOKEN_ID)]
+MAX_STOPS = 32
+MAX_STOP_CHARS = 1024
 
 
 class ApiError(Exception):
@@ -58,8 +64,11 @@ class _Common(Struct, kw_only=True):
     n: Annotated[int, Meta(ge=1, le=128)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[Annotated[str, Meta(min_length=1)]] | None = None
-    stop_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
+    # bounded: the worker checks every stop string after every token of the request, so 10^5
+    # of them would slow the whole device (all its models) for as long as the request runs
+    stop: Annotated[str, Meta(max_length=MAX_STOP_CHARS)] | Annotated[
+        list[Annotated[str, Meta(min_length=1, max_length=MAX_STOP_CHARS)]], Meta(max_length=MAX_STOPS)] | None = None
+    stop_token_ids: list[TokenId] | None = None
     seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None
     presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
@@ -67,6 +76,7 @@ class _Common(Struct, kw_only=True):
     min_tokens: Annotated[int, Meta(ge=0)] = 0
     user: str | None = None
     slo: SLO | None = None
+    logit_bias: dict[str, float] | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -75,6 +85,7 @@ class CompletionRequest(_Common, kw_only=True):
     logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     echo: bool = False
     suffix: str | None = None
+    best_of: Annotated[int, Meta(ge=1)] | None = None
 
 
 class ContentPart(Struct):
@@ -144,6 +155,8 @@ def _refuse(param: str, what: str) -> ApiError:
 def _common(r: _Common, max_tokens: int | None) -> tuple[SamplingSpec, bool]:
     if r.n != 1:
         raise _refuse("n", "n > 1")
+    if r.logit_bias:
+        raise _refuse("logit_bias", "logit_bias")
     if r.presence_penalty or r.frequency_penalty:
         raise _refuse("presence_penalty" if r.presence_penalty else "frequency_penalty", "a non-zero penalty")
     stop = [r.stop] if isinstance(r.stop, str) else list(r.stop or [])
@@ -178,16 +191,20 @@ def parse_completion(body: bytes) -> Parsed:
         raise _refuse("echo", "echo")
     if r.suffix:
         raise _refuse("suffix", "suffix")
+    if r.best_of is not None and r.best_of > 1:
+        raise _refuse("best_of", "best_of > 1")
     prompt: str | None = None
     ids: list[int] | None = None
     if isinstance(r.prompt, str):
         prompt = r.prompt
     elif len(r.prompt) == 1 and isinstance(r.prompt[0], str):
         prompt = r.prompt[0]
-    elif r.prompt and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in r.prompt):
+    elif r.prompt and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID
+                                  for t in r.prompt):
         ids = list(r.prompt)
     else:
-        raise ApiError(400, "prompt: must be a string, a list of one string, or a non-empty list of token ids",
+        raise ApiError(400, f"prompt: must be a string, a list of one string, or a non-empty list of token ids "
+                       f"(integers in [0, {MAX_TOKEN_ID}])",
                        param="prompt")
     if prompt is not None and not prompt:
         raise ApiError(400, "prompt: must not be empty", param="prompt")

@@ -2,7 +2,7 @@
 
 The Dispatcher (janusd._native, rust/janus-core/src/dispatch) owns the per-model global
 queues, each instance's EPDT and the LST-IMH decision; it is pure and takes the clock
-as an argument. This shell feeds it loop.time() seconds and:
+as an argument. This shell feeds it the daemon's clock (monotonic seconds) and:
 - submits each request with deadline = arrival + TTFT SLO and p_j from a per
   (model, device) prefill estimate fitted online (prefill_estimate.py); a request's p_j
   is the mean estimate over the model's ready instances;
@@ -143,22 +143,25 @@ class Scheduler:
             inst.assigned.add(rid)
             inst.served += 1
             self._req_instance[rid] = iid
-            self.on_assign(rid, inst)
+            try:
+                self.on_assign(rid, inst)
+            except Exception:  # one bad assignment must not lose the rest of this tick's
+                traceback.print_exc()
         for rid in self.dispatcher.take_rejected():
             self.on_reject(rid)
         return self.dispatcher.next_wakeup(now)
 
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
+    async def run(self, clock: Callable[[], float]) -> None:
+        """Tick on `clock` (the daemon's request clock, seconds) until cancelled."""
         while True:
             self._wake.clear()
             try:
-                wake_at = self.tick(loop.time())
+                wake_at = self.tick(clock())
             except Exception:  # never let one bad tick stop dispatching for good
                 traceback.print_exc()
-                wake_at = loop.time() + 0.01
+                wake_at = clock() + 0.01
             # at least 1 ms: a wake-up already due must not spin the loop
-            timeout = None if wake_at is None else max(0.001, wake_at - loop.time())
+            timeout = None if wake_at is None else max(0.001, wake_at - clock())
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except asyncio.TimeoutError:
