@@ -147,3 +147,34 @@ def test_metrics_account_for_the_requests(daemon):
     # figures that are not page counts are not labelled as pages
     assert not any(k.startswith("janusd_pool_pages") and ("page_size" in k or "_pct" in k) for k in values)
     assert values['janusd_pool_stat{device="0",stat="page_size"}'] == 2 << 20
+
+
+def test_stream_chunks_carry_every_token_id_exactly_once(daemon):
+    """The `token_ids` extension accounts for every generated token, also those whose
+    text is held back, so a replayer times each token by the chunk that carried it."""
+    import http.client
+    import json
+
+    conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=60)
+    body = {"model": "demo-qwen2", "prompt": PROMPT, "max_tokens": 40, "temperature": 0.0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    ids, text, usage = [], [], None
+    for raw in resp.read().decode().split("\n\n"):
+        if not raw.startswith("data: ") or raw == "data: [DONE]":
+            continue
+        msg = json.loads(raw[len("data: "):])
+        if msg.get("usage"):
+            usage = msg["usage"]
+        for c in msg["choices"]:
+            ids.extend(c.get("token_ids", []))
+            text.append(c["text"])
+    conn.close()
+    assert usage is not None and usage["completion_tokens"] == 40
+    assert len(ids) == 40
+    # the same ids and text as the non-streamed request
+    st, _, full = daemon.http("POST", "/v1/completions", {k: v for k, v in body.items()
+                                                          if k not in ("stream", "stream_options")})
+    assert st == 200 and full["choices"][0]["text"] == "".join(text)

@@ -45,3 +45,33 @@ def test_sigterm_with_a_stalled_stream_client_exits_zero_soon_after_the_drain():
         s.close()
     finally:
         d.stop()
+
+
+def test_a_second_daemon_on_a_busy_port_or_admin_socket_fails_before_loading_models(tmp_path):
+    """The check runs before any worker starts: the exit comes in well under a model load."""
+    import subprocess
+    import sys
+
+    d = start_daemon(server_section(Path("@RUN@")) + "[devices]\ncount = 1\nmemory_mib = 128\n" + MODEL)
+    try:
+        cases = [
+            # same port, fresh admin socket
+            server_section(tmp_path).replace("port = 0", f"port = {d.port}"),
+            # free port, the running daemon's admin socket
+            server_section(tmp_path).replace(f'"{tmp_path / "admin.sock"}"', f'"{d.run_dir / "admin.sock"}"'),
+        ]
+        for i, text in enumerate(cases):
+            cfg = tmp_path / f"second{i}.toml"
+            cfg.write_text(text + "[devices]\ncount = 1\nmemory_mib = 128\n" + MODEL)
+            t0 = time.monotonic()
+            proc = subprocess.run([sys.executable, "-m", "janusd.cli", "serve", "--config", str(cfg)],
+                                  capture_output=True, text=True, timeout=60)
+            out = proc.stdout + proc.stderr
+            assert proc.returncode == 1, out
+            assert "start-up failed" in out and "worker" not in out.split("start-up failed")[0], out
+            assert ("cannot listen on 127.0.0.1:" in out) if i == 0 else ("another daemon is listening" in out), out
+            assert time.monotonic() - t0 < 10.0
+        # the first daemon is unharmed
+        assert d.http("GET", "/health")[0] == 200
+    finally:
+        d.stop()

@@ -14,8 +14,8 @@ import sys
 # name -> (module path, one-line help). Keep sorted by name.
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("janusd.bench.cli", "run a benchmark and print one JSON object last"),
-    "generate": ("janusd.engine.generate_cli", "offline generation with the engine (one prompt, one model)"),
     "ctl": ("janusd.ctl_cli", "talk to a running daemon over its admin socket"),
+    "generate": ("janusd.engine.generate_cli", "offline generation with the engine (one prompt, one model)"),
     "models": ("janusd.models_cli", "make demo checkpoints, inspect checkpoints"),
     "replay": ("janusd.replay_cli", "replay a trace open-loop against an OpenAI-compatible server"),
     "report": ("janusd.report_cli", "plots and a markdown table from replay/sim run directories"),

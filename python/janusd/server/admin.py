@@ -39,6 +39,12 @@ def _socket_in_use(path: str) -> bool:
     return True
 
 
+def check_admin_socket_free(path: str) -> None:
+    """Fail before minutes of model loading, not after, when another daemon owns the socket."""
+    if (Path(path).exists() or Path(path).is_symlink()) and _socket_in_use(path):
+        raise AdminSocketError(f"{path}: another daemon is listening on this admin socket")
+
+
 async def start_admin(daemon: Daemon, path: str) -> asyncio.AbstractServer:
     p = Path(path)
     if not p.parent.exists():

@@ -82,7 +82,11 @@ class _Shape:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
 
-    def chunk(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+    def chunk(self, text: str | None, finish: str | None, role: bool = False,
+              token_ids: list[int] | None = None) -> dict[str, Any]:
+        """One SSE chunk. `token_ids` (an extension, as vLLM's) lists the tokens behind the
+        text, so per-token SLO accounting stays exact when a chunk holds several tokens or
+        none of their text yet (held back for UTF-8 or a possible stop string)."""
         if self.chat:
             delta: dict[str, Any] = {}
             if role:
@@ -94,6 +98,8 @@ class _Shape:
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
             obj = "text_completion"
+        if token_ids:
+            choice["token_ids"] = token_ids
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
 
     def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
@@ -159,8 +165,8 @@ async def _stream(request: web.Request, req: Request, parsed: Parsed, shape: _Sh
             if isinstance(ev, Failure):
                 await send(_failure_error(ev).body())
                 break
-            if ev.text:
-                await send(shape.chunk(ev.text, None))
+            if ev.text or ev.token_ids:
+                await send(shape.chunk(ev.text, None, token_ids=ev.token_ids))
             if ev.finished:
                 await send(shape.chunk("" if not shape.chat else None, _finish_reason(ev.finish_reason)))
                 if parsed.include_usage:

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 import time
 from typing import Any
@@ -38,6 +39,24 @@ from janusd.wire import worker_msgs as wm
 # the dispatcher. Not loop.time(): uvloop's is cached per loop iteration at 1 ms
 # resolution, too coarse for per-token times; both read CLOCK_MONOTONIC.
 clock = time.monotonic
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Bind the API address once before the workers start, so a busy port fails in
+    milliseconds instead of after every model has loaded (port 0 always binds)."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise OSError(f"server.host {host!r}: cannot resolve: {e.strerror}") from None
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(addr)
+            except OSError as e:
+                raise OSError(f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
 def _log(msg: str) -> None:
@@ -87,8 +106,15 @@ class Daemon:
 
     # ---- main ----
     async def run(self) -> int:
-        from janusd.server.admin import start_admin
+        from janusd.server.admin import AdminSocketError, check_admin_socket_free, start_admin
         from janusd.server.api import start_http
+
+        try:
+            _check_port_free(self.cfg.server.host, self.cfg.server.port)
+            check_admin_socket_free(self.cfg.server.admin_socket)
+        except (OSError, AdminSocketError) as e:
+            _log(f"start-up failed: {e}")
+            return 1
 
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.request_shutdown)

@@ -29,7 +29,7 @@ class SamplingSpec(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 
     max_tokens: int = 16
     temperature: float = 1.0
-    top_k: int = -1
+    top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = []
