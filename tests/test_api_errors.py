@@ -61,6 +61,9 @@ def test_queue_bound_gives_429_with_retry_after(daemon):
             assert out["error"]["type"] == "rate_limit_error"
         if st == 200:
             assert out["usage"]["completion_tokens"] == 2
+    st, _, m = daemon.http("GET", "/metrics")
+    refused = f'janusd_rejected_total{{model="demo-qwen2",reason="queue_full"}} {float(statuses.count(429))}'
+    assert refused in m, [line for line in m.splitlines() if "rejected" in line]
 
 
 def test_auth_is_required(daemon):

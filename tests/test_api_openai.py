@@ -138,6 +138,11 @@ def test_metrics_account_for_the_requests(daemon):
         assert 0.0 <= att <= 1.0
         assert values[f'janusd_slo_tokens_on_time_total{{model="{m}"}}'] <= values[f'janusd_slo_tokens_total{{model="{m}"}}']
         assert values[f'janusd_queue_length{{model="{m}"}}'] == 0
+        # every request here produced several tokens, so each has a mean time per output token
+        assert values[f'janusd_tpot_seconds_count{{model="{m}"}}'] == ok
+        assert 0 < values[f'janusd_tpot_seconds_sum{{model="{m}"}}'] < ok * 5.0
+        states = {k: v for k, v in values.items() if k.startswith("janusd_instance_state{") and f'model="{m}"' in k}
+        assert list(states.values()) == [1.0] and 'state="active"' in next(iter(states)), states
     assert values["janusd_dispatch_submitted_total"] == values["janusd_dispatch_completed_total"]
     # token times come from a fine clock, not uvloop's loop.time() (cached per iteration, whole
     # milliseconds), under which every TTFT, and so every sum of them, was a multiple of 1 ms

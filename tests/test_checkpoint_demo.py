@@ -14,7 +14,7 @@ from janusd.cli import main as janus_main
 from janusd.engine.checkpoint.demo import DEMO_SIZES, make_demo
 from janusd.engine.loader import CheckpointError, open_checkpoint
 
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402  (a test extra: missing must fail, not skip)
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],

@@ -10,7 +10,7 @@ import torch
 
 from janusd.engine.loader import ModelArch, expected_tensor_shapes, open_checkpoint
 
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402  (a test extra: missing must fail, not skip)
 
 TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2)

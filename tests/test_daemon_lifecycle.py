@@ -131,6 +131,36 @@ def test_kill9_worker_mid_stream(daemon):
     assert 'janusd_requests_total{model="demo-llama",outcome="failed"} 1.0' in m
 
 
+def test_kill9_worker_during_a_non_streaming_request_gives_503(daemon):
+    pids = daemon.worker_pids()
+    result = {}
+
+    def call():
+        result["r"] = daemon.http("POST", "/v1/completions", {"model": "demo-llama", "prompt": "once upon a time",
+                                                              "max_tokens": 1500, "ignore_eos": True})
+        result["t"] = time.monotonic()
+
+    th = threading.Thread(target=call)
+    th.start()
+    busy = lambda: daemon.ctl(am.PoolsReq()).data["pools"][0]["engine_requests"] == 1  # noqa: E731
+    assert wait_until(busy, 10.0), daemon.ctl(am.PoolsReq()).data
+    t_kill = time.monotonic()
+    os.kill(pids[0], signal.SIGKILL)
+    th.join(10)
+    st, _, out = result["r"]
+    assert st == 503 and out["error"]["code"] == "worker_died", out
+    assert result["t"] - t_kill < 1.0, result["t"] - t_kill
+
+    def back():
+        s = daemon.ctl(am.StatusReq()).data["workers"][0]
+        inst = daemon.ctl(am.InstancesReq()).data["instances"]
+        return s["state"] == "ready" and s["restarts"] == 2 and all(i["state"] == "active" for i in inst)
+
+    assert wait_until(back, 20.0, 0.2), daemon.log_text()
+    st, _, out = daemon.http("POST", "/v1/completions", {"model": "demo-llama", "prompt": "hi", "max_tokens": 3, "ignore_eos": True})
+    assert st == 200 and out["usage"]["completion_tokens"] == 3
+
+
 def test_sighup_with_a_broken_config_keeps_serving(daemon):
     good = daemon.config.read_text()
     daemon.config.write_text(good + "\n[[models]]\nname = 'x'\ncheckpoint = 'demo:llama-tiny'\ntp = 0\n")

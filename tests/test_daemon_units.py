@@ -267,3 +267,20 @@ def test_a_client_that_leaves_while_queued_leaves_nothing_behind():
         assert isinstance(req.events.get_nowait(), Failure) and req.failure.code == "cancelled"
 
     asyncio.run(go())
+
+
+def test_a_prefill_only_instance_is_refused_until_the_daemon_moves_kv():
+    """Known gap, stated: without P/D KV transport a role=prefill instance would never
+    finish a request, so it is never made routable and says why."""
+    from janusd.config import JanusConfig
+    from janusd.server.daemon import Daemon
+
+    async def go():
+        d = Daemon(JanusConfig(models=[ModelConfig(name="p", checkpoint="demo:llama-tiny", role="prefill")]))
+        entry = d.models.add(d.cfg.models[0], [0])
+        await d.models.load(entry, 0)
+        p = entry.placements[0]
+        assert p.state == "failed" and "P/D" in p.error and p.inst is None
+        assert entry.active == [] and d.sched.instances_of("p") == []
+
+    asyncio.run(go())

@@ -185,3 +185,20 @@ def test_replay_processes_share_one_schedule(tmp_path, capsys):
     assert res.token_counts.tolist() == [6] * 30
     recv = np.array([s[0] for s in seen]) - seen[0][0]
     np.testing.assert_allclose(recv, np.arange(30) * 0.03, atol=0.05)
+
+
+def test_token_times_and_lag_are_not_quantised_by_uvloops_cached_clock(tmp_path):
+    """`janus replay` runs on uvloop, whose loop.time() is cached per loop iteration at
+    whole milliseconds: timing by it quantised every token time and lag to 1 ms and, on a
+    busy iteration, reported times (and lag) from the iteration's start, too early."""
+    import uvloop
+
+    with FakeServer() as server:
+        summary = uvloop.run(replay(_trace(["fast"] * 4), ReplayConfig(url=server.url), tmp_path))
+    assert summary["valid"] is True and summary["ok_requests"] == 4
+    res = read_results(tmp_path / "results.jsonl")
+    token_us = np.round(res.token_times * 1e6).astype(np.int64)
+    lag_us = np.round(res.send_lag_ms * 1e3).astype(np.int64)
+    assert len(token_us) == 24 and np.all(token_us > 15_000)
+    assert np.any(token_us % 1000 != 0), token_us
+    assert np.any(lag_us % 1000 != 0), lag_us

@@ -37,3 +37,25 @@ def test_stats_shares_hand_computed():
     tokens = 8 * 2 + 3 * 1010 + 6 * 20
     assert s["top30pct_token_share"] == round(3 * 1010 / tokens, 4)
     assert s["max_burst_ratio"] is None
+
+
+def test_stats_cli_json_last_line_has_exactly_the_issued_keys(tmp_path, capsys):
+    import argparse
+    import json
+
+    from janusd import trace_cli
+    from janusd.trace.formats import read_trace, write_trace
+    from janusd.trace.synth import SynthParams, synthesize
+
+    write_trace(synthesize(SynthParams(apps=62, hours=0.25, seed=1, rate=20)), tmp_path / "t.csv")
+    for extra in ([], ["--json"]):
+        p = argparse.ArgumentParser()
+        trace_cli.add_arguments(p)
+        assert trace_cli.run(p.parse_args(["stats", str(tmp_path / "t.csv"), *extra])) == 0
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert len(lines) == (1 if extra else 21)  # --json: the JSON line only; else 20 app rows first
+        last = json.loads(lines[-1])
+        assert list(last) == ["requests", "apps", "duration_s", "top12pct_request_share", "top30pct_token_share",
+                              "max_burst_ratio"]
+        assert last == trace_stats(read_trace(tmp_path / "t.csv"))
+        assert last["apps"] == 62 and last["requests"] > 10_000 and 890 < last["duration_s"] <= 900

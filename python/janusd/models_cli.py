@@ -22,6 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     inspect = sub.add_parser("inspect", help="print a checkpoint's architecture as one JSON object")
     inspect.add_argument("spec", help="HF dir | file.gguf | builtin:smollm2-135m-instruct | demo:ARCH-SIZE")
     inspect.add_argument("--cache-dir", default=None, help="where demo checkpoints are cached")
+    inspect.add_argument("--json", action="store_true",
+                         help="accepted for uniformity: the JSON object is always the last line")
 
 
 def run(args: argparse.Namespace) -> int:

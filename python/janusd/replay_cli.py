@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tpot-slo-ms", type=float, default=200.0, help="TPOT target for rows without one")
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     parser.add_argument("--processes", type=int, default=1, help="replayer processes sharing the schedule")
+    parser.add_argument("--json", action="store_true",
+                        help="accepted for uniformity: the JSON object is always the last line")
     parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # k/n, set by the parent
     parser.add_argument("--start-at", type=float, default=None, help=argparse.SUPPRESS)  # time.time() of t=0
 

@@ -15,6 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="DIR", help="run directories (results.jsonl [+ devices.csv])")
     parser.add_argument("--out", required=True, help="directory for the PNGs and summary.md")
     parser.add_argument("--window-s", type=float, default=None, help="time window of the series (default: ~60 points)")
+    parser.add_argument("--json", action="store_true",
+                        help="accepted for uniformity: the JSON object is always the last line")
 
 
 def run(args: argparse.Namespace) -> int:

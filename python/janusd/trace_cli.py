@@ -63,6 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("stats", help="requests, apps, span, skew and burstiness of a trace")
     p.add_argument("input", metavar="IN")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
+    for name, action in sub.choices.items():  # every action prints its JSON object last anyway
+        if name != "stats":
+            action.add_argument("--json", action="store_true",
+                                help="accepted for uniformity: the JSON object is always the last line")
 
 
 def run(args: argparse.Namespace) -> int:

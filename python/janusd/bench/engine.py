@@ -184,7 +184,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               "prompt_len": args.prompt_len,
                               "decode_steps": args.decode_steps}
     cache = default_cache_dir()
-    models = [("demo-llama-small", "demo:llama-small")]
+    models = [("demo-llama-small", "demo:llama-small"), ("demo-qwen2-small", "demo:qwen2-small"),
+              ("demo-qwen3-small", "demo:qwen3-small")]
     if not args.skip_smollm2:
         models.insert(0, ("smollm2-135m", "builtin:smollm2-135m-instruct"))
     for label, spec in models:

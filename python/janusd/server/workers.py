@@ -4,11 +4,18 @@ A worker is started by exec of `python -m janusd.engine.worker` (never a fork of
 process) with one end of a socketpair passed as an inherited fd. The daemon serves a
 worker only after its Ready frame arrived within `worker_ready_timeout_s`.
 
-Death is noticed two ways, whichever comes first: EOF on the socket (the kernel closes
-the worker's end the moment the process dies, so kill -9 is seen within milliseconds)
-and the process sentinel (`proc.wait()`). Both run `_died()` once; it fails every
+Death is noticed two ways: EOF on the socket (the kernel closes the worker's end the
+moment the process dies, so kill -9 is seen within milliseconds) and the process
+sentinel (`proc.wait()`). Both run `_died(proc)`, which acts once: it fails every
 pending reply and tells the owner (the daemon), which fails in-flight requests and
-schedules a restart. This file knows processes and frames, nothing about requests.
+schedules a restart. Two orderings matter:
+- the exit can be seen while the reader is still behind, with frames the worker wrote
+  before dying (finished requests, replies) unread in the socket; the exit watcher
+  therefore waits for the reader to reach EOF, for at most READER_DRAIN_S, before it
+  reports the death, so those frames count and a death is still reported within 1 s;
+- each signal names the process it is about, and one about a previous process (a late
+  watcher after a restart began) is ignored instead of killing the new worker's state.
+This file knows processes and frames, nothing about requests.
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ import msgspec
 from janusd.config import DevicesConfig
 from janusd.wire import worker_msgs as wm
 from janusd.wire.framing import FrameError, encode_frame, read_frame
+
+# How long the exit watcher lets the reader drain frames the dead worker had already
+# written before it reports the death itself (EOF normally follows within milliseconds).
+READER_DRAIN_S = 0.5
 
 
 class WorkerError(RuntimeError):
@@ -86,12 +97,12 @@ class WorkerHandle:
             os.environ.get("JANUSD_WORKER_TORCH_THREADS") or str(self.devices.worker_torch_threads()),
         ]
         try:
-            self.proc = await asyncio.create_subprocess_exec(
+            self.proc = proc = await asyncio.create_subprocess_exec(
                 *cmd, pass_fds=(child.fileno(),), stdin=asyncio.subprocess.DEVNULL
             )
         finally:
             child.close()
-        self.pid = self.proc.pid
+        self.pid = proc.pid
         reader, self._writer = await asyncio.open_unix_connection(sock=parent)
         try:
             body = await asyncio.wait_for(read_frame(reader), timeout_s)
@@ -108,10 +119,12 @@ class WorkerHandle:
             await self._kill()
             raise WorkerError(f"worker for device {self.device_index} failed to start: {why}")
         self.state = "ready"
-        self._reader_task = asyncio.create_task(self._read_loop(reader), name=f"worker{self.device_index}-reader")
-        self._wait_task = asyncio.create_task(self._wait_exit(), name=f"worker{self.device_index}-wait")
+        self._reader_task = asyncio.create_task(self._read_loop(reader, proc), name=f"worker{self.device_index}-reader")
+        self._wait_task = asyncio.create_task(
+            self._wait_exit(proc, self._reader_task), name=f"worker{self.device_index}-wait"
+        )
 
-    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+    async def _read_loop(self, reader: asyncio.StreamReader, proc: asyncio.subprocess.Process) -> None:
         try:
             while True:
                 body = await read_frame(reader)
@@ -133,15 +146,19 @@ class WorkerHandle:
         except (asyncio.IncompleteReadError, ConnectionError, FrameError, msgspec.DecodeError):
             pass
         finally:
-            self._died()
+            self._died(proc)
 
-    async def _wait_exit(self) -> None:
-        if self.proc is not None:
-            await self.proc.wait()
-        self._died()
+    async def _wait_exit(self, proc: asyncio.subprocess.Process, reader_task: asyncio.Task[None]) -> None:
+        await proc.wait()
+        if not reader_task.done():
+            # let the reader deliver what the worker wrote before it died; its EOF then
+            # reports the death, or we do once the bound has passed
+            await asyncio.wait({reader_task}, timeout=READER_DRAIN_S)
+        self._died(proc)
 
-    def _died(self) -> None:
-        if self.state in ("dead", "stopped"):
+    def _died(self, proc: asyncio.subprocess.Process | None) -> None:
+        """The process `proc` is gone; acts once per process, and only for the current one."""
+        if proc is not self.proc or self.state in ("dead", "stopped"):
             return
         was_stopping = self.state == "stopping"
         self.state = "dead" if not was_stopping else "stopped"
@@ -196,6 +213,8 @@ class WorkerHandle:
                 t.cancel()
 
     async def _kill(self) -> None:
+        if self._writer is not None:
+            self._writer.close()  # a failed start must not leak its socket
         if self.proc is not None and self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()

@@ -13,6 +13,11 @@ token, or len(choices[0].token_ids) when the server sends ids; if the final usag
 reports more completion tokens than were counted, the missing ones are placed at the
 last chunk's time (a server batching several tokens per chunk delivered them by then).
 
+Clock: time.monotonic() for every send, token and schedule time, never loop.time():
+under uvloop (what `janus replay` runs on) that is cached per loop iteration at whole
+milliseconds, which quantised token times and, on a busy iteration, reported them (and
+the replayer's lag) from the iteration's start, i.e. too early.
+
 Self-check: the replayer records its lag (send time minus scheduled time, including any
 wait for a free connection of the bounded pool) and declares the run invalid when the
 maximum lag exceeds the bound: its figures would describe the client, not the server.
@@ -133,9 +138,9 @@ class _Stream:
 async def _one(session, sem, cfg: ReplayConfig, url: str, i: int, row: dict, target: float, prompt: str) -> RequestResult:  # type: ignore[no-untyped-def]
     import aiohttp
 
-    loop = asyncio.get_running_loop()
+    clock = time.monotonic
     async with sem:
-        t_send = loop.time()
+        t_send = clock()
         stream = _Stream(t_send)
         status, error, http_status = "ok", None, None
         body = {
@@ -155,7 +160,7 @@ async def _one(session, sem, cfg: ReplayConfig, url: str, i: int, row: dict, tar
                     else:
                         async for line in resp.content:  # read to the end so the connection is reused
                             if not stream.done:
-                                stream.feed(line, loop.time())
+                                stream.feed(line, clock())
                             if stream.error:
                                 break
                         if stream.error:
@@ -217,7 +222,7 @@ async def replay(
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(cfg.timeout_s, 30.0))
     enc = msgspec.json.Encoder()
     results: list[RequestResult] = []
-    loop = asyncio.get_running_loop()
+    clock = time.monotonic  # not loop.time(): see the module docstring
     t_wall = time.time()
     with open(out / "results.jsonl", "wb") as sink:
 
@@ -228,13 +233,13 @@ async def replay(
 
         async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
             sem = asyncio.Semaphore(cfg.max_connections)
-            t0 = loop.time() + (cfg.start_delay_s if start_at is None else start_at - time.time())
+            t0 = clock() + (cfg.start_delay_s if start_at is None else start_at - time.time())
             a0 = rows[0]["arrival_s"]
             tasks = []
             for i in range(k, len(rows), n):
                 row = rows[i]
                 target = t0 + (row["arrival_s"] - a0)
-                delay = target - loop.time()
+                delay = target - clock()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 task = asyncio.create_task(_one(session, sem, cfg, url, i, row, target, prompts(row["input_tokens"])))
