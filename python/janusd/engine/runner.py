@@ -15,6 +15,7 @@ accepts `import_kv` of a prefill done elsewhere (any role accepts plain requests
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import Callable
@@ -34,6 +35,26 @@ from janusd.engine.types import EngineError, RequestError, SamplingParams, StepO
 __all__ = ["EngineStats", "ModelEngine", "RequestError", "SamplingParams", "StepOutput", "TokenLogprob", "EngineError"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def model_stream(device: torch.device) -> Any:
+    """One stream per model on cuda/npu (PAPER.md §7: the hardware interleaves kernels of
+    co-located models); None on cpu, where a step already uses every intra-op thread.
+    Only the cpu path has run on our machines; the cuda/npu branches are untested here."""
+    if device.type == "cuda":
+        return torch.cuda.Stream(device=device)
+    if device.type == "npu":
+        return torch.npu.Stream(device=device)  # type: ignore[attr-defined]
+    return None
+
+
+def stream_scope(stream: Any) -> Any:
+    """`with` this around a model's kernels: its own stream, or nothing on cpu."""
+    if stream is None:
+        return contextlib.nullcontext()
+    if stream.device.type == "npu":
+        return torch.npu.stream(stream)  # type: ignore[attr-defined]
+    return torch.cuda.stream(stream)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -76,6 +97,7 @@ class ModelEngine(KVTransferMixin):
         self.dtype_name = dtype_name
         self.block_size = kv.block_size
         self.device = model.device
+        self._stream = model_stream(self.device)
         self.scheduler = Scheduler(kv.block_size, max_num_seqs, max_num_batched_tokens, kv)
         self.seqs: dict[str, Sequence] = {}
         self.stats = EngineStats()
@@ -197,7 +219,7 @@ class ModelEngine(KVTransferMixin):
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         positions = torch.tensor(pos, dtype=torch.long, device=self.device)
         t1 = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), stream_scope(self._stream):
             hidden = self.model.forward(input_ids, positions, meta, self._kv_layers)
             logits = self.model.logits(hidden[rows]).cpu() if rows else None
         t2 = time.perf_counter()
