@@ -70,3 +70,17 @@ def test_npu_pool_maps_pages() -> None:
         assert seg.contiguous and seg.page_ids == [2, 3]
         pool.free("w")
         pool.check_integrity()
+
+
+def test_missing_cuda_library_named_by_the_operator_is_one_clear_error(monkeypatch) -> None:
+    """Runs everywhere (also where libcuda exists): JANUSD_CUDA_LIBRARY names the driver."""
+    monkeypatch.setenv("JANUSD_CUDA_LIBRARY", "libjanusd-no-such-cuda.so.1")
+    with pytest.raises(XTensorError, match=r"^cuda backend: cannot load libjanusd-no-such-cuda\.so\.1 \(.+\)$"):
+        DevicePool("cuda", 4, 2 << 20)
+
+
+def test_missing_acl_library_named_by_the_operator_is_one_clear_error(monkeypatch) -> None:
+    """Runs everywhere (also where CANN is installed): JANUSD_ACL_LIBRARY names libascendcl."""
+    monkeypatch.setenv("JANUSD_ACL_LIBRARY", "libjanusd-no-such-ascendcl.so")
+    with pytest.raises(XTensorError, match=r"^npu backend: cannot load libjanusd-no-such-ascendcl\.so \(.+\)$"):
+        DevicePool("npu", 4, 2 << 20)

@@ -36,13 +36,15 @@ fn check(rc: c_int, what: &str) -> XtResult<()> {
 /// Load libascendcl.so (once per process). Errors name the library and dlerror's text.
 pub fn load() -> XtResult<()> {
     let mut err = [0 as c_char; 512];
-    let name = c"libascendcl.so";
+    let name = super::dl::library_name("JANUSD_ACL_LIBRARY", LIBRARY);
+    let c_name = std::ffi::CString::new(name.clone())
+        .map_err(|_| XtError::backend(format!("npu backend: bad library name {name:?}")))?;
     // SAFETY: valid NUL-terminated name and a writable buffer of the given length.
-    let rc = unsafe { janus_acl_load(name.as_ptr(), err.as_mut_ptr(), err.len()) };
+    let rc = unsafe { janus_acl_load(c_name.as_ptr(), err.as_mut_ptr(), err.len()) };
     if rc != 0 {
         // SAFETY: the shim always NUL-terminates err (snprintf).
         let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
-        return Err(XtError::backend(format!("npu backend: cannot load {LIBRARY} ({msg})")));
+        return Err(XtError::backend(format!("npu backend: cannot load {name} ({msg})")));
     }
     Ok(())
 }

@@ -63,8 +63,9 @@ struct Api {
 
 /// Load libcuda.so.1 and resolve the VMM entry points. The error names the library.
 fn load() -> XtResult<(Library, Api)> {
-    let lib = Library::open(LIBRARY)
-        .map_err(|e| XtError::backend(format!("cuda backend: cannot load {LIBRARY} ({e})")))?;
+    let name = super::dl::library_name("JANUSD_CUDA_LIBRARY", LIBRARY);
+    let lib = Library::open(&name)
+        .map_err(|e| XtError::backend(format!("cuda backend: cannot load {name} ({e})")))?;
     let sym_err = |e: String| XtError::backend(format!("cuda backend: {e}"));
     // SAFETY: the types match the CUDA driver API prototypes (cuda.h).
     let api = unsafe {

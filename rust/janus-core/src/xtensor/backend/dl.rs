@@ -50,3 +50,9 @@ impl Library {
         Ok(std::mem::transmute_copy::<*mut libc::c_void, T>(&p))
     }
 }
+
+/// The library to dlopen: `var` from the environment when set (an operator's path to a
+/// specific driver build, or a test naming a missing one), else `default`.
+pub fn library_name(var: &str, default: &str) -> String {
+    std::env::var(var).ok().filter(|s| !s.is_empty()).unwrap_or_else(|| default.to_string())
+}
