@@ -146,3 +146,31 @@ def test_demo_spec_with_a_broken_leftover_in_the_cache_is_a_clean_error(tmp_path
     with pytest.raises(CheckpointError, match=r"demo/llama-tiny: cannot install the demo checkpoint there"):
         open_checkpoint("demo:llama-tiny", cache_dir=tmp_path)
     assert sorted(p.name for p in (tmp_path / "demo").iterdir()) == ["llama-tiny"]  # temp dir cleaned up
+
+
+def test_first_use_of_a_demo_spec_shows_progress_on_a_terminal(tmp_path, monkeypatch):
+    """`make serve`'s first start makes the demo checkpoints with a progress bar; off a
+    terminal (a log file) it stays quiet."""
+    import io
+    import sys
+
+    from janusd.engine.checkpoint.demo import DEMO_STEPS, ensure_demo, make_demo
+
+    steps: list[str] = []
+    make_demo(tmp_path / "direct", "qwen3", "tiny", on_step=steps.append)
+    assert tuple(steps) == DEMO_STEPS
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for tty, name in ((True, "c1"), (False, "c2")):
+        out = Terminal() if tty else io.StringIO()
+        monkeypatch.setattr(sys, "stderr", out)
+        ensure_demo(tmp_path / name, "llama", "tiny")
+        monkeypatch.undo()
+        text = out.getvalue()
+        if tty:
+            assert "making demo checkpoint llama-tiny" in text and "written" in text
+        else:
+            assert text == ""

@@ -124,13 +124,13 @@ class ModelManager:
     async def load_all(self, entry: ModelEntry) -> None:
         await asyncio.gather(*(self.load(entry, d) for d in list(entry.placements)))
 
-    def fail_instance(self, p: Placement, message: str) -> None:
+    def fail_instance(self, p: Placement, message: str, code: str | None = None) -> None:
         """Take an instance out of routing and fail every request it holds."""
         if p.inst is None:
             return
         returned = self.sched.remove_instance(p.inst)
         for rid in returned:
-            self.requests.fail(rid, Failure(503, message))
+            self.requests.fail(rid, Failure(503, message, code=code))
         p.inst = None
 
     async def unload(self, name: str, drain_timeout_s: float) -> dict[str, int]:
@@ -169,7 +169,7 @@ class ModelManager:
         for entry in self.models.values():
             p = entry.placements.get(device)
             if p is not None:
-                self.fail_instance(p, f"the worker for device {device} died")
+                self.fail_instance(p, f"the worker for device {device} died", code="worker_died")
                 p.state, p.error = "loading", "worker died; restarting"
 
     async def reload_device(self, device: int) -> None:

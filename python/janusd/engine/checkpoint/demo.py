@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,9 @@ CHATML_TEMPLATE = (
 )
 _CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "demo_corpus.txt"
+
+
+DEMO_STEPS = ("tokenizer", "weights", "written")
 
 
 def parse_demo_name(name: str) -> tuple[str, str]:
@@ -150,8 +154,12 @@ def random_weights(a: ModelArch, seed: int) -> dict[str, Any]:
     return out
 
 
-def make_demo(out_dir: Path, arch: str, size: str, dtype: str = "float32", seed: int = 0) -> Path:
-    """Write a demo checkpoint into ``out_dir`` (created; must be empty if it exists)."""
+def make_demo(out_dir: Path, arch: str, size: str, dtype: str = "float32", seed: int = 0,
+              on_step: Callable[[str], None] | None = None) -> Path:
+    """Write a demo checkpoint into ``out_dir`` (created; must be empty if it exists).
+
+    ``on_step(name)`` is called after each of the DEMO_STEPS, for a progress bar."""
+    step = on_step or (lambda _name: None)
     import torch
     from safetensors.torch import save_file
 
@@ -162,19 +170,21 @@ def make_demo(out_dir: Path, arch: str, size: str, dtype: str = "float32", seed:
     out_dir = Path(out_dir)
     a = demo_arch(arch, size, dtype)
     tok = train_tokenizer(a.vocab_size)
+    step("tokenizer")
     if tok.get_vocab_size() > a.vocab_size:
         raise CheckpointError(f"demo tokenizer has {tok.get_vocab_size()} tokens, more than vocab_size {a.vocab_size}")
     from safetensors import SafetensorError
 
     try:
-        _write_demo(out_dir, a, tok, seed, save_file)
+        _write_demo(out_dir, a, tok, seed, save_file, step)
     except (OSError, SafetensorError) as e:  # unwritable, not a directory, disk full: the CLI says so
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise CheckpointError(f"{out_dir}: cannot write the demo checkpoint: {why}") from e
     return out_dir
 
 
-def _write_demo(out_dir: Path, a: ModelArch, tok: Any, seed: int, save_file: Any) -> None:
+def _write_demo(out_dir: Path, a: ModelArch, tok: Any, seed: int, save_file: Any,
+                step: Callable[[str], None]) -> None:
     if out_dir.is_dir() and any(out_dir.iterdir()):
         raise CheckpointError(f"{out_dir}: directory is not empty")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -196,7 +206,10 @@ def _write_demo(out_dir: Path, a: ModelArch, tok: Any, seed: int, save_file: Any
     gen_cfg = {"bos_token_id": 0, "eos_token_id": [2, 0], "pad_token_id": 0, "do_sample": True,
                "temperature": 0.7, "top_p": 0.9, "top_k": 50}
     (out_dir / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
-    save_file(random_weights(a, seed), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    weights = random_weights(a, seed)
+    step("weights")
+    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    step("written")
 
 
 def ensure_demo(cache_dir: Path, arch: str, size: str) -> Path:
@@ -211,8 +224,13 @@ def ensure_demo(cache_dir: Path, arch: str, size: str) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{arch}-{size}.", dir=target.parent))
     except OSError as e:
         raise CheckpointError(f"{target.parent}: cannot create the demo checkpoint cache: {e.strerror or e}") from e
+    from tqdm import tqdm
+
     try:
-        make_demo(tmp, arch, size)
+        # a progress bar on a terminal (`make serve`'s first start); quiet off a terminal
+        with tqdm(total=len(DEMO_STEPS), desc=f"making demo checkpoint {arch}-{size}", unit="step",
+                  disable=None, leave=False) as bar:
+            make_demo(tmp, arch, size, on_step=lambda name: (bar.set_postfix_str(name), bar.update(1)))
         try:
             os.rename(tmp, target)
         except OSError as e:
