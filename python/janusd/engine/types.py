@@ -11,6 +11,8 @@ from typing import Literal
 
 import msgspec
 
+from janusd.wire.worker_msgs import SamplingSpec
+
 FinishReason = Literal["stop", "length", "abort"]
 
 
@@ -22,24 +24,15 @@ class EngineError(RuntimeError):
     """The engine cannot run as configured (missing device runtime, unsupported model)."""
 
 
-class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """Per-request sampling. temperature 0 (anything below 1e-5) means greedy; top_k 0 and top_p 1 are off.
+class SamplingParams(SamplingSpec, kw_only=True):
+    """Per-request sampling: the wire's SamplingSpec (one definition of the fields, so the
+    daemon and the engine cannot drift apart) plus the engine's validation.
 
+    temperature 0 (anything below 1e-5) means greedy; top_k 0 and top_p 1 are off.
     `logprobs=n` returns the sampled token's log-probability under the model's raw
     distribution (before temperature/top-k/top-p) and the n most likely alternatives.
     Stop strings and EOS are not checked before `min_tokens` tokens were produced.
     """
-
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: list[str] = []
-    stop_token_ids: list[int] = []
-    ignore_eos: bool = False
-    logprobs: int | None = None
-    min_tokens: int = 0
 
     def validate(self, vocab_size: int) -> None:
         """Raise RequestError naming the first bad field."""

@@ -23,9 +23,9 @@ _OPTS = dict(array_like=True, omit_defaults=True, gc=False, tag=True)
 
 
 class SamplingSpec(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """The wire copy of the engine's SamplingParams (same field names and meaning).
-
-    wire/ cannot import engine/, so the worker converts this into the engine's Struct."""
+    """Per-request sampling parameters, defined once here: the engine's SamplingParams
+    subclasses this and adds validation (wire/ cannot import engine/; engine/ may import
+    wire/). temperature 0 = greedy; top_k 0 and top_p 1 = off."""
 
     max_tokens: int = 16
     temperature: float = 1.0
