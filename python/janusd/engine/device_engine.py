@@ -14,6 +14,7 @@ torch_npu, imported only when configured; a missing runtime is one clear EngineE
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -60,14 +61,42 @@ class DeviceEngine:
                                device_index=device_index)
         self.models: dict[str, ModelEngine] = {}
         self._kv_cache_pages = kv_cache_pages
+        self._building: set[str] = set()
+        self._lock = threading.Lock()
 
     def load_model(self, model_cfg: Any, engine_cfg: Any, cache_dir: Path | None = None, checkpoint: Any = None) -> ModelEngine:
         """Open the checkpoint, place its weights in one segment, reserve its KV region.
 
         `checkpoint` may pass an already opened Checkpoint (the bench opens once)."""
+        return self.register(self.build_model(model_cfg, engine_cfg, cache_dir, checkpoint))
+
+    def build_model(self, model_cfg: Any, engine_cfg: Any, cache_dir: Path | None = None,
+                    checkpoint: Any = None) -> ModelEngine:
+        """Everything of a load except making the model visible to step(): safe to run on
+        another thread while this device steps its other models (the pool is thread-safe
+        and nothing here touches them), so loading a model never stalls its neighbours.
+        Hand the result to register() on the stepping thread."""
         name = model_cfg.name
-        if name in self.models:
-            raise EngineError(f"model {name!r} is already loaded on this device")
+        with self._lock:
+            if name in self.models or name in self._building:
+                raise EngineError(f"model {name!r} is already loaded on this device")
+            self._building.add(name)
+        try:
+            return self._build(model_cfg, engine_cfg, cache_dir, checkpoint)
+        except BaseException:
+            with self._lock:
+                self._building.discard(name)
+            raise
+
+    def register(self, me: ModelEngine) -> ModelEngine:
+        """Make a built model steppable (call on the thread that calls step())."""
+        with self._lock:
+            self._building.discard(me.name)
+            self.models[me.name] = me
+        return me
+
+    def _build(self, model_cfg: Any, engine_cfg: Any, cache_dir: Path | None, checkpoint: Any) -> ModelEngine:
+        name = model_cfg.name
         from janusd.engine.loader import open_checkpoint
         from janusd.memory import XTensorError
 
@@ -100,7 +129,6 @@ class DeviceEngine:
         )
         me.checkpoint = ck  # type: ignore[attr-defined]
         me.weight_bytes = plan.total_bytes  # type: ignore[attr-defined]
-        self.models[name] = me
         return me
 
     def _release(self, name: str) -> None:

@@ -7,7 +7,11 @@ vLLM's EngineCoreProc wraps EngineCore: the engine steps, this file talks. Two t
   right there (tokenizers release the GIL; a prompt is tokenized while the main thread
   is inside a step, so tokenization never waits for a step), everything else is queued;
 - the main thread owns the engine: it applies queued commands between steps, steps
-  while there is work, and sends every step's outputs as one StepBatch frame.
+  while there is work, and sends every step's outputs as one StepBatch frame;
+- a loader thread per LoadModel builds the new model (checkpoint read, weights copied
+  into its xTensor segment) while the main thread keeps stepping the models already
+  here; the main thread registers it when the build is done, so a load never stalls
+  its neighbours (tests/test_worker_background_load.py).
 The daemon tokenizes through us so that it never imports engine/ or torch (DESIGN.md).
 A clean EOF from the daemon (it died or closed) ends the worker: no orphans.
 """
@@ -33,6 +37,15 @@ from janusd.wire.framing import BlockingFramedSocket, FrameError
 
 def _log(msg: str) -> None:
     print(f"janusd-worker[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
+
+
+class _Built(msgspec.Struct):
+    """A loader thread's result, handed to the main thread through the inbox."""
+
+    msg: wm.LoadModel
+    engine: Any
+    error: str
+    seconds: float
 
 
 class WorkerProc:
@@ -152,6 +165,8 @@ class WorkerProc:
                 me.abort(str(msg.req_id))
         elif isinstance(msg, wm.LoadModel):
             self._load(msg)
+        elif isinstance(msg, _Built):
+            self._registered(msg)
         elif isinstance(msg, wm.UnloadModel):
             self._unload(msg)
         elif isinstance(msg, wm.GetStats):
@@ -181,17 +196,29 @@ class WorkerProc:
         self.req_model[msg.req_id] = msg.model
 
     def _load(self, msg: wm.LoadModel) -> None:
+        """Build the model on a loader thread so the models already here keep stepping;
+        the main thread registers it when the build is done (a _Built in the inbox)."""
+        threading.Thread(target=self._build, args=(msg,), name=f"janusd-load-{msg.model.name}", daemon=True).start()
+
+    def _build(self, msg: wm.LoadModel) -> None:
         from pathlib import Path
 
         t0 = time.perf_counter()
         try:
-            me = self.de.load_model(msg.model, msg.engine, Path(msg.cache_dir) if msg.cache_dir else None)
+            me = self.de.build_model(msg.model, msg.engine, Path(msg.cache_dir) if msg.cache_dir else None)
         except Exception as e:
             _log(f"loading {msg.model.name} failed:\n" + traceback.format_exc())
-            self._send(wm.ErrorReply(msg.seq, f"cannot load {msg.model.name!r}: {e}", "bad_request"))
+            self.inbox.put(_Built(msg, None, f"cannot load {msg.model.name!r}: {e}", 0.0))
             return
+        self.inbox.put(_Built(msg, me, "", time.perf_counter() - t0))
+
+    def _registered(self, built: _Built) -> None:
+        if built.engine is None:
+            self._send(wm.ErrorReply(built.msg.seq, built.error, "bad_request"))
+            return
+        me = self.de.register(built.engine)
         eos = [int(t) for t in getattr(me, "eos_token_ids", [])]
-        self._send(wm.ModelLoaded(msg.seq, msg.model.name, int(me.max_model_len), time.perf_counter() - t0, eos))
+        self._send(wm.ModelLoaded(built.msg.seq, me.name, int(me.max_model_len), built.seconds, eos))
 
     def _unload(self, msg: wm.UnloadModel) -> None:
         for rid, model in list(self.req_model.items()):
