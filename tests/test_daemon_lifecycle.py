@@ -190,6 +190,24 @@ def test_sighup_applies_model_additions_and_removals(daemon):
     assert daemon.ctl(am.PoolsReq()).data["pools"][1]["models"] == ["demo-added"]
 
 
+def test_sighup_changing_only_slos_applies_them_without_a_reload(daemon):
+    text = daemon.config.read_text()
+    head, tail = text.split('name = "demo-llama"', 1)
+    tail = tail.replace("ttft_slo_ms = 1000.0", "ttft_slo_ms = 750.0", 1).replace("tpot_slo_ms = 100.0",
+                                                                                   "tpot_slo_ms = 80.0", 1)
+    daemon.config.write_text(head + 'name = "demo-llama"' + tail)
+    loads_before = daemon.log_text().count("demo-llama active on device")
+    daemon.proc.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: "new SLOs ['demo-llama']" in daemon.log_text(), 10.0), daemon.log_text()[-2000:]
+    models = {m["name"]: m for m in daemon.ctl(am.ModelsReq()).data["models"]}
+    assert (models["demo-llama"]["ttft_slo_ms"], models["demo-llama"]["tpot_slo_ms"]) == (750.0, 80.0)
+    assert models["demo-llama"]["active"] == 1
+    assert daemon.log_text().count("demo-llama active on device") == loads_before  # not reloaded
+    st, _, out = daemon.http("POST", "/v1/completions", {"model": "demo-llama", "prompt": "hi", "max_tokens": 2,
+                                                         "ignore_eos": True})
+    assert st == 200 and out["usage"]["completion_tokens"] == 2
+
+
 def test_sigterm_drains_in_flight_and_exits_zero(daemon, notify):
     pids = daemon.worker_pids()
     conn, resp = _open_stream(daemon, "demo-llama", 1500)

@@ -35,15 +35,29 @@ async def reload(d: Daemon) -> dict[str, Any]:
         _log("reload: [server], [devices] and [engine] changes need a restart; applying [[models]] only")
     old = {m.name: m for m in d.cfg.models}
     fresh = {m.name: m for m in new.models}
-    removed = [n for n in old if n not in fresh or fresh[n] != old[n]]
-    added = [m for m in new.models if m.name not in old or old[m.name] != m]
+    retuned = [n for n in old if n in fresh and fresh[n] != old[n] and _same_instance(old[n], fresh[n])]
+    for name in retuned:
+        if name in d.models.models:
+            d.models.models[name].cfg = fresh[name]  # new requests get the new SLOs at once
+    removed = [n for n in old if n not in fresh or (fresh[n] != old[n] and n not in retuned)]
+    added = [m for m in new.models if m.name not in old or (old[m.name] != m and m.name not in retuned)]
     for name in removed:
         if name in d.models.models:
             await d.models.unload(name, d.cfg.server.drain_timeout_s)
     d.cfg = msgspec.structs.replace(d.cfg, models=list(new.models))
     await load_new(d, added)
-    _log(f"reload: removed {removed or 'none'}, added {[m.name for m in added] or 'none'}")
-    return {"removed": removed, "added": [m.name for m in added]}
+    _log(f"reload: removed {removed or 'none'}, added {[m.name for m in added] or 'none'}, "
+         f"new SLOs {retuned or 'none'}")
+    return {"removed": removed, "added": [m.name for m in added], "retuned": retuned}
+
+
+# Fields that only steer requests (SLO targets, the app's name): changing them must not
+# reload the model, which would turn its traffic away while the weights load again.
+_REQUEST_ONLY_FIELDS = ("ttft_slo_ms", "tpot_slo_ms", "app")
+
+
+def _same_instance(a: ModelConfig, b: ModelConfig) -> bool:
+    return msgspec.structs.replace(a, **{f: getattr(b, f) for f in _REQUEST_ONLY_FIELDS}) == b
 
 
 async def load_new(d: Daemon, added: list[ModelConfig]) -> None:

@@ -23,6 +23,8 @@ mod dispatcher;
 mod epdt;
 mod lst_imh;
 mod moore_hodgson;
+#[cfg(test)]
+mod shortcut_tests;
 
 pub use config::{Assignment, DispatcherConfig, Policy, Requeue, Stats};
 pub use dispatcher::Dispatcher;
