@@ -206,3 +206,30 @@ def test_pd_split_streams_the_same_text_when_the_first_token_is_held_back(ckpts)
         outs += d.step()
     assert "".join(o.text for o in outs) == full and outs[-1].finish_reason == "length"
     assert all(o.prefill_s is None for o in outs[1:])
+
+
+def test_seeded_sampling_continues_across_a_pd_split(ckpts) -> None:
+    """The sampling RNG state travels with the KV, so a seeded request draws the same
+    tokens after the split as in one mixed engine."""
+    ck = ckpts["llama"]
+    seeded = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.95, seed=77, ignore_eos=True)
+    mixed = DeviceEngine(memory_bytes=16 << 20, page_size=64 << 10)
+    m = mixed.load_model(_cfg("m", ck), ENGINE)
+    want = [t for o in m.generate({"s": PROMPTS["q1"]}, seeded)["s"] for t in o.token_ids]
+
+    p = DeviceEngine(memory_bytes=16 << 20, page_size=64 << 10).load_model(_cfg("p", ck, role="prefill"), ENGINE)
+    d = DeviceEngine(memory_bytes=16 << 20, page_size=64 << 10).load_model(_cfg("d", ck, role="decode"), ENGINE)
+    p.add_request("s", PROMPTS["q1"], seeded)
+    got: list[int] = []
+    while p.has_work():
+        for o in p.step():
+            got.extend(o.token_ids)
+    meta = p.export_kv("s")
+    assert meta.rng_state is not None
+    d.import_kv(meta, seeded, p)
+    while d.has_work():
+        for o in d.step():
+            got.extend(o.token_ids)
+    assert got == want
+    with pytest.raises(RequestError, match="rng_state"):
+        d.import_kv(msgspec.structs.replace(meta, req_id="bad", rng_state=b"\x01\x02"), seeded, p)

@@ -40,6 +40,7 @@ class KVTransferMixin:
             global_offsets=[self.kv.global_offsets(b) for b in seq.blocks],
             num_cached_tokens=seq.num_computed, prompt_len=seq.prompt_len, token_ids=list(seq.tokens),
             page_ids=self.kv.page_ids(seq.blocks),
+            rng_state=bytes(seq.generator.get_state().numpy().tobytes()) if seq.generator is not None else None,
         )
 
     def release_kv(self, req_id: str) -> bool:
@@ -66,6 +67,11 @@ class KVTransferMixin:
             raise RequestError(f"max_tokens: {params.max_tokens} leaves nothing to decode after the {n_out} "
                                "token(s) the prefill side produced")
         seq.resume_streamed(meta.token_ids[meta.prompt_len :])
+        if meta.rng_state is not None and seq.generator is not None:
+            try:
+                seq.generator.set_state(torch.frombuffer(bytearray(meta.rng_state), dtype=torch.uint8))
+            except RuntimeError as e:
+                raise RequestError(f"kv import: bad rng_state: {e}") from None
         blocks = self.kv.allocate(need)
         if blocks is None:
             raise RequestError(f"kv import: no room for {need} KV blocks on model {self.name!r}")

@@ -106,6 +106,9 @@ class KVExport(msgspec.Struct, kw_only=True):
     prompt_len: int
     token_ids: list[int]
     page_ids: list[int] = []  # the source pool's physical pages holding these blocks (sorted)
+    # the request's sampling RNG state after the tokens already produced, so a seeded
+    # request decodes the same tokens after a P/D split as it would have in one engine
+    rng_state: bytes | None = None
 
 
 class KVImport(msgspec.Struct, kw_only=True):

@@ -89,7 +89,7 @@ impl Backlog {
                 let mut skip = true;
                 for l in 0..BLOCK {
                     // Late here and strictly longer than the longest kept job.
-                    skip &= (t + ps[l] > ds[l]) & (ps[l] >= p_top);
+                    skip &= (t + ps[l] > ds[l]) & (ps[l] > p_top);
                 }
                 if skip {
                     k = end;
