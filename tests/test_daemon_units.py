@@ -220,6 +220,23 @@ def test_a_failing_assignment_does_not_lose_the_rest_of_the_tick():
     assert s.pending("m") == 0
 
 
+def test_cancelling_an_assigned_request_counts_as_cancelled_and_frees_its_epdt():
+    from janusd.config import DispatchConfig
+    from janusd.server.scheduling import Scheduler
+
+    assigned: list[int] = []
+    s = Scheduler(DispatchConfig(policy="lst_imh"), lambda rid, inst: assigned.append(rid), lambda rid: None)
+    inst = s.add_instance("m", 0)
+    s.set_ready(inst, True)
+    s.submit(1, "m", 0.0, 100.0, 10)
+    s.tick(0.0)
+    assert assigned == [1] and s.epdt(inst, 0.0) > 0.0
+    s.cancel(1, 0.0)  # the client left before the first token
+    st = s.stats()
+    assert st["cancelled"] == 1 and st["completed"] == 0 and st["in_flight"] == 0
+    assert s.epdt(inst, 0.0) == 0.0 and 1 not in inst.assigned
+
+
 def test_a_request_tokenized_while_its_model_was_unloaded_is_refused_not_queued():
     from janusd.config import JanusConfig
     from janusd.server.daemon import Daemon

@@ -180,6 +180,20 @@ def test_bad_times_raise_value_error(impl, bad) -> None:
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_ints_too_large_for_a_float_raise_value_error(impl) -> None:
+    # float(10**400) raises OverflowError; to a caller it is a bad time like NaN.
+    huge = 10**400
+    with pytest.raises(ValueError, match="proc"):
+        impl.moore_hodgson([1.0, huge], [1.0, 2.0], 0.0)
+    with pytest.raises(ValueError, match="deadline"):
+        impl.lst_imh((1.0,), (huge,), (0.0,))
+    with pytest.raises(ValueError):
+        impl.moore_hodgson([1.0], [1.0], huge)
+    with pytest.raises(ValueError):
+        impl.lst_imh([1.0], [1.0], [huge])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_length_mismatch_raises_value_error(impl) -> None:
     with pytest.raises(ValueError, match="same length"):
         impl.moore_hodgson([1.0, 2.0], [1.0], 0.0)

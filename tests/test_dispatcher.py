@@ -261,6 +261,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         for r in back:
             del self.flying[r]
             self.ended.add(r)
+            event("orphaned")
         del self.inst[i]
 
     @rule(i=st.integers(0, 3), ready=st.booleans())
@@ -286,6 +287,8 @@ class DispatcherMachine(RuleBasedStateMachine):
             self.now += dt
         before = {i: self.d.epdt(i, self.now) for i in self.inst}
         finish = dict(before)
+        relaxed = self.d.stats()["relaxed"]
+        early = wake is None or self.now < wake  # before the due time next_wakeup named
         for rid, i in self.d.tick(self.now):
             assert rid in self.queued, f"request {rid} assigned twice or never queued"
             self.queued.remove(rid)
@@ -296,7 +299,10 @@ class DispatcherMachine(RuleBasedStateMachine):
                 assert finish[i] <= self.req[rid][1] + 1e-9  # on time under the estimate
             self.flying[rid] = i
             event("assigned")
+        if early:  # reject/relax never comes due before next_wakeup said
+            assert self.d.stats()["relaxed"] == relaxed
         for rid in self.d.take_rejected():
+            assert not early, f"request {rid} rejected before the wake-up time {wake}"
             assert rid in self.queued
             self.queued.remove(rid)
             self.ended.add(rid)
@@ -308,6 +314,7 @@ class DispatcherMachine(RuleBasedStateMachine):
     def complete(self, k: int) -> None:
         rid = sorted(self.flying)[k % len(self.flying)]
         self.d.complete(rid, self.now)
+        event("completed")
         del self.flying[rid]
         self.ended.add(rid)
 
@@ -315,7 +322,10 @@ class DispatcherMachine(RuleBasedStateMachine):
     def cancel(self, k: int) -> None:
         rid = k % (self.next_id + 1)
         known = rid in self.queued or rid in self.flying
-        assert self.d.cancel(rid) == known
+        if rid in self.flying:
+            event("cancelled in flight")
+        # Both forms: without a time, and at the current time.
+        assert (self.d.cancel(rid, self.now) if k % 2 else self.d.cancel(rid)) == known
         if known:
             self.queued.discard(rid)
             self.flying.pop(rid, None)

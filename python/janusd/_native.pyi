@@ -42,7 +42,8 @@ def lst_imh(proc: list[float], deadline: list[float], avail: list[float]) -> lis
 class Dispatcher:
     """Online, clock-injected dispatcher: per-model FIFO queues, per-instance EPDT, the
     pre-pull window, LST-IMH (or a baseline) and reject/relax requeue. Every time is an
-    argument in seconds; nothing reads a clock. Bad times or ids raise ValueError.
+    argument in seconds; nothing reads a clock. Bad times or ids (NaN, infinite, negative,
+    an int too large for a float or a 64-bit id, unknown or duplicate) raise ValueError.
 
     relax: a job past its latest start (now > deadline - est) gets
     deadline = now + (original deadline - arrival) * relax_factor**k on its k-th
@@ -76,8 +77,11 @@ class Dispatcher:
         made now (per instance in execution order). Releases the GIL."""
     def complete(self, request_id: int, now: float) -> None:
         """The request's prefill finished: its remaining estimated work leaves its instance."""
-    def cancel(self, request_id: int) -> bool:
-        """Removes a queued or assigned request; False if the id is not known."""
+    def cancel(self, request_id: int, now: float | None = None) -> bool:
+        """Removes a queued or assigned request; False if the id is not known. With `now`,
+        time since the instance's last event counts as done work first (as in `complete`),
+        so the jobs behind a running one keep their real start; without it, the request's
+        work still ahead as of that last event is removed."""
     def take_rejected(self) -> list[int]:
         """Ids rejected since the last call."""
     def next_wakeup(self, now: float) -> float | None:

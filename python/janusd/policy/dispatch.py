@@ -27,9 +27,18 @@ from collections.abc import Sequence
 __all__ = ["lst_imh", "moore_hodgson"]
 
 
+def _float(name: str, x: float) -> float:
+    """float(x), with an int too large for a float a ValueError like any other bad time
+    (float() raises OverflowError; the Rust binding turns that into ValueError too)."""
+    try:
+        return float(x)
+    except OverflowError as e:
+        raise ValueError(f"{name} out of range: {e}") from None
+
+
 def _time(name: str, x: float) -> float:
     """Validated time: finite and >= 0, with -0.0 turned into 0.0 (as the Rust core does)."""
-    x = float(x)
+    x = _float(name, x)
     if not math.isfinite(x):
         raise ValueError(f"{name} must be finite, got {x}")
     if x < 0.0:
@@ -39,7 +48,7 @@ def _time(name: str, x: float) -> float:
 
 def _times(name: str, xs: Sequence[float]) -> list[float]:
     """Validated copy of a list of times; the message names the first bad element."""
-    out = [float(x) + 0.0 for x in xs]
+    out = [_float(f"{name}[{i}]", x) + 0.0 for i, x in enumerate(xs)]
     for i, x in enumerate(out):
         if not (x >= 0.0 and x != math.inf):  # also false for NaN
             _time(f"{name}[{i}]", x)

@@ -116,12 +116,13 @@ class Scheduler:
         self._wake.set()
 
     def cancel(self, rid: int, now: float) -> None:
-        """The request ended early (client gone, error): drop it from the queue or EPDT."""
-        if rid in self._req_instance:
-            self.prefill_done(rid, now, 0, None)
-        else:
-            self.dispatcher.cancel(rid)
-            self._wake.set()
+        """The request ended early (client gone, error): drop it from the queue or from its
+        instance's EPDT (charging the time it already ran), counted as cancelled."""
+        iid = self._req_instance.pop(rid, None)
+        if iid is not None and (inst := self.instances.get(iid)) is not None:
+            inst.assigned.discard(rid)
+        self.dispatcher.cancel(rid, now)
+        self._wake.set()
 
     def pending(self, model: str) -> int:
         return int(self.dispatcher.pending(model))
@@ -137,7 +138,8 @@ class Scheduler:
         """Apply one Dispatcher tick; returns the next wake-up time (or None)."""
         for rid, iid in self.dispatcher.tick(now):
             inst = self.instances.get(iid)
-            if inst is None:
+            if inst is None:  # cannot happen today; keep the Dispatcher consistent if it does
+                self.dispatcher.cancel(rid, now)
                 self.on_reject(rid)
                 continue
             inst.assigned.add(rid)

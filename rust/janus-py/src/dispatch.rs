@@ -3,17 +3,64 @@
 //! `next_wakeup`) release the GIL; errors become ValueError via `errors::dispatch_err`.
 
 use janus_core::dispatch as core;
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyOverflowError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList};
 
 use crate::errors::dispatch_err;
 
+/// pyo3 reports an int too large for `i64`/`f64` as OverflowError; to the caller it is a
+/// bad value like NaN or a negative time, so it becomes ValueError (the argument's name is
+/// added as a note by pyo3).
+fn overflow_is_value_error(e: PyErr, py: Python<'_>) -> PyErr {
+    if e.is_instance_of::<PyOverflowError>(py) {
+        PyValueError::new_err(format!("out of range: {}", e.value(py)))
+    } else {
+        e
+    }
+}
+
+/// An `int` argument (request or instance id); see [`overflow_is_value_error`].
+struct Int(i64);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Int {
+    type Error = PyErr;
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        obj.extract::<i64>()
+            .map(Int)
+            .map_err(|e| overflow_is_value_error(e, obj.py()))
+    }
+}
+
+/// A `float` argument (a time); see [`overflow_is_value_error`].
+struct Float(f64);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Float {
+    type Error = PyErr;
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        obj.extract::<f64>()
+            .map(Float)
+            .map_err(|e| overflow_is_value_error(e, obj.py()))
+    }
+}
+
+/// `list[float]` to `Vec<f64>`; an int too large for a float is a ValueError naming the
+/// list (`name`).
+fn floats(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<f64>> {
+    floats_raw(obj).map_err(|e| {
+        if e.is_instance_of::<PyOverflowError>(obj.py()) {
+            PyValueError::new_err(format!("{name} out of range: {}", e.value(obj.py())))
+        } else {
+            e
+        }
+    })
+}
+
 /// `list[float]` to `Vec<f64>`. A list is read directly (borrowed items, no iterator
 /// object): pyo3's generic sequence path costs about as much as LST-IMH itself on a
 /// 1,000-job backlog. Anything else goes through pyo3's extraction.
-fn floats(obj: &Bound<'_, PyAny>) -> PyResult<Vec<f64>> {
+fn floats_raw(obj: &Bound<'_, PyAny>) -> PyResult<Vec<f64>> {
     let Ok(list) = obj.cast::<PyList>() else {
         return obj.extract::<Vec<f64>>();
     };
@@ -21,14 +68,24 @@ fn floats(obj: &Bound<'_, PyAny>) -> PyResult<Vec<f64>> {
     let n = list.len();
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        // SAFETY: `list` is a live list and i < its length (nothing here runs Python code
-        // that could shrink it); PyList_GetItem returns a borrowed reference.
+        // SAFETY: `list` is a live list; PyList_GetItem bounds-checks `i` (NULL and
+        // IndexError if the list shrank) and returns a borrowed reference. An exact float
+        // is read without running Python code. Anything else may run `__float__` or
+        // `__index__`, which can drop the list's reference to the item, so the item is
+        // held by a strong reference for the call.
         let v = unsafe {
             let item = pyo3::ffi::PyList_GetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t);
             if item.is_null() {
                 return Err(PyErr::fetch(py));
             }
-            pyo3::ffi::PyFloat_AsDouble(item)
+            if pyo3::ffi::PyFloat_CheckExact(item) != 0 {
+                pyo3::ffi::PyFloat_AS_DOUBLE(item)
+            } else {
+                pyo3::ffi::Py_INCREF(item);
+                let v = pyo3::ffi::PyFloat_AsDouble(item);
+                pyo3::ffi::Py_DECREF(item);
+                v
+            }
         };
         if v == -1.0 {
             if let Some(err) = PyErr::take(py) {
@@ -47,9 +104,13 @@ fn moore_hodgson<'py>(
     py: Python<'py>,
     proc: &Bound<'py, PyAny>,
     deadline: &Bound<'py, PyAny>,
-    start: f64,
+    start: Float,
 ) -> PyResult<Bound<'py, PyList>> {
-    let (proc, deadline) = (floats(proc)?, floats(deadline)?);
+    let (proc, deadline, start) = (
+        floats(proc, "proc")?,
+        floats(deadline, "deadline")?,
+        start.0,
+    );
     let seq = py
         .detach(|| core::moore_hodgson(proc, deadline, start))
         .map_err(dispatch_err)?;
@@ -97,7 +158,11 @@ fn lst_imh<'py>(
     deadline: &Bound<'py, PyAny>,
     avail: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyList>> {
-    let (proc, deadline, avail) = (floats(proc)?, floats(deadline)?, floats(avail)?);
+    let (proc, deadline, avail) = (
+        floats(proc, "proc")?,
+        floats(deadline, "deadline")?,
+        floats(avail, "avail")?,
+    );
     let plan = py
         .detach(|| core::lst_imh(proc, deadline, avail))
         .map_err(dispatch_err)?;
@@ -117,14 +182,19 @@ pub struct Dispatcher {
 #[pymethods]
 impl Dispatcher {
     #[new]
-    #[pyo3(signature = (policy="lst_imh", prepull_window_s=0.02, requeue="reject", relax_factor=1.5, max_relax=2))]
+    #[pyo3(
+        signature = (policy="lst_imh", prepull_window_s=Float(0.02), requeue="reject", relax_factor=Float(1.5), max_relax=Int(2)),
+        text_signature = "(policy='lst_imh', prepull_window_s=0.02, requeue='reject', relax_factor=1.5, max_relax=2)"
+    )]
     fn new(
         policy: &str,
-        prepull_window_s: f64,
+        prepull_window_s: Float,
         requeue: &str,
-        relax_factor: f64,
-        max_relax: i64,
+        relax_factor: Float,
+        max_relax: Int,
     ) -> PyResult<Self> {
+        let (prepull_window_s, relax_factor, max_relax) =
+            (prepull_window_s.0, relax_factor.0, max_relax.0);
         let max_relax = u32::try_from(max_relax).map_err(|_| {
             PyValueError::new_err(format!("max_relax must be in 0..2^32, got {max_relax}"))
         })?;
@@ -154,61 +224,70 @@ impl Dispatcher {
         self.inner.config().prepull_window_s
     }
 
-    fn add_instance(&mut self, instance_id: i64, model: &str) -> PyResult<()> {
+    fn add_instance(&mut self, instance_id: Int, model: &str) -> PyResult<()> {
         self.inner
-            .add_instance(instance_id, model)
+            .add_instance(instance_id.0, model)
             .map_err(dispatch_err)
     }
 
-    fn remove_instance(&mut self, instance_id: i64) -> PyResult<Vec<i64>> {
+    fn remove_instance(&mut self, instance_id: Int) -> PyResult<Vec<i64>> {
         self.inner
-            .remove_instance(instance_id)
+            .remove_instance(instance_id.0)
             .map_err(dispatch_err)
     }
 
-    fn set_instance_ready(&mut self, instance_id: i64, ready: bool) -> PyResult<()> {
+    fn set_instance_ready(&mut self, instance_id: Int, ready: bool) -> PyResult<()> {
         self.inner
-            .set_instance_ready(instance_id, ready)
+            .set_instance_ready(instance_id.0, ready)
             .map_err(dispatch_err)
     }
 
     fn submit(
         &mut self,
-        request_id: i64,
+        request_id: Int,
         model: &str,
-        arrival_s: f64,
-        deadline_s: f64,
-        est_proc_s: f64,
+        arrival_s: Float,
+        deadline_s: Float,
+        est_proc_s: Float,
     ) -> PyResult<()> {
         self.inner
-            .submit(request_id, model, arrival_s, deadline_s, est_proc_s)
+            .submit(request_id.0, model, arrival_s.0, deadline_s.0, est_proc_s.0)
             .map_err(dispatch_err)
     }
 
-    fn tick(&mut self, py: Python<'_>, now: f64) -> PyResult<Vec<(i64, i64)>> {
-        let inner = &mut self.inner;
+    fn tick(&mut self, py: Python<'_>, now: Float) -> PyResult<Vec<(i64, i64)>> {
+        let (inner, now) = (&mut self.inner, now.0);
         py.detach(|| inner.tick(now)).map_err(dispatch_err)
     }
 
-    fn complete(&mut self, request_id: i64, now: f64) -> PyResult<()> {
-        self.inner.complete(request_id, now).map_err(dispatch_err)
+    fn complete(&mut self, request_id: Int, now: Float) -> PyResult<()> {
+        self.inner
+            .complete(request_id.0, now.0)
+            .map_err(dispatch_err)
     }
 
-    fn cancel(&mut self, request_id: i64) -> bool {
-        self.inner.cancel(request_id)
+    #[pyo3(signature = (request_id, now=None))]
+    fn cancel(&mut self, request_id: Int, now: Option<Float>) -> PyResult<bool> {
+        match now {
+            None => Ok(self.inner.cancel(request_id.0)),
+            Some(now) => self
+                .inner
+                .cancel_at(request_id.0, now.0)
+                .map_err(dispatch_err),
+        }
     }
 
     fn take_rejected(&mut self) -> Vec<i64> {
         self.inner.take_rejected()
     }
 
-    fn next_wakeup(&self, py: Python<'_>, now: f64) -> PyResult<Option<f64>> {
-        let inner = &self.inner;
+    fn next_wakeup(&self, py: Python<'_>, now: Float) -> PyResult<Option<f64>> {
+        let (inner, now) = (&self.inner, now.0);
         py.detach(|| inner.next_wakeup(now)).map_err(dispatch_err)
     }
 
-    fn epdt(&self, instance_id: i64, now: f64) -> PyResult<f64> {
-        self.inner.epdt(instance_id, now).map_err(dispatch_err)
+    fn epdt(&self, instance_id: Int, now: Float) -> PyResult<f64> {
+        self.inner.epdt(instance_id.0, now.0).map_err(dispatch_err)
     }
 
     fn pending(&self, model: &str) -> usize {

@@ -9,7 +9,7 @@
 //!    `relax` gives it `deadline = now + (original deadline - arrival) * relax_factor^k`
 //!    on its k-th relaxation (a fresh, growing budget from now), at most `max_relax`
 //!    times, then rejects it.
-//! 2. candidates: the model's ready instances with `EPDT - now <= prepull_window`.
+//! 2. candidates: the model's ready instances with `EPDT - prepull_window <= now`.
 //! 3. `lst_imh`: LST-IMH over the model's whole backlog (FIFO order = job index, so equal
 //!    deadlines go first-come first) with avail = each candidate's EPDT (candidates in
 //!    ascending instance id, so equal EPDTs go to the lower id first); each candidate takes
@@ -231,8 +231,22 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// Removes a queued or assigned request; false when the id is not known.
+    /// Removes a queued or assigned request; false when the id is not known. An assigned
+    /// one takes its work still ahead as of the instance's last event with it; use
+    /// [`Dispatcher::cancel_at`] when the time is known.
     pub fn cancel(&mut self, id: i64) -> bool {
+        self.cancel_inner(id, None)
+    }
+
+    /// [`Dispatcher::cancel`] at `now`: time since the instance's last event counts as
+    /// work done first (as in `complete`), so a running job cancelled halfway takes only
+    /// its unfinished half with it and the jobs behind it keep their real start.
+    pub fn cancel_at(&mut self, id: i64, now: f64) -> Result<bool, DispatchError> {
+        let now = check_time("now", now)?;
+        Ok(self.cancel_inner(id, Some(now)))
+    }
+
+    fn cancel_inner(&mut self, id: i64, now: Option<f64>) -> bool {
         let Some(req) = self.requests.remove(&id) else {
             return false;
         };
@@ -243,7 +257,7 @@ impl Dispatcher {
             }
             Place::Assigned(i) => {
                 if let Some(inst) = self.instances.get_mut(&i) {
-                    inst.load.remove(id, None);
+                    inst.load.remove(id, now);
                     inst.assigned.remove(&id);
                 }
                 self.stats.in_flight -= 1;
@@ -297,6 +311,7 @@ impl Dispatcher {
                 .filter(|i| i.ready)
             {
                 // An instance idle since before the last tick has nothing new to offer.
+                // Same expression as the candidate test in `tick` (see `candidates`).
                 let at = inst.load.busy_until() - self.cfg.prepull_window_s;
                 if at > self.last_tick {
                     best = best.min(at);

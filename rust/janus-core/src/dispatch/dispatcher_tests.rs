@@ -75,6 +75,39 @@ fn prepull_window_gates_candidates() {
     assert!(close(d.epdt(1, 0.015).unwrap(), 0.040));
 }
 
+/// The tick at `next_wakeup`'s pre-pull instant must find the instance inside the window
+/// for any busy time and window, not only where `busy - window` happens to round up.
+fn wakeup_finds_the_instance_in_its_window(busy: f64, window: f64) {
+    let mut d = disp(Policy::LstImh, Requeue::Reject, window);
+    d.add_instance(1, "m").unwrap();
+    d.submit(1, "m", 0.0, 1e6, busy).unwrap();
+    assert_eq!(d.tick(0.0).unwrap(), vec![(1, 1)]);
+    d.submit(2, "m", 0.0, 1e6, 0.001).unwrap();
+    assert!(d.tick(0.0).unwrap().is_empty());
+    let wake = d.next_wakeup(0.0).unwrap().unwrap();
+    assert_eq!(wake, busy - window);
+    assert_eq!(
+        d.tick(wake).unwrap(),
+        vec![(2, 1)],
+        "busy {busy}, window {window}"
+    );
+}
+
+#[test]
+fn wakeup_at_the_window_edge_is_not_missed() {
+    // 38.04812224562878 - (38.04812224562878 - 0.03) > 0.03 in floats: the old test
+    // `epdt - now <= window` said "outside" at the wake-up instant, and the next
+    // wake-up was the job's latest start, ~1e6 s later.
+    wakeup_finds_the_instance_in_its_window(38.04812224562878, 0.03);
+}
+
+proptest! {
+    #[test]
+    fn wakeup_at_the_window_edge_is_never_missed(busy in 0.05f64..100.0, w in 0usize..4) {
+        wakeup_finds_the_instance_in_its_window(busy, [0.0, 0.005, 0.02, 0.03][w]);
+    }
+}
+
 #[test]
 fn reject_drops_jobs_past_their_latest_start() {
     let mut d = disp(Policy::LstImh, Requeue::Reject, 0.02);
@@ -159,6 +192,23 @@ fn remove_instance_hands_back_in_flight_work() {
     assert!(d.remove_instance(1).is_err());
     let s = d.stats();
     assert_eq!((s.orphaned, s.in_flight, s.pending), (2, 0, 2));
+}
+
+#[test]
+fn cancel_at_charges_the_time_the_job_ran() {
+    // Jobs 1 and 2 (1 s each) given at 0; job 1 is cancelled at 0.5 after running half.
+    // Job 2 starts at 0.5 and is done at 1.5; `cancel` without a time would take all of
+    // job 1's estimate away and say 1.0.
+    let mut d = disp(Policy::LstImh, Requeue::Reject, 0.02);
+    d.add_instance(1, "m").unwrap();
+    d.submit(1, "m", 0.0, 10.0, 1.0).unwrap();
+    d.submit(2, "m", 0.0, 10.0, 1.0).unwrap();
+    assert_eq!(d.tick(0.0).unwrap(), vec![(1, 1), (2, 1)]);
+    assert_eq!(d.cancel_at(1, 0.5), Ok(true));
+    assert!(close(d.epdt(1, 0.5).unwrap(), 1.5));
+    assert_eq!(d.cancel_at(1, 0.5), Ok(false));
+    assert!(d.cancel_at(2, f64::NAN).is_err());
+    assert_eq!(d.stats().in_flight, 1);
 }
 
 #[test]
@@ -263,7 +313,11 @@ proptest! {
                     next_id += 1;
                 }
                 Op::Tick(dt) => {
+                    // Reject/relax never comes due before the time next_wakeup named.
+                    let wake = d.next_wakeup(now).unwrap().unwrap_or(f64::INFINITY);
+                    let relaxed = d.stats().relaxed;
                     now += dt;
+                    let early = now < wake;
                     let before: HashMap<i64, f64> =
                         inst_model.keys().map(|&i| (i, d.epdt(i, now).unwrap())).collect();
                     let mut finish = before.clone();
@@ -271,7 +325,7 @@ proptest! {
                         prop_assert!(queued.remove(&r), "request {} assigned but not queued", r);
                         prop_assert_eq!(inst_model[&i], info[&r].0);
                         prop_assert!(ready[&i]);
-                        prop_assert!(before[&i] - now <= 0.02);
+                        prop_assert!(before[&i] - 0.02 <= now);
                         let f = finish.get_mut(&i).unwrap();
                         *f += info[&r].2;
                         if policy == Policy::LstImh && !relax {
@@ -279,7 +333,11 @@ proptest! {
                         }
                         flying.push(r);
                     }
+                    if early {
+                        prop_assert_eq!(d.stats().relaxed, relaxed);
+                    }
                     for r in d.take_rejected() {
+                        prop_assert!(!early, "request {} rejected before the wake-up {}", r, wake);
                         prop_assert!(queued.remove(&r));
                         ended.insert(r);
                     }
@@ -303,7 +361,9 @@ proptest! {
                     let target = k as i64 % (next_id + 1);
                     let known = queued.remove(&target) || flying.contains(&target);
                     flying.retain(|&x| x != target);
-                    prop_assert_eq!(d.cancel(target), known);
+                    // Both forms: without a time and at the current time.
+                    let got = if k % 2 == 0 { d.cancel(target) } else { d.cancel_at(target, now).unwrap() };
+                    prop_assert_eq!(got, known);
                     if known { ended.insert(target); }
                 }
             }

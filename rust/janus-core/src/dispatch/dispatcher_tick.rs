@@ -66,13 +66,18 @@ impl Dispatcher {
     }
 
     /// Ready instances of model `m` inside the pre-pull window, ascending id.
+    ///
+    /// Inside means `busy_until - window <= now`: the very expression `next_wakeup`
+    /// schedules the wake-up at, so a tick at that instant finds the instance a candidate.
+    /// (`epdt - now <= window` rounds differently and could miss by an ulp, leaving the
+    /// backlog asleep until some job's latest start passed.)
     fn candidates(&self, m: usize, now: f64) -> Vec<(i64, f64)> {
         let window = self.cfg.prepull_window_s;
         self.models[m]
             .instances
             .iter()
             .filter_map(|&i| self.instances.get(&i).map(|inst| (i, inst)))
-            .filter(|(_, inst)| inst.ready && inst.load.epdt(now) - now <= window)
+            .filter(|(_, inst)| inst.ready && inst.load.busy_until() - window <= now)
             .map(|(i, inst)| (i, inst.load.epdt(now)))
             .collect()
     }

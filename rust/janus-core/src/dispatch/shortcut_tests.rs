@@ -47,8 +47,10 @@ fn plain(proc: &[f64], deadline: &[f64], avail: &[f64]) -> Vec<Vec<usize>> {
     out
 }
 
-/// Times where float sums round: subnormals, 1e-16 next to 1, 2^53, huge values.
-const VALUES: [f64; 14] = [
+/// Times where float sums round: subnormals, 1e-16 next to 1, 2^53, huge values, and
+/// `f64::MAX`, whose sums overflow to +inf (still the same plan: the reference makes the
+/// same additions).
+const VALUES: [f64; 15] = [
     0.0,
     5e-324,
     1e-310,
@@ -63,6 +65,7 @@ const VALUES: [f64; 14] = [
     9007199254740992.0,
     1e16,
     1e300,
+    f64::MAX,
 ];
 
 fn time() -> impl Strategy<Value = f64> {
@@ -85,7 +88,8 @@ proptest! {
         let mut deadline: Vec<f64> = jobs.iter().map(|j| j.1).collect();
         for (k, job) in jobs.iter().enumerate() {
             if let (Some(r), Some(&a)) = (job.2, avail.first()) {
-                deadline[k] = proc[..=(r % (k + 1))].iter().fold(a, |t, p| t + p);
+                let sum = proc[..=(r % (k + 1))].iter().fold(a, |t, p| t + p);
+                deadline[k] = sum.min(f64::MAX);
             }
         }
         let got = lst_imh(&proc[..], &deadline[..], &avail[..]).unwrap();
@@ -99,5 +103,14 @@ fn negative_zero_and_subnormal_inputs() {
     let got = lst_imh([-0.0, 5e-324, 0.0], [0.0, 5e-324, -0.0], [-0.0]).unwrap();
     assert_eq!(got, vec![vec![0, 2, 1]]);
     let got = lst_imh([5e-324, 5e-324], [5e-324, 5e-324], [0.0]).unwrap();
+    assert_eq!(got, vec![vec![0]]);
+}
+
+#[test]
+fn on_time_means_completion_at_most_the_deadline_as_computed() {
+    // 0.1 + 0.2 = 0.30000000000000004: on time for that deadline, late for 0.3.
+    let got = lst_imh([0.1, 0.2], [0.1, 0.1 + 0.2], [0.0]).unwrap();
+    assert_eq!(got, vec![vec![0, 1]]);
+    let got = lst_imh([0.1, 0.2], [0.1, 0.3], [0.0]).unwrap();
     assert_eq!(got, vec![vec![0]]);
 }
