@@ -4,6 +4,7 @@ as the original HF tensors; the shipped SmolLM2 GGUF tokenizes and templates lik
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import gguf
@@ -50,8 +51,10 @@ def demo_vocab(tmp: Path) -> dict:
             "types": [3 if t in specials else 1 for t in tokens]}
 
 
-def write_gguf(path: Path, a: ModelArch, tensors: dict[str, np.ndarray], qtype: Q, vocab: dict) -> dict[str, np.ndarray]:
-    """Write a GGUF like llama.cpp would; return, per HF name, what an exact reader must produce."""
+def write_gguf(path: Path, a: ModelArch, tensors: dict[str, np.ndarray], qtype: Q, vocab: dict,
+               extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Write a GGUF like llama.cpp would; return, per HF name, what an exact reader must produce.
+    `extra` tensors are written under their GGUF names as they are (e.g. rope_freqs.weight)."""
     w = gguf.GGUFWriter(str(path), a.architecture)
     w.add_block_count(a.num_hidden_layers)
     w.add_context_length(a.max_position_embeddings)
@@ -91,6 +94,8 @@ def write_gguf(path: Path, a: ModelArch, tensors: dict[str, np.ndarray], qtype: 
                 heads = a.num_attention_heads if name.endswith("q_proj.weight") else a.num_key_value_heads
                 back = back.reshape(heads, back.shape[0] // heads // 2, 2, -1).swapaxes(1, 2).reshape(x.shape)
             expected[name] = back
+    for gname, x in (extra or {}).items():
+        w.add_tensor(gname, x)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -332,3 +337,55 @@ def test_smollm2_weights_answer_in_a_reference_model(smollm2) -> None:
     new = out[0, ids.shape[1]:].tolist()
     assert tok.decode(new) == "The capital of France is Paris."
     assert new[-1] == 2  # stopped on <|im_end|>
+
+
+def llamacpp_rope_factors(head_dim: int, theta: float, factor: float, low: float, high: float, old_len: int) -> np.ndarray:
+    """What llama.cpp's converter stores as rope_freqs for a Llama 3.1 (llama3-scaled) model."""
+    freqs = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    out = []
+    for f in freqs:
+        wavelen = 2 * math.pi / f
+        if wavelen < old_len / high:
+            out.append(1.0)
+        elif wavelen > old_len / low:
+            out.append(factor)
+        else:
+            smooth = (old_len / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def test_gguf_rope_freqs_reproduce_llama3_rope_and_load(tmp_path: Path, vocab: dict) -> None:
+    """Llama 3.1 GGUFs carry llama3 rope as a rope_freqs tensor: the loader turns it into
+    per-frequency divisors that give the same frequencies as HF's llama3 scaling."""
+    from janusd.engine.models.rope import inv_frequencies
+
+    a = demo_arch("llama", "tiny")
+    a = ModelArch(**{**{f: getattr(a, f) for f in a.__struct_fields__}, "vocab_size": len(vocab["tokens"]),
+                     "rope_theta": 500000.0})
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}
+    factors = llamacpp_rope_factors(a.head_dim, a.rope_theta, 8.0, 1.0, 4.0, 64)
+    assert len(set(factors.tolist())) > 2  # the three bands all occur at this size
+    write_gguf(tmp_path / "m.gguf", a, _weights(a), Q.F32, vocab, extra={"rope_freqs.weight": factors})
+    ck = open_checkpoint(tmp_path / "m.gguf")
+    assert ck.arch.rope_scaling == {"rope_type": "freq_factors", "factors": pytest.approx(factors.tolist())}
+    assert "rope_freqs.weight" not in ck.tensor_specs()
+    ours = inv_frequencies(a.head_dim, a.rope_theta, ck.arch.rope_scaling)
+    hf = inv_frequencies(a.head_dim, a.rope_theta, llama3)
+    assert torch.allclose(ours, hf, rtol=1e-6, atol=0), (ours - hf).abs().max()
+    # and the engine runs it
+    from janusd.config import EngineConfig, ModelConfig
+    from janusd.engine.device_engine import DeviceEngine
+    from janusd.engine.types import SamplingParams
+
+    de = DeviceEngine(memory_bytes=16 << 20, page_size=64 << 10)
+    me = de.load_model(ModelConfig(name="g", checkpoint=str(tmp_path / "m.gguf"), kv_cache_mib=1, max_model_len=64),
+                       EngineConfig(block_size=4))
+    out = me.generate({"r": [5, 6, 7, 8, 9]}, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))["r"]
+    assert sum(len(o.token_ids) for o in out) == 4
+    bad = factors.copy()
+    bad[0] = -1.0
+    write_gguf(tmp_path / "bad.gguf", a, _weights(a), Q.F32, vocab, extra={"rope_freqs.weight": bad})
+    with pytest.raises(CheckpointError, match="rope_freqs.weight.*positive"):
+        open_checkpoint(tmp_path / "bad.gguf")

@@ -27,7 +27,7 @@ SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 # RoPE scalings the forward implements (engine/models/rope.py); anything else is refused
 # when the checkpoint is opened, so `janus models inspect` never approves a model that
 # would only fail once a worker builds it.
-SUPPORTED_ROPE_SCALINGS = ("linear", "llama3")
+SUPPORTED_ROPE_SCALINGS = ("linear", "llama3", "freq_factors")
 
 
 class CheckpointError(ValueError):
@@ -90,15 +90,22 @@ def validate_arch(arch: ModelArch, where: str) -> None:
     if not arch.rms_norm_eps > 0 or not arch.rope_theta > 0:
         raise CheckpointError(f"{where}: rms_norm_eps and rope_theta must be positive")
     if arch.rope_scaling is not None:
-        _validate_rope_scaling(arch.rope_scaling, where)
+        _validate_rope_scaling(arch.rope_scaling, where, arch.head_dim)
 
 
-def _validate_rope_scaling(scaling: dict[str, Any], where: str) -> None:
+def _validate_rope_scaling(scaling: dict[str, Any], where: str, head_dim: int) -> None:
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind not in SUPPORTED_ROPE_SCALINGS:
         raise CheckpointError(
             f"{where}: rope_scaling type {kind!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_SCALINGS)})"
         )
+    if kind == "freq_factors":  # per-frequency divisors, as GGUF's rope_freqs tensor gives them
+        factors = scaling.get("factors")
+        if (not isinstance(factors, list) or len(factors) != head_dim // 2
+                or not all(isinstance(f, int | float) and not isinstance(f, bool) and f > 0 for f in factors)):
+            raise CheckpointError(f"{where}: rope_scaling 'freq_factors' needs head_dim/2 = {head_dim // 2} "
+                                  "positive factors")
+        return
     factor = scaling.get("factor")
     if isinstance(factor, bool) or not isinstance(factor, int | float) or not factor > 0:
         raise CheckpointError(f"{where}: rope_scaling factor must be a number > 0, got {factor!r}")

@@ -92,9 +92,13 @@ class GGUFCheckpoint(Checkpoint):
         self._tensors: dict[str, Any] = {}
         found: dict[str, tuple[int, ...]] = {}
         stored: dict[str, str] = {}
+        rope_factors: list[float] | None = None
         for t in self._reader.tensors:
             if t.name == "rope_freqs.weight":
-                raise CheckpointError(f"{path}: tensor 'rope_freqs.weight' (llama3 rope in GGUF) is not supported")
+                # Llama 3.1-style GGUFs carry the per-frequency rope divisors as a tensor
+                # (llama.cpp computes them from the llama3 scaling when converting)
+                rope_factors = _rope_factors(t, path)
+                continue
             name = hf_name(t.name)
             if name is None:
                 raise CheckpointError(f"{path}: unexpected tensor {t.name!r}")
@@ -104,7 +108,7 @@ class GGUFCheckpoint(Checkpoint):
             self._tensors[name] = t
             found[name] = tuple(int(d) for d in reversed(t.shape.tolist()))
             stored[name] = _PLAIN.get(qtype, qtype.lower())
-        arch = self._arch(meta, found, path)
+        arch = self._arch(meta, found, path, rope_factors)
         check_tensor_set(expected_tensor_shapes(arch), found, lambda name: str(path))
         specs = {n: (s, stored[n]) for n, s in expected_tensor_shapes(arch).items()}
         tokenizer = tokenizer_from_gguf(meta, str(path))
@@ -114,7 +118,8 @@ class GGUFCheckpoint(Checkpoint):
         super().__init__(path, arch, specs, tokenizer, defaults, eos)
 
     @staticmethod
-    def _arch(meta: dict[str, Any], found: dict[str, tuple[int, ...]], path: Path) -> ModelArch:
+    def _arch(meta: dict[str, Any], found: dict[str, tuple[int, ...]], path: Path,
+              rope_factors: list[float] | None = None) -> ModelArch:
         name = meta.get("general.architecture")
         if name not in GGUF_ARCHS:
             raise CheckpointError(f"{path}: unsupported architecture {name!r} (supported in GGUF: {', '.join(GGUF_ARCHS)})")
@@ -136,6 +141,8 @@ class GGUFCheckpoint(Checkpoint):
             scaling = {"rope_type": stype, "factor": float(key("rope.scaling.factor"))}
             if f"{name}.rope.scaling.original_context_length" in meta:
                 scaling["original_max_position_embeddings"] = int(meta[f"{name}.rope.scaling.original_context_length"])
+        if rope_factors is not None:
+            scaling = {"rope_type": "freq_factors", "factors": rope_factors}
         arch = ModelArch(
             architecture=name,
             vocab_size=int(meta.get(f"{name}.vocab_size") or embd[0]),
@@ -179,3 +186,15 @@ class GGUFCheckpoint(Checkpoint):
             elif permute and name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
                 tensor = unpermute_rows(tensor, self.arch.num_key_value_heads)
             yield name, tensor
+
+
+def _rope_factors(t: Any, path: Path) -> list[float]:
+    """The rope_freqs tensor as a list of positive floats (F32/F16 only, as llama.cpp writes it)."""
+    import numpy as np
+
+    if t.tensor_type.name not in ("F32", "F16"):
+        raise CheckpointError(f"{path}: tensor 'rope_freqs.weight' has type {t.tensor_type.name}, expected F32")
+    values = np.asarray(t.data, dtype=np.float64).reshape(-1)
+    if values.size == 0 or not np.all(np.isfinite(values)) or not np.all(values > 0):
+        raise CheckpointError(f"{path}: tensor 'rope_freqs.weight' must hold positive finite factors")
+    return [float(v) for v in values]

@@ -1,7 +1,8 @@
 """Rotary position embeddings (NeoX "rotate half" form, as the HF Llama family uses).
 
 The inverse frequencies follow the checkpoint's `rope_scaling`: none/default, "linear"
-(positions divided by factor) and "llama3" (Llama 3.1's per-band rescaling). The cos/sin
+(positions divided by factor), "llama3" (Llama 3.1's per-band rescaling) and
+"freq_factors" (the same rescaling as GGUF files store it: one divisor per frequency). The cos/sin
 table is built once in float32 up to max_position_embeddings and indexed by position,
 so a step only gathers rows; it is cast to the model dtype like HF does.
 """
@@ -26,6 +27,11 @@ def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None)
         return inv
     if kind == "linear":
         return inv / float(scaling["factor"])
+    if kind == "freq_factors":  # GGUF's rope_freqs: one divisor per frequency (Llama 3.1 GGUFs)
+        factors = torch.tensor(scaling["factors"], dtype=torch.float32)
+        if factors.shape != inv.shape:
+            raise EngineError(f"rope_scaling freq_factors: {factors.numel()} factors for {inv.numel()} frequencies")
+        return inv / factors
     if kind == "llama3":
         factor = float(scaling["factor"])
         low = float(scaling.get("low_freq_factor", 1.0))
@@ -39,7 +45,7 @@ def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None)
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return torch.where(medium, smoothed, scaled)
-    raise EngineError(f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3)")
+    raise EngineError(f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3, freq_factors)")
 
 
 class RotaryTable:
