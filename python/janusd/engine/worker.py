@@ -279,7 +279,12 @@ def main(argv: list[str] | None = None) -> int:
             kind=args.kind, device_index=args.device_index, memory_bytes=args.memory_bytes, page_size=args.page_size
         )
     except Exception as e:
-        _log("cannot start the device engine:\n" + traceback.format_exc())
+        from janusd.engine.types import EngineError
+
+        # A missing runtime or a bad setting is the operator's to fix: one line, no traceback.
+        expected = isinstance(e, (EngineError, ValueError))
+        _log(f"cannot start the device engine: {e}" if expected
+             else "cannot start the device engine:\n" + traceback.format_exc())
         try:
             conn.send(wm.ErrorReply(0, f"device {args.kind}:{args.device_index}: {e}", "internal"))
         except OSError:
