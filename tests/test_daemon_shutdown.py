@@ -75,3 +75,30 @@ def test_a_second_daemon_on_a_busy_port_or_admin_socket_fails_before_loading_mod
         assert d.http("GET", "/health")[0] == 200
     finally:
         d.stop()
+
+
+def test_sighup_with_command_line_overrides_and_an_unchanged_file_reports_no_server_change(tmp_path):
+    """`janus serve --port P` then SIGHUP: the reloaded file gets the same overrides, so an
+    unchanged file is not reported as a [server] change needing a restart."""
+    import re
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tmp_path / "janusd.toml"
+    cfg.write_text(server_section(tmp_path) + "[devices]\ncount = 1\nmemory_mib = 128\n" + MODEL)
+    log = tmp_path / "log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "janusd.cli", "serve", "--config", str(cfg), "--port", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        assert wait_until(lambda: re.search(rf"serving on http://127\.0\.0\.1:{port}", log.read_text()), 120.0), \
+            log.read_text()
+        proc.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: "reload: removed" in log.read_text(), 10.0), log.read_text()
+        assert "need a restart" not in log.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0

@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from janusd.server.daemon import Daemon
 
     async def main() -> int:
-        return await Daemon(cfg, args.config).run()
+        overrides = {k: getattr(args, k) for k in ("host", "port") if getattr(args, k) is not None}
+        return await Daemon(cfg, args.config, overrides).run()
 
     try:
         return uvloop.run(main())

@@ -64,9 +64,12 @@ def _log(msg: str) -> None:
 
 
 class Daemon:
-    def __init__(self, cfg: JanusConfig, config_path: str | None = None) -> None:
+    def __init__(self, cfg: JanusConfig, config_path: str | None = None,
+                 server_overrides: dict[str, Any] | None = None) -> None:
         self.cfg = cfg
         self.config_path = config_path
+        # `janus serve --host/--port`: re-applied to a reloaded file so SIGHUP compares like with like
+        self.server_overrides = dict(server_overrides or {})
         self.state = "starting"  # starting | running | draining | stopped
         self.started_wall = time.time()
         self.started_loop = 0.0

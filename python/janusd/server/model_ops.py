@@ -31,6 +31,8 @@ async def reload(d: Daemon) -> dict[str, Any]:
     except ConfigError as e:
         _log(f"reload refused: {e}")
         return {"error": str(e)}
+    if d.server_overrides:
+        new = msgspec.structs.replace(new, server=msgspec.structs.replace(new.server, **d.server_overrides))
     if new.server != d.cfg.server or new.devices != d.cfg.devices or new.engine != d.cfg.engine:
         _log("reload: [server], [devices] and [engine] changes need a restart; applying [[models]] only")
     old = {m.name: m for m in d.cfg.models}
