@@ -120,6 +120,7 @@ def test_bad_admin_requests_get_error_replies(daemon):
     r = daemon.ctl(am.LoadReq("broken", "/no/such/checkpoint.gguf", [0]))
     assert isinstance(r, am.AdminError) and "failed to load" in r.message and "no/such" in r.message
     assert "broken" not in {m["name"] for m in daemon.ctl(am.ModelsReq()).data["models"]}
+    assert "unloading broken" not in daemon.log_text()  # nothing to free on the worker, nothing to log
     assert daemon.ctl(am.StatusReq()).data["state"] == "running"
 
 

@@ -138,6 +138,7 @@ class ModelManager:
         entry = self.models.pop(name, None)
         if entry is None:
             raise KeyError(name)
+        never_loaded = {d for d, p in entry.placements.items() if p.state == "failed"}
         for p in entry.placements.values():
             p.state = "unloading"
             if p.inst is not None:
@@ -157,6 +158,8 @@ class ModelManager:
             failed += 1
         for p in entry.placements.values():
             self.fail_instance(p, f"model {name!r} was unloaded")
+            if p.device in never_loaded:
+                continue  # its load failed: the worker holds nothing to free
             w = self.workers[p.device]
             async with self._locks[p.device]:
                 try:
