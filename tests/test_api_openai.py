@@ -183,3 +183,28 @@ def test_stream_chunks_carry_every_token_id_exactly_once(daemon):
     st, _, full = daemon.http("POST", "/v1/completions", {k: v for k, v in body.items()
                                                           if k not in ("stream", "stream_options")})
     assert st == 200 and full["choices"][0]["text"] == "".join(text)
+
+
+def test_each_model_answers_like_janus_generate(daemon):
+    """The same prompt, seed and sampling through the daemon and through `janus generate`
+    (a separate process running the same engine) give the same text and token count."""
+    import json
+    import subprocess
+    import sys
+
+    cfg = parse_config(DEFAULT_CONFIG_TOML)
+    for m in MODELS:
+        args = ["--prompt", PROMPT, "--max-tokens", "12", "--temperature", "0.9", "--top-p", "0.95", "--seed", "1234"]
+        out = subprocess.run(
+            [sys.executable, "-m", "janusd.cli", "generate", "--model", cfg.model(m).checkpoint, *args,
+             "--cache-dir", str(SHARED_CACHE), "--threads", "1", "--json"],
+            capture_output=True, text=True, timeout=240,
+        )
+        assert out.returncode == 0, out.stderr
+        cli = json.loads(out.stdout.strip().splitlines()[-1])
+        st, _, api = daemon.http("POST", "/v1/completions", {"model": m, "prompt": PROMPT, "max_tokens": 12,
+                                                             "temperature": 0.9, "top_p": 0.95, "seed": 1234})
+        assert st == 200, api
+        assert api["choices"][0]["text"] == cli["text"], m
+        assert api["usage"]["completion_tokens"] == cli["completion_tokens"] == len(cli["token_ids"])
+        assert api["usage"]["prompt_tokens"] == cli["prompt_tokens"]
