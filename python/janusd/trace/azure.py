@@ -9,7 +9,6 @@ all of them, since the two services' traces overlap in time.
 
 from __future__ import annotations
 
-import csv
 import os
 import re
 from datetime import datetime, timezone
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from janusd.trace.formats import Trace, TraceError, open_text, reading
+from janusd.trace.formats import Trace, TraceError, fixed_csv_rows, open_text, reading
 
 HEADER = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
 
@@ -35,17 +34,8 @@ def _read_one(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray, np.
     inp: list[int] = []
     out: list[int] = []
     with reading(src), open_text(path) as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header] != HEADER:
-            raise TraceError(f"{src}:1: expected the header {','.join(HEADER)}, got {header}")
         prev = -np.inf
-        for row in reader:
-            where = f"{src}:{reader.line_num}"
-            if not row:
-                continue
-            if len(row) != 3:
-                raise TraceError(f"{where}: expected 3 fields, got {len(row)}")
+        for where, row in fixed_csv_rows(src, f, HEADER):
             try:
                 t = datetime.fromisoformat(row[0].strip()).replace(tzinfo=timezone.utc).timestamp()
             except ValueError:

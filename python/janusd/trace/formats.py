@@ -23,7 +23,7 @@ import io
 import math
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,6 +193,25 @@ def reading(source: str) -> Iterator[None]:
         raise TraceError(f"{source}: broken gzip file: {e}") from None
     except csv.Error as e:
         raise TraceError(f"{source}: CSV error: {e}") from None
+
+
+def fixed_csv_rows(source: str, f: Iterable[str], header: list[str],
+                   header_text: str | None = None) -> Iterator[tuple[str, list[str]]]:
+    """Rows of a CSV with exactly `header` (checked) as (\"file:line\", fields); blank lines
+    are skipped and a row with another field count is a TraceError naming its line. Used by
+    the fixed-column inputs (public traces, devices.csv); the canonical trace has optional
+    columns and its own reader."""
+    reader = csv.reader(f)
+    got = next(reader, None)
+    if got is None or [h.strip() for h in got] != header:
+        raise TraceError(f"{source}:1: expected the header {header_text or ','.join(header)}, got {got}")
+    for row in reader:
+        if not row:
+            continue
+        where = f"{source}:{reader.line_num}"
+        if len(row) != len(header):
+            raise TraceError(f"{where}: expected {len(header)} fields, got {len(row)}")
+        yield where, row
 
 
 def _is_jsonl(path: str | os.PathLike[str]) -> bool:

@@ -11,7 +11,6 @@ Any shell that writes these files (the simulator too) gets the same report.
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ import msgspec
 import numpy as np
 
 from janusd.trace import slo
-from janusd.trace.formats import TraceError
+from janusd.trace.formats import TraceError, fixed_csv_rows, open_text, reading
 
 Status = Literal["ok", "error", "timeout"]
 
@@ -109,19 +108,13 @@ def read_devices(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray] 
     if not Path(path).is_file():
         return None
     ts, ds = [], []
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header] != ["t_s", "active_devices"]:
-            raise TraceError(f"{path}:1: expected the header t_s,active_devices")
-        for row in reader:
-            if not row:
-                continue
+    with reading(str(path)), open_text(path) as f:
+        for where, row in fixed_csv_rows(str(path), f, ["t_s", "active_devices"]):
             try:
                 ts.append(float(row[0]))
                 ds.append(float(row[1]))
-            except (ValueError, IndexError):
-                raise TraceError(f"{path}:{reader.line_num}: expected two numbers") from None
+            except ValueError:
+                raise TraceError(f"{where}: expected two numbers") from None
     return np.array(ts), np.array(ds)
 
 

@@ -25,7 +25,6 @@ start_s/duration_s and thin it with rate_scale; max_requests guards the size.
 
 from __future__ import annotations
 
-import csv
 import os
 import re
 from collections import defaultdict
@@ -33,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from janusd.trace.formats import Trace, TraceError, open_text, reading
+from janusd.trace.formats import Trace, TraceError, fixed_csv_rows, open_text, reading
 
 RATE_HEADER = ["client_id", "window_start_s", "rate_rps", "cv", "iat_dist", "iat_p1", "iat_p2"]
 RATE_WINDOW_S = 600.0
@@ -56,16 +55,7 @@ def _read_rates(path: str | os.PathLike[str], start_s: float, end_s: float) -> l
     src = str(path)
     rows = []
     with reading(src), open_text(path) as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header] != RATE_HEADER:
-            raise TraceError(f"{src}:1: expected the header {','.join(RATE_HEADER)}, got {header}")
-        for row in reader:
-            where = f"{src}:{reader.line_num}"
-            if not row:
-                continue
-            if len(row) != 7:
-                raise TraceError(f"{where}: expected 7 fields, got {len(row)}")
+        for where, row in fixed_csv_rows(src, f, RATE_HEADER):
             try:
                 client, w0 = int(row[0]), float(row[1])
                 rate, p1, p2 = float(row[2]), float(row[5]), float(row[6])
@@ -86,17 +76,8 @@ def _read_lengths(path: str | os.PathLike[str]) -> dict[tuple[int, int, str], np
     src = str(path)
     out: dict[tuple[int, int, str], np.ndarray] = {}
     with reading(src), open_text(path) as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
         want = ["client_id", "window_start_s", "field"] + [f"q{k}" for k in range(101)]
-        if header is None or [h.strip() for h in header] != want:
-            raise TraceError(f"{src}:1: expected the header client_id,window_start_s,field,q0..q100")
-        for row in reader:
-            where = f"{src}:{reader.line_num}"
-            if not row:
-                continue
-            if len(row) != 104:
-                raise TraceError(f"{where}: expected 104 fields, got {len(row)}")
+        for where, row in fixed_csv_rows(src, f, want, "client_id,window_start_s,field,q0..q100"):
             try:
                 q = np.array(row[3:], dtype=np.float64)
                 key = (int(row[0]), int(float(row[1])), row[2].strip())
