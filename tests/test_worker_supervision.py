@@ -69,7 +69,11 @@ def test_a_late_death_signal_of_the_previous_process_does_not_kill_the_restarted
         assert old is not None
         os.kill(old.pid, signal.SIGKILL)
         assert await _until(lambda: deaths, 2.0)
-        await h.start(60.0)  # the restart
+        restart = asyncio.create_task(h.start(60.0))
+        await asyncio.sleep(0)  # the restart is now spawning the new process
+        assert h.state == "starting"
+        h._died(old)  # the old process's other signal (EOF or exit) arrives meanwhile
+        await restart
         assert h.ready and h.pid != old.pid
         # the old process's watcher reports its (long past) death only now
         h._died(old)

@@ -85,6 +85,10 @@ class WorkerHandle:
     async def start(self, timeout_s: float) -> None:
         """Spawn the worker and wait for its Ready frame; raise WorkerError on failure."""
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # forget the previous process first: a signal about it that arrives while this
+        # start awaits (its EOF and its exit are seen separately) must find it stale
+        self.proc = None
+        self.pid = None
         self.state = "starting"
         cmd = [
             sys.executable, "-m", "janusd.engine.worker",
