@@ -34,6 +34,10 @@ TO_WORKER = [
     wm.Abort(6),
     wm.GetStats(7),
     wm.Shutdown(),
+    wm.ImportKV(9, "m", wm.SamplingSpec(max_tokens=8, seed=3), wm.KVExport(
+        req_id="9", model="m", block_size=16, block_bytes=4096, dtype="float32", block_ids=[3, 4],
+        global_offsets=[[(0, 4096)], [(2093056, 4096)]], num_cached_tokens=20, prompt_len=20,
+        token_ids=list(range(21)), page_ids=[0, 1], rng_state=b"\x00\x01"), "127.0.0.1:1234", 1 << 40),
 ]
 FROM_WORKER = [
     wm.Ready(10, 0, "cpu"),
@@ -44,6 +48,10 @@ FROM_WORKER = [
     wm.ErrorReply(8, "no", "bad_request"),
     wm.StepBatch([wm.TokenDelta(5, [9], "a", True, "length", 3, 1, 0.01, [-0.5])]),
     wm.RequestFailed(5, "bad", "unavailable"),
+    wm.KVReady(9, wm.KVExport(req_id="9", model="m", block_size=16, block_bytes=64, dtype="bfloat16",
+                              block_ids=[0], global_offsets=[[(0, 32), (2 << 20, 32)]], num_cached_tokens=3,
+                              prompt_len=3, token_ids=[1, 2, 3, 4]), "127.0.0.1:1", 140000000000000),
+    wm.KVImported(9, 8192, 0.002),
 ]
 
 
@@ -282,22 +290,5 @@ def test_a_client_that_leaves_while_queued_leaves_nothing_behind():
         assert d.queue_length("m") == 0 and d.requests.count() == 0 and d.requests.idle.is_set()
         assert d.sched.stats()["cancelled"] == 1
         assert isinstance(req.events.get_nowait(), Failure) and req.failure.code == "cancelled"
-
-    asyncio.run(go())
-
-
-def test_a_prefill_only_instance_is_refused_until_the_daemon_moves_kv():
-    """Known gap, stated: without P/D KV transport a role=prefill instance would never
-    finish a request, so it is never made routable and says why."""
-    from janusd.config import JanusConfig
-    from janusd.server.daemon import Daemon
-
-    async def go():
-        d = Daemon(JanusConfig(models=[ModelConfig(name="p", checkpoint="demo:llama-tiny", role="prefill")]))
-        entry = d.models.add(d.cfg.models[0], [0])
-        await d.models.load(entry, 0)
-        p = entry.placements[0]
-        assert p.state == "failed" and "P/D" in p.error and p.inst is None
-        assert entry.active == [] and d.sched.instances_of("p") == []
 
     asyncio.run(go())

@@ -80,6 +80,8 @@ class ModelConfig(_Section):
     dtype: DType = "float32"
     devices: list[NonNegInt] = []
     role: Role = "mixed"
+    # P/D: these of `devices` run prefill-only instances; the rest of `devices` decode
+    prefill_devices: list[NonNegInt] = []
     kv_cache_mib: PositiveInt = 256
     max_model_len: PositiveInt = 2048
 
@@ -176,7 +178,9 @@ max_relax = 2               # relax: at most this many extensions
 #   ttft_slo_ms = 1000.0, tpot_slo_ms = 200.0   latency targets used by dispatch
 #   dtype = "float32"   float32 | bfloat16 | float16
 #   devices = []  device indices; empty = spread round-robin over the devices
-#   role = "mixed"      mixed | decode; prefill is refused until P/D KV transfer exists
+#   role = "mixed"      mixed | decode (a decode instance also serves whole requests)
+#   prefill_devices = []   P/D: these of `devices` prefill only, the others decode; KV moves
+#                 from P to the D instance with the least decode backlog over Mooncake
 #   tp = 1        at most devices.count; tp > 1 is not implemented (one instance per device)
 #   kv_cache_mib = 256  KV cache per instance, from the device pool
 #   max_model_len = 2048   capped at the checkpoint's max_position_embeddings
@@ -218,6 +222,20 @@ def _check(cfg: JanusConfig) -> None:
                 raise ValueError(
                     f"models[{i}].devices: device {d} does not exist (devices.count = {cfg.devices.count})"
                 )
+        if m.role == "prefill":
+            raise ValueError(f"models[{i}].role: 'prefill' alone leaves no instance to decode; for P/D list the "
+                             "prefill devices in prefill_devices and the decode devices in devices")
+        if m.prefill_devices:
+            pd = set(m.prefill_devices)
+            if m.role != "mixed":
+                raise ValueError(f"models[{i}].prefill_devices: a P/D model's roles come from prefill_devices; "
+                                 f"leave role at 'mixed' (it is {m.role!r})")
+            if not pd <= set(m.devices):
+                raise ValueError(f"models[{i}].prefill_devices: {sorted(pd - set(m.devices))} not in devices "
+                                 f"{m.devices} (devices lists every instance, prefill and decode)")
+            if not set(m.devices) - pd:
+                raise ValueError(f"models[{i}].prefill_devices: every device of the model prefills; "
+                                 "at least one device in devices must be left to decode")
         if m.tp > cfg.devices.count:
             raise ValueError(f"models[{i}].tp: {m.tp} exceeds devices.count = {cfg.devices.count}")
         if m.kv_cache_mib > cfg.devices.memory_mib:

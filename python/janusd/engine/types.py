@@ -11,7 +11,8 @@ from typing import Literal
 
 import msgspec
 
-from janusd.wire.worker_msgs import SamplingSpec
+# KVExport is defined on the wire (the P/D messages carry it); the engine fills it
+from janusd.wire.worker_msgs import KVExport, SamplingSpec  # noqa: F401
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -85,30 +86,6 @@ class StepOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
     prefill_s: float | None = None
     kv_ready: bool = False
     error: str | None = None
-
-
-class KVExport(msgspec.Struct, kw_only=True):
-    """A finished prefill's KV, described by blocks of the source model's KV region.
-
-    `global_offsets[i]` lists the (offset, length) pieces of block `block_ids[i]` in the
-    source pool's global xTensor range, so a transfer engine can read them directly.
-    `token_ids` are prompt + outputs so far; the first `num_cached_tokens` have KV.
-    """
-
-    req_id: str
-    model: str
-    block_size: int
-    block_bytes: int
-    dtype: str
-    block_ids: list[int]
-    global_offsets: list[list[tuple[int, int]]]
-    num_cached_tokens: int
-    prompt_len: int
-    token_ids: list[int]
-    page_ids: list[int] = []  # the source pool's physical pages holding these blocks (sorted)
-    # the request's sampling RNG state after the tokens already produced, so a seeded
-    # request decodes the same tokens after a P/D split as it would have in one engine
-    rng_state: bytes | None = None
 
 
 class KVImport(msgspec.Struct, kw_only=True):

@@ -31,6 +31,7 @@ from typing import Any
 
 import msgspec
 
+from janusd.engine.worker_pd import Imported, PDLink
 from janusd.wire import worker_msgs as wm
 from janusd.wire.framing import BlockingFramedSocket, FrameError
 
@@ -57,6 +58,7 @@ class WorkerProc:
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.req_model: dict[int, str] = {}
         self.running = True
+        self.pd = PDLink(engine.pool, kind, self.inbox)
 
     # ---- reader thread ----
     def reader(self) -> None:
@@ -125,6 +127,7 @@ class WorkerProc:
             return
         batch = []
         failed = []
+        ready = []
         for o in outs:
             rid = int(o.req_id)
             if o.finished:
@@ -132,6 +135,8 @@ class WorkerProc:
             if o.error:
                 failed.append(wm.RequestFailed(rid, o.error, "unavailable"))
                 continue
+            if o.kv_ready:
+                ready.append((rid, o.model))
             lp = [t.logprob for t in o.logprobs] if o.logprobs else None
             batch.append(
                 wm.TokenDelta(
@@ -143,6 +148,18 @@ class WorkerProc:
             self._send(wm.StepBatch(batch))
         for f in failed:
             self._send(f)
+        for rid, model in ready:  # after the batch: the daemon sees the first token first
+            self._send(self._kv_ready(rid, model))
+
+    def _kv_ready(self, rid: int, model: str) -> Any:
+        try:
+            return self.pd.kv_ready(self.de.models[model], rid)
+        except Exception as e:
+            _log("exporting KV failed:\n" + traceback.format_exc())
+            self.req_model.pop(rid, None)
+            with _suppress():
+                self.de.models[model].abort(str(rid))
+            return wm.RequestFailed(rid, f"cannot hand the KV to a decode instance: {e}", "internal")
 
     def _fail_all(self, message: str) -> None:
         for rid, model in list(self.req_model.items()):
@@ -161,8 +178,16 @@ class WorkerProc:
         elif isinstance(msg, wm.Abort):
             model = self.req_model.pop(msg.req_id, None)
             me = self.de.models.get(model) if model else None
-            if me is not None:
+            if me is not None and not self.pd.defer_abort(msg.req_id):
                 me.abort(str(msg.req_id))
+        elif isinstance(msg, wm.ImportKV):
+            self._import(msg)
+        elif isinstance(msg, Imported):
+            reply = self.pd.finish(msg, self.de.models.get(msg.model))
+            if isinstance(reply, wm.RequestFailed):
+                self.req_model.pop(msg.req_id, None)
+            if reply is not None:
+                self._send(reply)
         elif isinstance(msg, wm.LoadModel):
             self._load(msg)
         elif isinstance(msg, _Built):
@@ -195,6 +220,22 @@ class WorkerProc:
             return
         self.req_model[msg.req_id] = msg.model
 
+    def _import(self, msg: wm.ImportKV) -> None:
+        from janusd.engine.types import RequestError, SamplingParams
+
+        me = self.de.models.get(msg.model)
+        if me is None:
+            self._send(wm.RequestFailed(msg.req_id, f"model {msg.model!r} is not loaded on this worker", "internal"))
+            return
+        try:
+            params = SamplingParams(**msgspec.structs.asdict(msg.sampling))
+            self.pd.start_import(me, msg, params)
+        except (RequestError, ValueError, TypeError, RuntimeError) as e:
+            kind = "unavailable" if "no room" in str(e) else "internal"
+            self._send(wm.RequestFailed(msg.req_id, f"cannot take over the request's KV: {e}", kind))
+            return
+        self.req_model[msg.req_id] = msg.model
+
     def _load(self, msg: wm.LoadModel) -> None:
         """Build the model on a loader thread so the models already here keep stepping;
         the main thread registers it when the build is done (a _Built in the inbox)."""
@@ -216,13 +257,26 @@ class WorkerProc:
         if built.engine is None:
             self._send(wm.ErrorReply(built.msg.seq, built.error, "bad_request"))
             return
+        if built.msg.model.role in ("prefill", "decode"):
+            try:
+                self.pd.ensure()  # P/D instances move KV through this worker's transfer engine
+            except Exception as e:
+                _log(f"starting the transfer engine failed: {e}")
+                with _suppress():
+                    built.engine.close()
+                self._send(wm.ErrorReply(built.msg.seq, f"cannot load {built.msg.model.name!r} as a "
+                                         f"{built.msg.model.role} instance: {e}", "internal"))
+                return
         me = self.de.register(built.engine)
         eos = [int(t) for t in getattr(me, "eos_token_ids", [])]
         self._send(wm.ModelLoaded(built.msg.seq, me.name, int(me.max_model_len), built.seconds, eos))
 
     def _unload(self, msg: wm.UnloadModel) -> None:
+        if not self.pd.wait_model_idle(msg.name):
+            _log(f"unloading {msg.name}: a KV transfer into it is still running after 30 s")
         for rid, model in list(self.req_model.items()):
             if model == msg.name:
+                self.pd.forget(rid)
                 self.de.models[model].abort(str(rid))
                 self._send(wm.RequestFailed(rid, f"model {model!r} was unloaded", "internal"))
                 del self.req_model[rid]
@@ -232,6 +286,12 @@ class WorkerProc:
             self._send(wm.ErrorReply(msg.seq, f"cannot unload {msg.name!r}: {e}", "bad_request"))
             return
         self._send(wm.ModelUnloaded(msg.seq, msg.name))
+
+
+def _suppress() -> Any:
+    import contextlib
+
+    return contextlib.suppress(Exception)
 
 
 def tokenize_prompt(tokenizer: Any, prompt: str | None, messages: list[wm.ChatMessage] | None) -> list[int]:

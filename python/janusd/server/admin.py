@@ -135,12 +135,15 @@ async def handle(daemon: Daemon, req: Any) -> dict[str, Any]:
         now = clock()
         for e in daemon.models.models.values():
             for p in e.placements.values():
+                role = e.role_on(p.device) if e.cfg.prefill_devices else e.cfg.role
                 rows.append({
                     "instance": p.inst.instance_id if p.inst else None, "model": p.model, "device": p.device,
-                    "state": p.state, "role": e.cfg.role, "error": p.error, "load_s": round(p.load_s, 3),
+                    "state": p.state, "role": role, "error": p.error, "load_s": round(p.load_s, 3),
                     "served": p.inst.served if p.inst else 0,
+                    "decoding": len(p.inst.decoding) if p.inst else 0,  # P/D decode backlog (sequences)
                     **_fit(daemon, p.model, p.device),
-                    "epdt_in_s": round(max(0.0, daemon.sched.epdt(p.inst, now) - now), 4) if p.inst else None,
+                    "epdt_in_s": round(max(0.0, daemon.sched.epdt(p.inst, now) - now), 4)
+                    if p.inst and p.inst.dispatched else None,
                 })
         return {"instances": rows}
     if isinstance(req, am.PoolsReq):

@@ -27,6 +27,7 @@ import msgspec
 
 from janusd.config import JanusConfig, cache_dir, dump_config
 from janusd.server import model_ops, sdnotify
+from janusd.server.kv_handoff import KVHandoff
 from janusd.server.metrics import Metrics
 from janusd.server.models import ModelEntry, ModelManager, place
 from janusd.server.openai_types import ApiError, Parsed
@@ -79,7 +80,7 @@ class Daemon:
         self.requests = RequestTable(on_finish=self._finished)
         self.sched = Scheduler(cfg.dispatch, self._on_assign, self._on_reject)
         self.workers = [
-            WorkerHandle(i, cfg.devices, self._on_batch, self._on_failed, self._on_death)
+            WorkerHandle(i, cfg.devices, self._on_batch, self._on_failed, self._on_death, self._on_kv)
             for i in range(cfg.devices.count)
         ]
         self.models = ModelManager(
@@ -87,6 +88,7 @@ class Daemon:
             cfg.server.worker_ready_timeout_s,
         )
         self.metrics = Metrics(self.snapshot)
+        self.handoff = KVHandoff(self.sched, self.requests, self.workers, self.metrics)
         self.http_port: int | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._tok_rr = 0
@@ -282,6 +284,7 @@ class Daemon:
         self.requests.fail(req.rid, Failure(499, "client closed the request", code="cancelled"))
 
     def _finished(self, req: Request) -> None:
+        self.handoff.on_finished(req)
         if not req.prefill_seen:
             self.sched.cancel(req.rid, clock())
         if not req.failed:
@@ -333,6 +336,9 @@ class Daemon:
         status = {"bad_request": 400, "unavailable": 503}.get(f.kind, 500)
         self.requests.fail(f.req_id, Failure(status, f.message, "invalid_request_error" if status == 400
                                              else "server_error"))
+
+    def _on_kv(self, w: WorkerHandle, msg: wm.KVReady | wm.KVImported) -> None:
+        self.handoff.on_message(w, msg)
 
     def _on_death(self, w: WorkerHandle) -> None:
         dev = w.device_index

@@ -101,6 +101,12 @@ class Metrics:
                                 ["model"], registry=r)
         self.rejected = Counter("janusd_rejected", "requests refused before running", ["model", "reason"],
                                 registry=r)
+        self.kv_transfers = Counter("janusd_kv_transfers", "P/D KV handoffs by outcome", ["model", "outcome"],
+                                    registry=r)
+        self.kv_bytes = Counter("janusd_kv_transfer_bytes", "P/D KV bytes moved to decode instances", ["model"],
+                                registry=r)
+        self.kv_seconds = Histogram("janusd_kv_transfer_seconds", "P/D KV transfer time on the decode worker",
+                                    ["model"], buckets=_TPOT_BUCKETS, registry=r)
         r.register(_Live(snapshot))
         self._tot: dict[str, tuple[int, int]] = {}
 
@@ -121,6 +127,13 @@ class Metrics:
         self._tot[m] = (a, b)
         if b:
             self.attainment.labels(m).set(a / b)
+
+    def kv_transfer(self, model: str, outcome: str, nbytes: int = 0, seconds: float | None = None) -> None:
+        self.kv_transfers.labels(model, outcome).inc()
+        if nbytes:
+            self.kv_bytes.labels(model).inc(nbytes)
+        if seconds is not None:
+            self.kv_seconds.labels(model).observe(seconds)
 
     def reject(self, model: str, reason: str) -> None:
         self.rejected.labels(model, reason).inc()

@@ -6,8 +6,10 @@ model's global queue (PAPER.md §2: never route to an instance that is planned b
 ready). Placement follows ModelConfig.devices; models without devices are spread
 round-robin over the devices in config order. A model with tp > 1 still gets one
 instance per listed device (tensor parallelism across workers is not implemented).
-Roles: "mixed" and "decode" instances serve whole requests (a decode engine accepts
-plain requests); "prefill" is refused until the daemon moves KV from P to D.
+Roles: a model with `prefill_devices` is P/D: those instances load with the engine role
+"prefill" and are the Dispatcher's machines, its other devices load as "decode"
+instances that only continue requests whose KV the daemon moves to them (daemon.py
+_on_kv). Every other instance serves whole requests.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import asyncio
 import sys
 import time
 from dataclasses import dataclass, field
+
+import msgspec
 
 from janusd.config import EngineConfig, ModelConfig
 from janusd.server.requests import Failure, RequestTable
@@ -48,6 +52,17 @@ class ModelEntry:
     @property
     def active(self) -> list[Placement]:
         return [p for p in self.placements.values() if p.state == "active"]
+
+    def role_on(self, device: int) -> str:
+        """The instance role on `device`: mixed, or prefill/decode for a P/D model."""
+        if not self.cfg.prefill_devices:
+            return "mixed"
+        return "prefill" if device in self.cfg.prefill_devices else "decode"
+
+    def engine_cfg(self, device: int) -> ModelConfig:
+        """The ModelConfig sent to the worker: its role is this instance's engine role."""
+        role = self.role_on(device)
+        return self.cfg if role == "mixed" else msgspec.structs.replace(self.cfg, role=role)
 
     @property
     def max_model_len(self) -> int:
@@ -93,20 +108,15 @@ class ModelManager:
         """Load entry's model on one device; on success the instance becomes Active."""
         p = entry.placements[device]
         w = self.workers[device]
-        if entry.cfg.role == "prefill":
-            # a prefill-only instance hands its KV to a decode instance; without the P/D
-            # transport in the daemon its requests would never finish, so refuse it clearly
-            p.state, p.error = "failed", "role 'prefill' needs P/D KV transfer, which the daemon does not do yet"
-            _log(f"{entry.cfg.name} on device {device}: {p.error}")
-            return
         p.state, p.error = "loading", ""
         if p.inst is None:
-            p.inst = self.sched.add_instance(entry.cfg.name, device)
+            p.inst = self.sched.add_instance(entry.cfg.name, device, entry.role_on(device))
+        cfg = entry.engine_cfg(device)
         async with self._locks[device]:
             t0 = time.monotonic()
             try:
                 reply: wm.ModelLoaded = await w.call(
-                    lambda seq: wm.LoadModel(seq, entry.cfg, self.engine, self.cache_dir), self.load_timeout_s
+                    lambda seq: wm.LoadModel(seq, cfg, self.engine, self.cache_dir), self.load_timeout_s
                 )
             except (WorkerError, asyncio.TimeoutError) as e:
                 if self.models.get(entry.cfg.name) is entry and device in entry.placements:

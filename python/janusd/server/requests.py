@@ -41,7 +41,9 @@ class Request:
     tpot_slo_s: float
     events: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     instance: Any = None  # scheduling.Instance once assigned
-    worker: Any = None  # workers.WorkerHandle once sent
+    worker: Any = None  # workers.WorkerHandle once sent (the decode worker after a P/D handoff)
+    kv_source: Any = None  # P/D: the prefill worker still holding this request's KV blocks
+    decode_inst: Any = None  # P/D: the decode instance it was handed to
     token_times: list[float] = field(default_factory=list)
     num_output_tokens: int = 0
     prefill_seen: bool = False

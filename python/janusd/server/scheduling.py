@@ -10,8 +10,10 @@ as an argument. This shell feeds it the daemon's clock (monotonic seconds) and:
   something changes (submit, prefill done, instance change), then ticks it and hands
   each (request, instance) assignment to `on_assign`, each rejection to `on_reject`;
 - marks a request's prefill done at its first token (`complete`), which updates EPDT.
-Decode routing: every instance here is role=mixed, so a request decodes where it was
-prefilled; P/D transport (prefill -> decode by least decode backlog) is later work.
+Decode routing: a request decodes where it was prefilled, except on a P/D model: its
+prefill instances are the Dispatcher's machines, its decode instances are not (they take
+no prefill work); after the first token the KV moves to the decode instance with the
+least decode backlog (`decode_target`, policy/decode_route.py).
 """
 
 from __future__ import annotations
@@ -33,8 +35,15 @@ class Instance:
     model: str
     device: int
     ready: bool = False
+    role: str = "mixed"  # mixed (whole requests) | prefill | decode: the P/D roles of a P/D model
     assigned: set[int] = field(default_factory=set)  # requests sent, prefill not yet done
     served: int = 0  # requests ever assigned to this instance
+    decoding: dict[int, int] = field(default_factory=dict)  # P/D decode: request -> max_tokens
+
+    @property
+    def dispatched(self) -> bool:
+        """Takes prefill work from the Dispatcher (every role but a P/D decode instance)."""
+        return self.role != "decode"
 
 
 class Scheduler:
@@ -64,24 +73,28 @@ class Scheduler:
         self.relaxed = 0
 
     # ---- instances ----
-    def add_instance(self, model: str, device: int) -> Instance:
-        inst = Instance(self._next_id, model, device)
+    def add_instance(self, model: str, device: int, role: str = "mixed") -> Instance:
+        inst = Instance(self._next_id, model, device, role=role)
         self._next_id += 1
         self.instances[inst.instance_id] = inst
-        self.dispatcher.add_instance(inst.instance_id, model)
-        self.dispatcher.set_instance_ready(inst.instance_id, False)
+        if inst.dispatched:
+            self.dispatcher.add_instance(inst.instance_id, model)
+            self.dispatcher.set_instance_ready(inst.instance_id, False)
         self.estimators.setdefault((model, device), PrefillEstimator())
         return inst
 
     def set_ready(self, inst: Instance, ready: bool) -> None:
         inst.ready = ready
-        self.dispatcher.set_instance_ready(inst.instance_id, ready)
+        if inst.dispatched:
+            self.dispatcher.set_instance_ready(inst.instance_id, ready)
         self._wake.set()
 
     def remove_instance(self, inst: Instance) -> list[int]:
         """Forget an instance; returns the requests it was given whose prefill was not done."""
         self.instances.pop(inst.instance_id, None)
-        returned = set(self.dispatcher.remove_instance(inst.instance_id)) | inst.assigned
+        inst.ready = False
+        queued = self.dispatcher.remove_instance(inst.instance_id) if inst.dispatched else []
+        returned = set(queued) | inst.assigned
         for rid in returned:
             self._req_instance.pop(rid, None)
         inst.assigned.clear()
@@ -92,8 +105,18 @@ class Scheduler:
         return [i for i in self.instances.values() if i.model == model]
 
     # ---- requests ----
+    def decode_target(self, model: str) -> Instance | None:
+        """The ready P/D decode instance of `model` with the least decode backlog."""
+        from janusd.policy.decode_route import DecodeLoad, least_decode_backlog
+
+        cands = [i for i in self.instances_of(model) if i.role == "decode" and i.ready]
+        loads = [DecodeLoad(i.instance_id, len(i.decoding), sum(i.decoding.values())) for i in cands]
+        pick = least_decode_backlog(loads)
+        return self.instances.get(pick) if pick is not None else None
+
     def estimate(self, model: str, tokens: int) -> float:
-        ready = [i for i in self.instances_of(model) if i.ready] or self.instances_of(model)
+        mine = [i for i in self.instances_of(model) if i.dispatched]
+        ready = [i for i in mine if i.ready] or mine
         if not ready:
             return PrefillEstimator().estimate(tokens)
         return sum(self.estimators[(i.model, i.device)].estimate(tokens) for i in ready) / len(ready)

@@ -59,12 +59,14 @@ class WorkerHandle:
         on_batch: Callable[[WorkerHandle, wm.StepBatch], None],
         on_failed: Callable[[WorkerHandle, wm.RequestFailed], None],
         on_death: Callable[[WorkerHandle], None],
+        on_kv: Callable[[WorkerHandle, wm.KVReady | wm.KVImported], None] | None = None,
     ) -> None:
         self.device_index = device_index
         self.devices = devices
         self._on_batch = on_batch
         self._on_failed = on_failed
         self._on_death = on_death
+        self._on_kv = on_kv
         self.state = "stopped"  # stopped | starting | ready | dead
         self.pid: int | None = None
         self.restarts = 0
@@ -135,12 +137,14 @@ class WorkerHandle:
                 if body is None:
                     break
                 msg = self._dec.decode(body)
-                if isinstance(msg, (wm.StepBatch, wm.RequestFailed)):
+                if isinstance(msg, (wm.StepBatch, wm.RequestFailed, wm.KVReady, wm.KVImported)):
                     try:
                         if isinstance(msg, wm.StepBatch):
                             self._on_batch(self, msg)
-                        else:
+                        elif isinstance(msg, wm.RequestFailed):
                             self._on_failed(self, msg)
+                        elif self._on_kv is not None:
+                            self._on_kv(self, msg)
                     except Exception:  # a bug in a handler must not look like a dead worker
                         traceback.print_exc()
                 else:

@@ -44,6 +44,30 @@ class ChatMessage(msgspec.Struct, array_like=True, omit_defaults=True, gc=False)
     content: str
 
 
+class KVExport(msgspec.Struct, kw_only=True):
+    """A finished prefill's KV, described by blocks of the source model's KV region.
+
+    `global_offsets[i]` lists the (offset, length) pieces of block `block_ids[i]` in the
+    source pool's global xTensor range, so a transfer engine can read them directly.
+    `token_ids` are prompt + outputs so far; the first `num_cached_tokens` have KV.
+    """
+
+    req_id: str
+    model: str
+    block_size: int
+    block_bytes: int
+    dtype: str
+    block_ids: list[int]
+    global_offsets: list[list[tuple[int, int]]]
+    num_cached_tokens: int
+    prompt_len: int
+    token_ids: list[int]
+    page_ids: list[int] = []  # the source pool's physical pages holding these blocks (sorted)
+    # the request's sampling RNG state after the tokens already produced, so a seeded
+    # request decodes the same tokens after a P/D split as it would have in one engine
+    rng_state: bytes | None = None
+
+
 # ---- daemon -> worker ----
 
 
@@ -87,7 +111,21 @@ class Shutdown(msgspec.Struct, **_OPTS):
     pass
 
 
-ToWorker = LoadModel | UnloadModel | Tokenize | Generate | Abort | GetStats | Shutdown
+class ImportKV(msgspec.Struct, **_OPTS):
+    """P/D: continue request `req_id` on this (decode-role) worker. It reserves blocks,
+    reads the prefill worker's KV bytes from `peer` (its transfer session) at
+    `peer_base` + the offsets in `kv` over Mooncake, then decodes; it answers
+    KVImported (the daemon then releases the prefill side) or RequestFailed."""
+
+    req_id: int
+    model: str
+    sampling: SamplingSpec
+    kv: KVExport
+    peer: str
+    peer_base: int
+
+
+ToWorker = LoadModel | UnloadModel | Tokenize | Generate | Abort | GetStats | Shutdown | ImportKV
 
 
 # ---- worker -> daemon ----
@@ -162,7 +200,29 @@ class RequestFailed(msgspec.Struct, **_OPTS):
     kind: Literal["bad_request", "unavailable", "internal"] = "bad_request"
 
 
-FromWorker = Ready | ModelLoaded | ModelUnloaded | Tokenized | Stats | ErrorReply | StepBatch | RequestFailed
+class KVReady(msgspec.Struct, **_OPTS):
+    """P/D: a prefill-role engine finished `req_id`'s prefill (its first token went out
+    in the StepBatch before this frame) and holds the KV for a decode worker to read
+    from `session` (this worker's Mooncake session) at `global_base` + offsets."""
+
+    req_id: int
+    kv: KVExport
+    session: str
+    global_base: int
+
+
+class KVImported(msgspec.Struct, **_OPTS):
+    """P/D: the decode worker holds `req_id`'s KV and is decoding it; the prefill side's
+    blocks may be freed. `nbytes` moved in `seconds` (for the transfer metrics)."""
+
+    req_id: int
+    nbytes: int
+    seconds: float
+
+
+FromWorker = (
+    Ready | ModelLoaded | ModelUnloaded | Tokenized | Stats | ErrorReply | StepBatch | RequestFailed | KVReady | KVImported
+)
 
 Reply = ModelLoaded | ModelUnloaded | Tokenized | Stats | ErrorReply
 

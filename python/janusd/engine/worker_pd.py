@@ -1,0 +1,147 @@
+"""The worker's half of P/D disaggregation: hand a prefilled request's KV to a decode
+worker, or take one in (PAPER.md §2 elastic instances, §7 base + offset transfer).
+
+A prefill-role engine holds a request's blocks after its first token (`kv_ready`); this
+worker then tells the daemon where they are (KVReady: block pieces as offsets in our
+pool's global region, plus our Mooncake session). The daemon picks a decode worker and
+sends it ImportKV; that worker reserves blocks (`begin_import`), READS the bytes from
+the prefill worker's global region into its own over Mooncake on a transfer thread (so
+the models already decoding here keep stepping), then starts decoding
+(`finish_import`) and reports KVImported, after which the daemon frees the prefill side.
+
+Reading (pull) rather than pushing keeps every write into a pool inside the process
+that owns it. Blocks being written to must not be reused, so an Abort that arrives while
+a request's bytes are in flight is applied only when the transfer thread is done with it.
+The transport is created on the first P/D-role model load: workers of plain deployments
+never start a transfer engine.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+import msgspec
+
+from janusd.wire import worker_msgs as wm
+
+
+class Imported(msgspec.Struct):
+    """The transfer thread's result for one import, handed back through the inbox."""
+
+    req_id: int
+    model: str
+    error: str
+    nbytes: int
+    seconds: float
+
+
+class PDLink:
+    def __init__(self, pool: Any, kind: str, inbox: queue.Queue[Any]) -> None:
+        self.pool = pool
+        self.kind = kind
+        self.inbox = inbox
+        self.transport: Any = None
+        self._jobs: queue.Queue[tuple[int, str, str, int, list[Any]]] = queue.Queue()
+        self._writing: dict[int, str] = {}  # req_id -> model while bytes arrive (transfer thread clears)
+        self._pending: set[int] = set()  # begun, not yet finished on the main thread
+        self._abort_after: set[int] = set()
+        self._idle = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def ensure(self) -> None:
+        """Start the transfer engine with our global region registered (once)."""
+        if self.transport is not None:
+            return
+        from janusd.lifecycle.transfer import GlobalRegionTransport
+
+        self.transport = GlobalRegionTransport(self.pool.global_base, self.pool.global_nbytes, kind=self.kind)
+        self._thread = threading.Thread(target=self._run, name="janusd-kv-transfer", daemon=True)
+        self._thread.start()
+
+    # ---- prefill side ----
+    def kv_ready(self, me: Any, req_id: int) -> wm.KVReady:
+        kv = me.export_kv(str(req_id))
+        return wm.KVReady(req_id, kv, self.transport.session, int(self.pool.global_base))
+
+    # ---- decode side ----
+    def start_import(self, me: Any, msg: wm.ImportKV, params: Any) -> None:
+        """Reserve blocks and queue the read; raises RequestError/TransferError/ValueError."""
+        from janusd.lifecycle.transfer import match_pieces
+
+        if self.transport is None:
+            raise RuntimeError(f"model {msg.model!r} on this worker is not a decode instance (no transfer engine)")
+        ticket = me.begin_import(msg.kv, params, str(msg.req_id))
+        try:
+            pieces = [
+                p for src, dst in zip(msg.kv.global_offsets, ticket.global_offsets, strict=True)
+                for p in match_pieces([tuple(x) for x in src], [tuple(x) for x in dst])
+            ]  # fmt: skip
+        except ValueError:
+            me.abort(str(msg.req_id))
+            raise
+        with self._idle:
+            self._writing[msg.req_id] = msg.model
+        self._pending.add(msg.req_id)
+        self._jobs.put((msg.req_id, msg.model, msg.peer, msg.peer_base, pieces))
+
+    def _run(self) -> None:
+        while True:
+            rid, model, peer, base, pieces = self._jobs.get()
+            t0 = time.perf_counter()
+            try:
+                n = self.transport.read(peer, base, pieces)
+                err = ""
+            except Exception as e:  # a dead peer, a refused read: this request fails, not the worker
+                n, err = 0, f"{type(e).__name__}: {e}"
+            with self._idle:
+                self._writing.pop(rid, None)
+                self._idle.notify_all()
+            self.inbox.put(Imported(rid, model, err, n, time.perf_counter() - t0))
+
+    def finish(self, done: Imported, me: Any) -> Any:
+        """Main thread: apply a finished transfer; returns the message for the daemon (or None)."""
+        if done.req_id not in self._pending:
+            return None  # forgotten (its model was unloaded while the bytes arrived)
+        self._pending.discard(done.req_id)
+        if me is None:
+            return None  # the model went away meanwhile; its blocks went with it
+        if done.req_id in self._abort_after:
+            self._abort_after.discard(done.req_id)
+            me.abort(str(done.req_id))
+            return None
+        if done.error:
+            me.abort(str(done.req_id))
+            return wm.RequestFailed(done.req_id, f"KV transfer from the prefill worker failed: {done.error}",
+                                    "unavailable")
+        me.finish_import(str(done.req_id))
+        return wm.KVImported(done.req_id, done.nbytes, done.seconds)
+
+    def defer_abort(self, req_id: int) -> bool:
+        """An Abort for a request whose bytes are still arriving waits for the transfer."""
+        if req_id in self._pending:
+            self._abort_after.add(req_id)
+            return True
+        return False
+
+    def forget(self, req_id: int) -> None:
+        """The request was dropped with its model; a late transfer result is ignored."""
+        self._pending.discard(req_id)
+        self._abort_after.discard(req_id)
+
+    def wait_model_idle(self, model: str, timeout_s: float = 30.0) -> bool:
+        """Before a model is unloaded: no transfer may still write into its blocks."""
+        deadline = time.monotonic() + timeout_s
+        with self._idle:
+            while model in self._writing.values():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
