@@ -173,3 +173,56 @@ def test_kill9_of_a_decode_worker_fails_only_its_requests(daemon):
     ref = _complete(daemon, "ref", prompt="after the restart", max_tokens=12, ignore_eos=True, temperature=0.0)
     out = _complete(daemon, "pd", prompt="after the restart", max_tokens=12, ignore_eos=True, temperature=0.0)
     assert out["choices"][0]["text"] == ref["choices"][0]["text"]
+
+
+UNLOAD_CONFIG = """
+[devices]
+count = 2
+memory_mib = 256
+
+[[models]]
+name = "pd"
+checkpoint = "demo:llama-tiny"
+kv_cache_mib = 32
+devices = [0, 1]
+prefill_devices = [0]
+"""
+
+
+def test_unload_lets_a_request_still_prefilling_finish_on_its_decode_instance():
+    """`janus ctl unload` drains: a request whose prefill is under way when the unload
+    begins must still be handed to the decode instance and finish, not be failed at its
+    handoff because the drain took the decode instances out of routing."""
+    import threading
+
+    d = start_daemon(server_section(Path("@RUN@")) + UNLOAD_CONFIG)
+    prefill_pid = d.worker_pids()[0]
+    try:
+        os.kill(prefill_pid, signal.SIGSTOP)  # the request waits on the prefill worker, assigned
+        out: dict[str, object] = {}
+        body = {"model": "pd", "prompt": list(range(5, 25)), "max_tokens": 16, "ignore_eos": True,
+                "temperature": 0.0}
+        t_req = threading.Thread(target=lambda: out.setdefault("req", d.http("POST", "/v1/completions", body)))
+        t_req.start()
+
+        def assigned():
+            st, _, m = d.http("GET", "/metrics")
+            return "janusd_dispatch_assigned_total 1.0" in m
+
+        assert wait_until(assigned, 10.0), d.http("GET", "/metrics")[2]
+        t_unl = threading.Thread(target=lambda: out.setdefault("unload", d.ctl(am.UnloadReq("pd"))))
+        t_unl.start()
+        assert wait_until(lambda: ("pd", 0) not in _instances(d), 10.0)  # the unload is draining
+        os.kill(prefill_pid, signal.SIGCONT)
+        t_req.join(30.0)
+        t_unl.join(30.0)
+        st, _, res = out["req"]
+        assert st == 200, res
+        assert res["usage"]["completion_tokens"] == 16
+        assert out["unload"].data == {"unloaded": "pd", "failed_requests": 0}
+        st, _, m = d.http("GET", "/metrics")
+        assert 'janusd_kv_transfers_total{model="pd",outcome="ok"} 1.0' in m
+        assert "no_decode_instance" not in m
+    finally:
+        os.kill(prefill_pid, signal.SIGCONT)
+        d.stop()

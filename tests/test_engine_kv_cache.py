@@ -75,7 +75,7 @@ def test_scheduler_invariants_and_progress(reqs, capacity, budget, max_seqs) -> 
     for _ in range(2000):
         if not sched.has_work():
             break
-        out = sched.schedule()
+        out = sched.schedule(0.0)
         assert out.num_tokens <= budget and len(sched.running) <= max_seqs and not out.failed
         for it in out.items:
             assert it.start == it.seq.num_computed and it.n >= 1
@@ -102,12 +102,12 @@ def test_preemption_picks_youngest() -> None:
     old, mid, young = _seq(0, 4, 8), _seq(1, 4, 8), _seq(2, 4, 8)
     for s in (old, mid, young):
         sched.add(s)
-    out = sched.schedule()
+    out = sched.schedule(0.0)
     assert [it.seq for it in out.items] == [old, mid, young] and alloc.num_free == 0
     sched.complete(out)
     for s in (old, mid, young):
         s.tokens.append(9)  # each now needs a second block
-    out = sched.schedule()
+    out = sched.schedule(0.0)
     # old needs a block: the youngest (young) is preempted; mid then needs one: young's
     # freed block went to old, so mid preempts... itself, being the youngest left
     assert [it.seq for it in out.items] == [old]
@@ -173,9 +173,9 @@ def test_paged_cache_stops_at_pool_exhaustion() -> None:
 
 
 def test_a_sequence_that_alone_outgrows_the_blocks_fails_instead_of_looping() -> None:
-    """2 blocks of 4 tokens; `big` needs 3 (4 prompt + 8 outputs). Preempting itself and
-    recomputing would hit the same wall forever: it must fail, free its blocks, and let
-    the request behind it run."""
+    """2 blocks of 4 tokens; `big` needs 3 (4 prompt + 8 outputs), more than the allocator
+    can ever hold: waiting could never help, so it fails at once (not after a wait, not
+    after computing tokens it can never finish) and the request behind it runs."""
     alloc = BlockAllocator(2)
     sched = Scheduler(4, 8, 100, alloc)
     big, small = _seq(0, 4, 8), _seq(1, 2, 2)
@@ -185,7 +185,7 @@ def test_a_sequence_that_alone_outgrows_the_blocks_fails_instead_of_looping() ->
     for _ in range(50):
         if not sched.has_work():
             break
-        out = sched.schedule()
+        out = sched.schedule(0.0)
         failed += out.failed
         assert all(s.blocks == [] and s not in sched.running for s in out.failed)
         sched.complete(out)
@@ -196,7 +196,7 @@ def test_a_sequence_that_alone_outgrows_the_blocks_fails_instead_of_looping() ->
                     sched.remove(it.seq)
                     finished.append(it.seq)
     assert failed == [big] and finished == [small]
-    assert big.num_output == 5  # 8 tokens fill its 2 blocks; the 9th (5th output) needs a 3rd
+    assert big.num_output == 0 and "can never run here" in big.fail_reason  # failed at once, no wasted work
     assert not sched.has_work() and alloc.num_used == 0
 
 
@@ -211,10 +211,10 @@ def test_preemption_picks_youngest_even_after_an_import_ran_ahead() -> None:
     imported.tokens.append(9)
     sched.add_running(imported)
     sched.add(older)
-    out = sched.schedule()
+    out = sched.schedule(0.0)
     assert {it.seq.req_id for it in out.items} == {"r1", "r2"} and alloc.num_free == 0
     sched.complete(out)
     for s in (older, imported):
         s.tokens.append(9)  # older now needs a second block
-    out = sched.schedule()
+    out = sched.schedule(0.0)
     assert out.preempted == [imported] and [it.seq for it in out.items] == [older]

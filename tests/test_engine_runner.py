@@ -195,11 +195,14 @@ def test_any_budget_block_size_and_mix_gives_the_alone_output(device, ckpt, alon
 
 
 def test_request_outgrowing_pages_another_owner_holds_fails_then_runs_once_freed(ckpt, alone, weight_pages) -> None:
-    """p1 needs 8 blocks (9 + 20 tokens) = 4 pages; another owner holds all but 2. The
-    request must end with an error (not preempt-and-recompute itself forever), give its
-    pages back, and run normally once the other owner lets go."""
+    """p1 needs 8 blocks (9 + 20 tokens) = 4 pages; another owner holds all but 2. With
+    kv_wait_timeout_s = 0 (no waiting for pages; the waiting path is in
+    test_engine_kv_wait.py) the request must end with an error at once (not
+    preempt-and-recompute itself forever), give its pages back, and run normally once the
+    other owner lets go."""
     de = DeviceEngine(kind="cpu", memory_bytes=(weight_pages + 8) * 4096, page_size=4096, kv_cache_pages=(0, 0))
-    me = de.load_model(ModelConfig(name="m", checkpoint=ckpt, kv_cache_mib=1), EngineConfig(block_size=4))
+    me = de.load_model(ModelConfig(name="m", checkpoint=ckpt, kv_cache_mib=1),
+                       EngineConfig(block_size=4, kv_wait_timeout_s=0.0))
     de.pool.alloc_weights("other", 6 * 4096)
     me.add_request("r", PROMPTS["p1"], GREEDY)
     outs = []
@@ -208,7 +211,7 @@ def test_request_outgrowing_pages_another_owner_holds_fails_then_runs_once_freed
             break
         outs += me.step()
     assert not me.has_work() and outs[-1].finished and outs[-1].finish_reason == "abort"
-    assert "KV cache exhausted" in (outs[-1].error or "")
+    assert "KV cache exhausted" in (outs[-1].error or "") and me.stats.preemptions == 0
     assert me.seqs == {} and me.kv.alloc.num_used == 0 and me.kv.region.mapped_pages == 0
     de.pool.free("other")
     assert _tokens(me.generate({"r": PROMPTS["p1"]}, GREEDY))["r"] == alone["p1"]

@@ -79,3 +79,207 @@ def test_the_scheduler_sends_prefill_work_only_to_prefill_instances_and_hands_of
     s.set_ready(d2, False)
     assert s.decode_target("m") is None
     assert s.remove_instance(d1) == [] and s.pending("m") == 0
+
+
+# ---- the daemon's side of a handoff (server/kv_handoff.py), real objects, no processes ----
+
+
+def _pd_daemon():
+    from janusd.server.daemon import Daemon
+
+    cfg = parse_config(BASE + "devices = [0, 1]\nprefill_devices = [0]\n")
+    d = Daemon(cfg)
+    p = d.sched.add_instance("m", 0, "prefill")
+    dec = d.sched.add_instance("m", 1, "decode")
+    for inst in (p, dec):
+        d.sched.set_ready(inst, True)
+    return d, dec
+
+
+def _prefilled(d):
+    """A request whose first token came from the prefill worker (device 0)."""
+    from janusd.server.requests import Request
+    from janusd.wire import worker_msgs as wm
+
+    req = Request(d.requests.new_id(), "m", [5, 6, 7], wm.SamplingSpec(max_tokens=8), 0.0, 1.0, 1.0)
+    d.requests.add(req)
+    req.worker, req.prefill_seen, req.num_output_tokens = d.workers[0], True, 1
+    return req
+
+
+def _kv(rid: int):
+    from janusd.wire import worker_msgs as wm
+
+    return wm.KVExport(req_id=str(rid), model="m", block_size=16, block_bytes=4096, dtype="float32", block_ids=[3],
+                       global_offsets=[[(12288, 4096)]], num_cached_tokens=3, prompt_len=3, token_ids=[5, 6, 7, 9])
+
+
+def test_a_handoff_that_cannot_be_sent_counts_one_failed_transfer():
+    from janusd.wire import worker_msgs as wm
+
+    d, dec = _pd_daemon()
+    req = _prefilled(d)
+    # the decode worker is not running (never started here): the send fails
+    d._on_kv(d.workers[0], wm.KVReady(req.rid, _kv(req.rid), "127.0.0.1:1", 1 << 30))
+    assert req.failed and req.failure.status == 503 and "decode worker for device 1" in req.failure.message
+    assert dec.decoding == {}
+    get = d.metrics.registry.get_sample_value
+    assert get("janusd_kv_transfers_total", {"model": "m", "outcome": "failed"}) == 1.0
+
+
+def test_a_client_leaving_during_a_transfer_counts_as_cancelled_not_failed():
+    d, dec = _pd_daemon()
+    req = _prefilled(d)
+    req.kv_source, req.worker, req.decode_inst = d.workers[0], d.workers[1], dec  # ImportKV sent
+    dec.decoding[req.rid] = 7
+    d.cancel(req)
+    assert req.failed and dec.decoding == {}
+    get = d.metrics.registry.get_sample_value
+    assert get("janusd_kv_transfers_total", {"model": "m", "outcome": "cancelled"}) == 1.0
+    assert get("janusd_kv_transfers_total", {"model": "m", "outcome": "failed"}) is None
+
+
+def test_a_failure_report_from_the_prefill_worker_after_the_handoff_does_not_end_the_request():
+    """After KVImported the request decodes on device 1; the prefill worker may still report
+    it failed (its engine failed before the daemon's Abort reached it): that is stale."""
+    from janusd.wire import worker_msgs as wm
+
+    d, dec = _pd_daemon()
+    req = _prefilled(d)
+    req.worker, req.decode_inst = d.workers[1], dec  # handed off and imported
+    dec.decoding[req.rid] = 7
+    d._on_failed(d.workers[0], wm.RequestFailed(req.rid, "the engine failed during a step", "internal"))
+    assert not req.done and req.rid in d.requests.by_id
+    d._on_failed(d.workers[1], wm.RequestFailed(req.rid, "KV cache exhausted", "unavailable"))
+    assert req.failed and req.failure.status == 503 and dec.decoding == {}
+
+
+# ---- the worker's side (engine/worker.py + worker_pd.py), a real engine in process ----
+
+
+def test_an_engine_failure_while_kv_bytes_arrive_frees_the_blocks_only_after_the_transfer(tmp_path):
+    """A step failure fails every request of the worker; an import whose bytes are still
+    being written must keep its blocks until the transfer thread is done with them (else a
+    new request reuses them under the write), and the late result must not crash the loop."""
+    import socket
+
+    from engine_fixtures import write_hf_checkpoint
+    from janusd.config import EngineConfig, ModelConfig
+    from janusd.engine.device_engine import DeviceEngine
+    from janusd.engine.runner import SamplingParams
+    from janusd.engine.worker import WorkerProc
+    from janusd.engine.worker_pd import Imported
+    from janusd.wire import worker_msgs as wm
+    from janusd.wire.framing import BlockingFramedSocket
+
+    ck = str(write_hf_checkpoint(tmp_path / "ck", "llama", seed=0)[0])
+    de = DeviceEngine(memory_bytes=16 << 20, page_size=64 << 10)
+    eng = EngineConfig(block_size=4, max_num_batched_tokens=24, max_num_seqs=8)
+    p = de.load_model(ModelConfig(name="p", checkpoint=ck, kv_cache_mib=1, max_model_len=128, role="prefill"), eng)
+    dm = de.load_model(ModelConfig(name="d", checkpoint=ck, kv_cache_mib=1, max_model_len=128, role="decode"), eng)
+    spec = wm.SamplingSpec(max_tokens=8, temperature=0.0, ignore_eos=True)
+    p.add_request("7", list(range(30, 43)), SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    while p.has_work():
+        p.step()
+    kv = p.export_kv("7")
+    a, b = socket.socketpair()
+    wp = WorkerProc(BlockingFramedSocket(a), de, 0, "cpu")
+    wp.pd.transport = "none: this test plays the transfer thread"  # start_import queues, nothing reads
+    wp._handle(wm.ImportKV(7, "d", spec, kv, "127.0.0.1:1", 1 << 30))
+    held = dm.kv.alloc.num_used
+    assert held == 4 and dm.num_requests() == 1
+    wp._fail_all("the engine failed during a step (see the worker log)")  # what _step does on an exception
+    assert dm.kv.alloc.num_used == held  # still being written: not free for reuse yet
+    wp._handle(Imported(7, "d", "", 4 * kv.block_bytes, 0.01))  # the transfer thread is done
+    assert dm.num_requests() == 0 and dm.kv.alloc.num_used == 0
+    a.close()
+    rx, dec = BlockingFramedSocket(b), wm.from_worker_decoder()
+    sent = []
+    while (body := rx.recv()) is not None:
+        sent.append(dec.decode(body))
+    assert [type(m).__name__ for m in sent] == ["RequestFailed"] and sent[0].req_id == 7
+
+
+def test_a_decode_role_model_outside_pd_loads_without_a_transfer_engine(tmp_path):
+    """role = "decode" without prefill_devices serves whole requests and is never sent KV:
+    it must not need Mooncake (which moves host memory only, so on a GPU device the load
+    would fail) nor start one; a P/D model's instance does start it."""
+    import socket
+
+    from engine_fixtures import write_hf_checkpoint
+    from janusd.config import EngineConfig, ModelConfig
+    from janusd.engine.device_engine import DeviceEngine
+    from janusd.engine.worker import WorkerProc
+    from janusd.wire import worker_msgs as wm
+    from janusd.wire.framing import BlockingFramedSocket
+
+    ck = str(write_hf_checkpoint(tmp_path / "ck", "llama", seed=0)[0])
+    a, b = socket.socketpair()
+    wp = WorkerProc(BlockingFramedSocket(a), DeviceEngine(memory_bytes=16 << 20, page_size=64 << 10), 0, "cpu")
+    cfg = ModelConfig(name="d", checkpoint=ck, kv_cache_mib=1, max_model_len=128, role="decode")
+    wp._handle(wm.LoadModel(1, cfg, EngineConfig(block_size=4), ""))
+    wp._handle(wp.inbox.get(timeout=60))  # the loader thread's result
+    assert "d" in wp.de.models and wp.pd.transport is None
+    a.close()
+    body = BlockingFramedSocket(b).recv()
+    assert isinstance(wm.from_worker_decoder().decode(body), wm.ModelLoaded)
+
+
+@pytest.mark.parametrize("devices", [[1, 2], [0]])
+def test_ctl_load_of_a_pd_model_on_other_devices_keeps_its_prefill_and_decode_split(devices):
+    """`janus ctl load m --devices ...` of a config P/D model: devices that drop its prefill
+    devices (no instance takes prefill work) or leave none to decode are refused up front."""
+    import asyncio
+
+    from janusd.server import model_ops
+    from janusd.server.daemon import Daemon
+
+    d = Daemon(parse_config(BASE + "devices = [0, 1, 2]\nprefill_devices = [0]\n"))
+    with pytest.raises(ValueError, match=r"devices: 'm' is a P/D model with prefill_devices \[0\]"):
+        asyncio.run(model_ops.load_model(d, "m", None, devices))
+    assert d.models.models == {} and d.sched.instances == {}
+
+
+def test_an_unload_waits_for_kv_bytes_arriving_without_stalling_the_worker(tmp_path):
+    """UnloadModel while a transfer still writes into the model's blocks: the main thread
+    must not block on it (the other models here keep stepping); the unload is applied,
+    and answered, once the transfer thread is done with those blocks."""
+    import socket
+    import time
+
+    from engine_fixtures import write_hf_checkpoint
+    from janusd.config import EngineConfig, ModelConfig
+    from janusd.engine.device_engine import DeviceEngine
+    from janusd.engine.runner import SamplingParams
+    from janusd.engine.worker import WorkerProc
+    from janusd.wire import worker_msgs as wm
+    from janusd.wire.framing import BlockingFramedSocket
+
+    ck = str(write_hf_checkpoint(tmp_path / "ck", "llama", seed=0)[0])
+    de = DeviceEngine(memory_bytes=16 << 20, page_size=64 << 10)
+    eng = EngineConfig(block_size=4, max_num_batched_tokens=24, max_num_seqs=8)
+    p = de.load_model(ModelConfig(name="p", checkpoint=ck, kv_cache_mib=1, max_model_len=128, role="prefill"), eng)
+    dm = de.load_model(ModelConfig(name="d", checkpoint=ck, kv_cache_mib=1, max_model_len=128, role="decode"), eng)
+    p.add_request("7", list(range(30, 43)), SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    while p.has_work():
+        p.step()
+    a, b = socket.socketpair()
+    wp = WorkerProc(BlockingFramedSocket(a), de, 0, "cpu")
+    wp.pd.transport = "none: this test plays the transfer thread"
+    spec = wm.SamplingSpec(max_tokens=8, temperature=0.0, ignore_eos=True)
+    wp._handle(wm.ImportKV(7, "d", spec, p.export_kv("7"), "127.0.0.1:1", 1 << 30))
+    wp._handle(wm.Abort(7))  # the daemon ends the request, then unloads the model
+    t0 = time.monotonic()
+    wp._handle(wm.UnloadModel(5, "d"))
+    assert time.monotonic() - t0 < 1.0  # not blocked on the transfer
+    assert "d" in de.models and dm.kv.alloc.num_used == 4  # the bytes may still land there
+    wp.pd._job_done(7, "d", "", 4 * dm.kv.block_bytes, 0.01)  # what the transfer thread does at the end
+    while not wp.inbox.empty():
+        wp._handle(wp.inbox.get_nowait())
+    assert "d" not in de.models and "p" in de.models
+    a.close()
+    rx, dec = BlockingFramedSocket(b), wm.from_worker_decoder()
+    sent = []
+    while (body := rx.recv()) is not None:
+        sent.append(dec.decode(body))
+    assert [type(m).__name__ for m in sent] == ["ModelUnloaded"] and sent[0].seq == 5

@@ -96,6 +96,9 @@ class EngineConfig(_Section):
     block_size: PositiveInt = 16
     max_num_seqs: PositiveInt = 32
     max_num_batched_tokens: PositiveInt = 512
+    # how long a request may wait for KV pages held by other requests before it fails
+    # (0: fail at once); engine/scheduler.py
+    kv_wait_timeout_s: Annotated[float, Meta(ge=0)] = 30.0
 
 
 class ControlConfig(_Section):
@@ -157,6 +160,7 @@ torch_threads = 0           # torch threads per worker; 0 = host cores / count (
 block_size = 16             # tokens per KV block
 max_num_seqs = 32           # running sequences per model
 max_num_batched_tokens = 512   # token budget of one engine step
+kv_wait_timeout_s = 30.0    # a request waits this long for KV pages others hold, then fails (0: at once)
 
 [control]
 # Not used yet: the two control loops are not built; the keys are accepted and checked.

@@ -15,6 +15,7 @@ torch_npu, imported only when configured; a missing runtime is one clear EngineE
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,8 @@ class DeviceEngine:
                 low, high = self._kv_cache_pages
                 region = self.pool.kv_region(name, model_cfg.kv_cache_mib << 20, cache_low=low, cache_high=high)
             kv = PagedKVCache(region, arch, dtype, engine_cfg.block_size)
+            # its own weights never leave while it serves: KV beyond the rest of the pool never fits
+            max_kv_blocks = kv.blocks_within(self.pool.num_pages - len(seg.page_ids))
         except XTensorError as e:
             self._release(name)
             raise EngineError(f"model {name!r}: device memory: {e}") from None
@@ -126,6 +129,7 @@ class DeviceEngine:
             max_model_len=min(model_cfg.max_model_len, arch.max_position_embeddings),
             max_num_seqs=engine_cfg.max_num_seqs, max_num_batched_tokens=engine_cfg.max_num_batched_tokens,
             role=model_cfg.role, dtype_name=model_cfg.dtype,
+            kv_wait_timeout_s=engine_cfg.kv_wait_timeout_s, max_kv_blocks=max_kv_blocks,
         )
         me.checkpoint = ck  # type: ignore[attr-defined]
         me.weight_bytes = plan.total_bytes  # type: ignore[attr-defined]
@@ -154,11 +158,18 @@ class DeviceEngine:
     def has_work(self) -> bool:
         return any(m.has_work() for m in self.models.values())
 
+    def waiting_for_pages(self) -> bool:
+        """Every model with work scheduled nothing in its last step (they wait for KV
+        pages): the caller should wait briefly rather than step again at once."""
+        busy = [m for m in self.models.values() if m.has_work()]
+        return bool(busy) and all(m.waiting_for_pages() for m in busy)
+
     def step(self) -> list[StepOutput]:
         out: list[StepOutput] = []
+        now = time.monotonic()
         for me in list(self.models.values()):
             if me.has_work():
-                out += me.step()
+                out += me.step(now)
         return out
 
     def shrink_kv(self) -> int:

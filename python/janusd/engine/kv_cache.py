@@ -36,6 +36,11 @@ class BlockAllocator:
         return len(self._free)
 
     @property
+    def max_blocks(self) -> int:
+        """A standalone allocator never holds more than its capacity (the scheduler's ceiling)."""
+        return self.capacity
+
+    @property
     def num_used(self) -> int:
         return len(self._used)
 
@@ -106,6 +111,12 @@ class PagedKVCache:
 
     def _pages_for(self, blocks: int) -> int:
         return -(-blocks * self.block_bytes // self.page_size)
+
+    def blocks_within(self, pages: int) -> int:
+        """The most blocks this cache could ever map with `pages` pool pages (capped by the
+        region): with pages = the pool less this model's weights, the ceiling beyond which
+        a request can never fit, however long it waits for other owners' pages."""
+        return self._usable(max(0, pages))
 
     @property
     def num_free_blocks(self) -> int:

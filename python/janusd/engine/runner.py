@@ -34,6 +34,10 @@ from janusd.engine.types import EngineError, RequestError, SamplingParams, StepO
 
 __all__ = ["EngineStats", "ModelEngine", "RequestError", "SamplingParams", "StepOutput", "TokenLogprob", "EngineError"]
 
+# How long a stalled engine's caller waits before stepping again (worker: on its inbox,
+# so a new message still wakes it at once): short next to a step, long next to a spin.
+STALL_WAIT_S = 0.005
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -71,6 +75,7 @@ class EngineStats:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     preemptions: int = 0
+    stalled_steps: int = 0  # steps that scheduled nothing: every request waited for KV pages
 
     @property
     def overhead_share(self) -> float:
@@ -83,7 +88,10 @@ class ModelEngine(KVTransferMixin):
 
     def __init__(self, name: str, model: LlamaModel, kv: Any, tokenizer: Any, *, eos_token_ids: list[int],
                  max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int, role: str = "mixed",
-                 dtype_name: str = "float32") -> None:
+                 dtype_name: str = "float32", kv_wait_timeout_s: float = 30.0, max_kv_blocks: int | None = None) -> None:
+        """`kv_wait_timeout_s`: how long a request may wait for KV pages other requests hold
+        (scheduler.py); `max_kv_blocks`: the most blocks this model can ever hold (None: the
+        KV region's maximum; DeviceEngine passes the pool less this model's weights too)."""
         if role not in ("mixed", "prefill", "decode"):
             raise EngineError(f"role {role!r} is not one of mixed, prefill, decode")
         self.name = name
@@ -98,7 +106,8 @@ class ModelEngine(KVTransferMixin):
         self.block_size = kv.block_size
         self.device = model.device
         self._stream = model_stream(self.device)
-        self.scheduler = Scheduler(kv.block_size, max_num_seqs, max_num_batched_tokens, kv)
+        self.scheduler = Scheduler(kv.block_size, max_num_seqs, max_num_batched_tokens, kv,
+                                   kv_wait_timeout_s=kv_wait_timeout_s, max_blocks=max_kv_blocks)
         self.seqs: dict[str, Sequence] = {}
         self.stats = EngineStats()
         self._arrivals = itertools.count()
@@ -106,6 +115,7 @@ class ModelEngine(KVTransferMixin):
         self._kv_layers = kv.layers
         self.closed = False
         self._freed = False  # this step freed KV blocks: shrink the region after it
+        self._stalled = False  # the last step scheduled nothing: its requests wait for KV pages
         # tests and tools may observe the float32 logits each sampled row came from
         self.logit_sink: Callable[[str, torch.Tensor], None] | None = None
 
@@ -168,6 +178,12 @@ class ModelEngine(KVTransferMixin):
     def has_work(self) -> bool:
         return not self.closed and self.scheduler.has_work()
 
+    def waiting_for_pages(self) -> bool:
+        """The last step could schedule nothing: every request here waits for KV pages that
+        other owners hold. Stepping again at once would do nothing either, so the caller
+        should wait a little (worker: on its inbox) instead of spinning."""
+        return self._stalled and self.has_work()
+
     def close(self) -> None:
         """Drop every view into device memory (before the pool frees this model's pages)."""
         self.closed = True
@@ -184,13 +200,16 @@ class ModelEngine(KVTransferMixin):
         return self.kv.shrink()
 
     # ---- the step -------------------------------------------------------------------
-    def step(self) -> list[StepOutput]:
+    def step(self, now: float | None = None) -> list[StepOutput]:
+        """`now`: time.monotonic() seconds (read here when None), the clock of KV waits."""
         if self.closed:
             raise EngineError(f"model {self.name!r} was unloaded")
         t0 = time.perf_counter()
-        sched = self.scheduler.schedule()
+        sched = self.scheduler.schedule(time.monotonic() if now is None else now)
         self.stats.preemptions += len(sched.preempted)
         self._freed = bool(sched.preempted or sched.failed)
+        self._stalled = not sched.items and not sched.failed
+        self.stats.stalled_steps += int(self._stalled)
         outputs = [self._fail(seq) for seq in sched.failed]
         if not sched.items:
             self._return_free_pages()
@@ -280,7 +299,7 @@ class ModelEngine(KVTransferMixin):
         seq.status = Status.FINISHED
         return StepOutput(req_id=seq.req_id, model=self.name, finished=True, finish_reason="abort",
                           num_prompt_tokens=seq.prompt_len, num_output_tokens=seq.num_output,
-                          error="KV cache exhausted: the device pool cannot supply a KV block for this request")
+                          error=seq.fail_reason or "KV cache exhausted: the device pool cannot supply a KV block")
 
     # ---- convenience ----------------------------------------------------------------
     def generate(self, prompts: dict[str, list[int]], params: SamplingParams | dict[str, SamplingParams]) -> dict[str, list[StepOutput]]:
@@ -291,4 +310,6 @@ class ModelEngine(KVTransferMixin):
         while self.has_work():
             for o in self.step():
                 outs.setdefault(o.req_id, []).append(o)
+            if self.waiting_for_pages():  # pages held elsewhere; kv_wait_timeout_s bounds this
+                time.sleep(STALL_WAIT_S)
         return outs

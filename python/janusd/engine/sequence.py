@@ -49,6 +49,8 @@ class Sequence:
         self.prefill_s = 0.0
         self.prefill_reported = False
         self.max_stop = max((len(s) for s in params.stop), default=0)
+        self.kv_wait_since: float | None = None  # scheduler clock when it began waiting for KV pages
+        self.fail_reason = ""  # why the scheduler failed it (Schedule.failed)
 
     @property
     def num_tokens(self) -> int:

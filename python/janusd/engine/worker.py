@@ -36,6 +36,11 @@ from janusd.wire import worker_msgs as wm
 from janusd.wire.framing import BlockingFramedSocket, FrameError
 
 
+# wait on the inbox this long when every model waits for KV pages (no torch import here:
+# the same value as runner.STALL_WAIT_S, which generate() sleeps)
+_STALL_WAIT_S = 0.005
+
+
 def _log(msg: str) -> None:
     print(f"janusd-worker[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
 
@@ -103,8 +108,11 @@ class WorkerProc:
         self._send(wm.Ready(os.getpid(), self.device_index, self.kind))
         while self.running:
             busy = self.de.has_work()
+            # requests waiting for KV pages other owners hold: a step now would do nothing,
+            # so wait briefly on the inbox (a message still wakes us at once), never spin
+            wait = (_STALL_WAIT_S if self.de.waiting_for_pages() else 0.0) if busy else 0.5
             try:
-                msg = self.inbox.get_nowait() if busy else self.inbox.get(timeout=0.5)
+                msg = self.inbox.get(timeout=wait) if wait else self.inbox.get_nowait()
             except queue.Empty:
                 msg = None
             while msg is not None:
@@ -164,7 +172,7 @@ class WorkerProc:
     def _fail_all(self, message: str) -> None:
         for rid, model in list(self.req_model.items()):
             me = self.de.models.get(model)
-            if me is not None:
+            if me is not None and not self.pd.defer_abort(rid):  # bytes still arriving: abort after
                 try:
                     me.abort(str(rid))
                 except Exception:
@@ -231,8 +239,10 @@ class WorkerProc:
             params = SamplingParams(**msgspec.structs.asdict(msg.sampling))
             self.pd.start_import(me, msg, params)
         except (RequestError, ValueError, TypeError, RuntimeError) as e:
-            kind = "unavailable" if "no room" in str(e) else "internal"
-            self._send(wm.RequestFailed(msg.req_id, f"cannot take over the request's KV: {e}", kind))
+            # no room for the blocks is capacity (503, retry); anything else is a fault
+            why = f"cannot take over the request's KV: {e}"
+            self._send(wm.RequestFailed(msg.req_id, why, "unavailable") if "no room" in str(e)
+                       else wm.RequestFailed(msg.req_id, why, "internal"))
             return
         self.req_model[msg.req_id] = msg.model
 
@@ -257,7 +267,7 @@ class WorkerProc:
         if built.engine is None:
             self._send(wm.ErrorReply(built.msg.seq, built.error, "bad_request"))
             return
-        if built.msg.model.role in ("prefill", "decode"):
+        if built.msg.model.prefill_devices:  # a P/D model's instance (not a plain role=decode one)
             try:
                 self.pd.ensure()  # P/D instances move KV through this worker's transfer engine
             except Exception as e:
@@ -272,8 +282,8 @@ class WorkerProc:
         self._send(wm.ModelLoaded(built.msg.seq, me.name, int(me.max_model_len), built.seconds, eos))
 
     def _unload(self, msg: wm.UnloadModel) -> None:
-        if not self.pd.wait_model_idle(msg.name):
-            _log(f"unloading {msg.name}: a KV transfer into it is still running after 30 s")
+        if self.pd.defer_unload(msg):
+            return  # a KV transfer still writes into its blocks: the transfer thread re-queues this
         for rid, model in list(self.req_model.items()):
             if model == msg.name:
                 self.pd.forget(rid)

@@ -11,7 +11,8 @@ the models already decoding here keep stepping), then starts decoding
 
 Reading (pull) rather than pushing keeps every write into a pool inside the process
 that owns it. Blocks being written to must not be reused, so an Abort that arrives while
-a request's bytes are in flight is applied only when the transfer thread is done with it.
+a request's bytes are in flight is applied only when the transfer thread is done with it,
+and an UnloadModel of its model waits likewise (without blocking the main thread).
 The transport is created on the first P/D-role model load: workers of plain deployments
 never start a transfer engine.
 """
@@ -48,6 +49,7 @@ class PDLink:
         self._writing: dict[int, str] = {}  # req_id -> model while bytes arrive (transfer thread clears)
         self._pending: set[int] = set()  # begun, not yet finished on the main thread
         self._abort_after: set[int] = set()
+        self._unload_after: dict[str, Any] = {}  # model -> UnloadModel waiting for its writes to end
         self._idle = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -77,7 +79,7 @@ class PDLink:
         try:
             pieces = [
                 p for src, dst in zip(msg.kv.global_offsets, ticket.global_offsets, strict=True)
-                for p in match_pieces([tuple(x) for x in src], [tuple(x) for x in dst])
+                for p in match_pieces([(int(a), int(n)) for a, n in src], [(int(a), int(n)) for a, n in dst])
             ]  # fmt: skip
         except ValueError:
             me.abort(str(msg.req_id))
@@ -96,27 +98,41 @@ class PDLink:
                 err = ""
             except Exception as e:  # a dead peer, a refused read: this request fails, not the worker
                 n, err = 0, f"{type(e).__name__}: {e}"
-            with self._idle:
-                self._writing.pop(rid, None)
-                self._idle.notify_all()
-            self.inbox.put(Imported(rid, model, err, n, time.perf_counter() - t0))
+            self._job_done(rid, model, err, n, time.perf_counter() - t0)
+
+    def _job_done(self, rid: int, model: str, err: str, nbytes: int, seconds: float) -> None:
+        """Transfer thread: nothing writes into `rid`'s blocks any more. Its result, then an
+        unload of its model that waited for its last write, go to the main thread in order."""
+        with self._idle:
+            self._writing.pop(rid, None)
+            busy = model in self._writing.values()
+            unload = None if busy else self._unload_after.pop(model, None)
+            self._idle.notify_all()
+        self.inbox.put(Imported(rid, model, err, nbytes, seconds))
+        if unload is not None:
+            self.inbox.put(unload)
 
     def finish(self, done: Imported, me: Any) -> Any:
         """Main thread: apply a finished transfer; returns the message for the daemon (or None)."""
         if done.req_id not in self._pending:
             return None  # forgotten (its model was unloaded while the bytes arrived)
         self._pending.discard(done.req_id)
+        aborted = done.req_id in self._abort_after
+        self._abort_after.discard(done.req_id)
         if me is None:
             return None  # the model went away meanwhile; its blocks went with it
-        if done.req_id in self._abort_after:
-            self._abort_after.discard(done.req_id)
+        if aborted:
             me.abort(str(done.req_id))
             return None
         if done.error:
             me.abort(str(done.req_id))
             return wm.RequestFailed(done.req_id, f"KV transfer from the prefill worker failed: {done.error}",
                                     "unavailable")
-        me.finish_import(str(done.req_id))
+        try:
+            me.finish_import(str(done.req_id))
+        except Exception as e:  # the request is gone from the engine: fail it, never the worker's loop
+            me.abort(str(done.req_id))
+            return wm.RequestFailed(done.req_id, f"cannot start decoding the imported KV: {e}", "internal")
         return wm.KVImported(done.req_id, done.nbytes, done.seconds)
 
     def defer_abort(self, req_id: int) -> bool:
@@ -131,16 +147,15 @@ class PDLink:
         self._pending.discard(req_id)
         self._abort_after.discard(req_id)
 
-    def wait_model_idle(self, model: str, timeout_s: float = 30.0) -> bool:
-        """Before a model is unloaded: no transfer may still write into its blocks."""
-        deadline = time.monotonic() + timeout_s
+    def defer_unload(self, msg: Any) -> bool:
+        """An unload of a model whose blocks a transfer still writes waits for the transfer
+        (bounded by the transport's stall timeout), queued again by the transfer thread:
+        the main thread keeps stepping the other models meanwhile instead of blocking."""
         with self._idle:
-            while model in self._writing.values():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._idle.wait(left)
-        return True
+            if msg.name not in self._writing.values():
+                return False
+            self._unload_after[msg.name] = msg
+            return True
 
     def close(self) -> None:
         if self.transport is not None:

@@ -333,6 +333,8 @@ class Daemon:
             self.requests.deliver(d, now)
 
     def _on_failed(self, w: WorkerHandle, f: wm.RequestFailed) -> None:
+        if not self.handoff.accept_failure(w, f.req_id):
+            return  # P/D: a stale report from the prefill worker after the handoff
         status = {"bad_request": 400, "unavailable": 503}.get(f.kind, 500)
         self.requests.fail(f.req_id, Failure(status, f.message, "invalid_request_error" if status == 400
                                              else "server_error"))

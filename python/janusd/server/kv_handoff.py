@@ -59,8 +59,7 @@ class KVHandoff:
         except Exception as e:  # e.g. a frame over the size limit: this request fails, nothing else
             _log(f"request {req.rid}: cannot send its KV handoff to device {inst.device}: {e}")
             sent = False
-        if not sent:
-            self.metrics.kv_transfer(req.model, "failed")
+        if not sent:  # on_finished counts the failed transfer and frees the prefill side
             self.requests.fail(req.rid, Failure(503, f"the decode worker for device {inst.device} is not running"))
 
     def _imported(self, msg: wm.KVImported) -> None:
@@ -72,11 +71,25 @@ class KVHandoff:
             req.kv_source.send(wm.Abort(req.rid))  # the decode side holds its own copy now
             req.kv_source = None
 
+    def accept_failure(self, w: Any, rid: int) -> bool:
+        """Whether a RequestFailed from worker `w` ends request `rid`. After the handoff the
+        prefill worker may still report it (its engine failed before our Abort reached it):
+        stale once KVImported came, the request decodes elsewhere. Before that its KV is
+        gone, so the request fails and the decode side, perhaps mid-read, is told too."""
+        req = self.requests.by_id.get(rid)
+        if req is None or req.worker is None or req.worker is w:
+            return True
+        if req.kv_source is not w:
+            return False
+        req.worker.send(wm.Abort(rid))
+        return True
+
     def on_finished(self, req: Request) -> None:
         if req.kv_source is not None:
             req.kv_source.send(wm.Abort(req.rid))
             req.kv_source = None
-            if req.failed:
-                self.metrics.kv_transfer(req.model, "failed")
+            if req.failed:  # ended before KVImported: the transfer did not complete
+                cancelled = req.failure is not None and req.failure.status == 499
+                self.metrics.kv_transfer(req.model, "cancelled" if cancelled else "failed")
         if req.decode_inst is not None:
             req.decode_inst.decoding.pop(req.rid, None)

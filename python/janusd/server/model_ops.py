@@ -78,6 +78,10 @@ async def load_model(d: Daemon, name: str, checkpoint: str | None, devices: list
             raise ValueError(f"model {name!r} is not in the config; give --checkpoint to add it") from None
         if devices:
             m = msgspec.structs.replace(m, devices=devices)
+            pd = set(m.prefill_devices)
+            if pd and not (pd <= set(devices) and set(devices) - pd):
+                raise ValueError(f"devices: {name!r} is a P/D model with prefill_devices {m.prefill_devices}; "
+                                 f"{devices} must hold all of them and at least one device to decode")
     else:
         try:
             m = msgspec.convert({"name": name, "checkpoint": checkpoint, "devices": devices}, ModelConfig)

@@ -151,7 +151,9 @@ class ModelManager:
         never_loaded = {d for d, p in entry.placements.items() if p.state == "failed"}
         for p in entry.placements.values():
             p.state = "unloading"
-            if p.inst is not None:
+            # no new prefill work; a P/D decode instance stays ready during the drain, so a
+            # request still prefilling can be handed to it and finish (fail_instance ends it)
+            if p.inst is not None and p.inst.dispatched:
                 self.sched.set_ready(p.inst, False)
         # queued requests have not started: tell them now instead of after the drain
         for rid in [r.rid for r in list(self.requests.by_id.values()) if r.model == name and r.worker is None]:

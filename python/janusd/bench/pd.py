@@ -1,0 +1,172 @@
+"""`janus bench pd`: what a P/D handoff costs a request, measured through a real daemon.
+
+One daemon, two CPU workers, the same checkpoint served twice: "pd" prefills on device 0
+and decodes on device 1 (its KV read over Mooncake by base + offset), "ref" is one mixed
+instance on device 1. The same greedy requests (prompts of several lengths, given as
+random words; the daemon's usage gives their token counts) go to both, one at a time, streaming. The handoff
+shows up between the first and the second token: the P/D request's extra gap there over
+the mixed one is the handoff's cost (KVReady, routing, ImportKV, the transfer, the first
+decode step on a fresh worker). The bytes moved and the decode worker's transfer time
+come from the daemon's /metrics, so the bandwidth is Mooncake's own (loopback TCP here).
+Both paths run interleaved in the same process on the same machine: the ratios and
+differences are meaningful on a noisy box; absolute numbers are for orientation only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", default="builtin:smollm2-135m-instruct", help="model checkpoint spec")
+    p.add_argument("--lengths", default="64,512,1536", help="comma-separated prompt lengths in words")
+    p.add_argument("--repeats", type=int, default=3, help="requests per length and path")
+    p.add_argument("--max-tokens", type=int, default=8, help="output tokens per request")
+    p.add_argument("--memory-mib", type=int, default=2048, help="page pool per device")
+    p.add_argument("--cache-dir", default=None, help="checkpoint cache dir (default: the config default)")
+    p.add_argument("--torch-threads", type=int, default=1, help="torch threads per worker")
+
+
+def _start(args: argparse.Namespace, cache: str, run_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    cfg = run_dir / "bench.toml"
+    model = f'checkpoint = "{args.checkpoint}"\nkv_cache_mib = 256\nttft_slo_ms = 600000.0\ntpot_slo_ms = 600000.0\n'
+    cfg.write_text(
+        f'[server]\nport = 0\nadmin_socket = "{run_dir / "admin.sock"}"\ncache_dir = "{cache}"\n'
+        f"[devices]\ncount = 2\nmemory_mib = {args.memory_mib}\n"
+        f'[[models]]\nname = "pd"\n{model}devices = [0, 1]\nprefill_devices = [0]\n'
+        f'[[models]]\nname = "ref"\n{model}devices = [1]\n'
+    )
+    log = run_dir / "daemon.log"
+    env = {**os.environ, "JANUSD_WORKER_TORCH_THREADS": str(args.torch_threads)}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "janusd.cli", "serve", "--config", str(cfg)], stdout=out,
+                                stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        if re.search(r"janusd: loading \S+ on device \d+ failed", text):
+            break
+        m = re.search(r"serving on http://127\.0\.0\.1:(\d+)", text)
+        if m and _active(int(m.group(1))) == {"pd": 2, "ref": 1}:
+            return proc, int(m.group(1))
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"the daemon did not start or load its models:\n{log.read_text(errors='replace')[-4000:]}")
+
+
+def _active(port: int) -> dict[str, int]:
+    """Active instances per model, from /health (models load after the daemon serves)."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/health")
+        out = json.loads(conn.getresponse().read())
+        conn.close()
+        return dict(out.get("models", {}))
+    except (OSError, ValueError):
+        return {}
+
+
+def _stream(port: int, model: str, prompt: str, max_tokens: int) -> tuple[list[float], str, int]:
+    """Arrival times (s after sending) of each token event, the whole text, prompt tokens."""
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"{model}: HTTP {resp.status}: {resp.read()[:300]!r}")
+    times, text, prompt_tokens = [], [], 0
+    while line := resp.readline():
+        if line.startswith(b"data: {"):
+            ev = json.loads(line[6:])
+            if "error" in ev:
+                raise RuntimeError(f"{model}: {ev['error']}")
+            if ev.get("usage"):
+                prompt_tokens = ev["usage"]["prompt_tokens"]
+            if ev.get("choices"):
+                times.append(time.perf_counter() - t0)
+                text.append(ev["choices"][0]["text"])
+    conn.close()
+    return times, "".join(text), prompt_tokens
+
+
+def _metric(port: int, name: str) -> float:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and 'model="pd"' in line)
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if s else float("nan")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from janusd.config import ServerConfig, cache_dir
+
+    cache = args.cache_dir or str(cache_dir(ServerConfig()))
+    lengths = [int(x) for x in args.lengths.split(",")]
+    rng = random.Random(0)
+    run_dir = Path(tempfile.mkdtemp(prefix="janus-bench-pd-"))
+    proc, port = _start(args, cache, run_dir)
+    rows = []
+    identical = True
+    try:
+        words = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "light", "north", "amber"]
+        for model in ("pd", "ref"):  # warm-up: first requests pay lazy set-up on every path
+            _stream(port, model, "hello there", 2)
+        for n in lengths:
+            gap: dict[str, list[float]] = {"pd": [], "ref": []}
+            ttft: dict[str, list[float]] = {"pd": [], "ref": []}
+            later: dict[str, list[float]] = {"pd": [], "ref": []}
+            b0, s0 = _metric(port, "janusd_kv_transfer_bytes_total"), _metric(port, "janusd_kv_transfer_seconds_sum")
+            tokens = 0
+            for _ in range(args.repeats):
+                prompt = " ".join(rng.choice(words) for _ in range(n))
+                texts = {}
+                for model in ("pd", "ref"):
+                    t, texts[model], tokens = _stream(port, model, prompt, args.max_tokens)
+                    ttft[model].append(t[0])
+                    gap[model].append(t[1] - t[0])
+                    later[model].append((t[-1] - t[1]) / max(1, len(t) - 2))
+                identical &= texts["pd"] == texts["ref"]
+            nbytes = _metric(port, "janusd_kv_transfer_bytes_total") - b0
+            secs = _metric(port, "janusd_kv_transfer_seconds_sum") - s0
+            ms = lambda x: round(x * 1e3, 2)  # noqa: E731
+            rows.append({
+                "prompt_words": n,
+                "prompt_tokens": tokens,
+                "kv_mib_per_request": round(nbytes / args.repeats / 2**20, 3),
+                "transfer_ms": ms(secs / args.repeats),
+                "transfer_gbps": round(nbytes / secs / 1e9, 3) if secs > 0 else None,
+                "ttft_ms": {"pd": ms(_median(ttft["pd"])), "ref": ms(_median(ttft["ref"]))},
+                "token1_to_2_ms": {"pd": ms(_median(gap["pd"])), "ref": ms(_median(gap["ref"]))},
+                "handoff_extra_ms": ms(_median(gap["pd"]) - _median(gap["ref"])),
+                "later_tpot_ms": {"pd": ms(_median(later["pd"])), "ref": ms(_median(later["ref"]))},
+            })  # fmt: skip
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return {"bench": "pd", "model": args.checkpoint, "repeats": args.repeats, "greedy_outputs_identical": identical,
+            "by_prompt_length": rows}
