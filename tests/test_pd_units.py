@@ -283,3 +283,82 @@ def test_an_unload_waits_for_kv_bytes_arriving_without_stalling_the_worker(tmp_p
     while (body := rx.recv()) is not None:
         sent.append(dec.decode(body))
     assert [type(m).__name__ for m in sent] == ["ModelUnloaded"] and sent[0].seq == 5
+
+
+def _decode_worker_with_a_full_region(tmp_path, timeout_s: float):
+    """A worker whose decode model's KV blocks are all taken, and a prefilled request's KV."""
+    import socket
+
+    from engine_fixtures import write_hf_checkpoint
+    from janusd.config import EngineConfig, ModelConfig
+    from janusd.engine.device_engine import DeviceEngine
+    from janusd.engine.runner import SamplingParams
+    from janusd.engine.worker import WorkerProc
+    from janusd.wire.framing import BlockingFramedSocket
+
+    ck = str(write_hf_checkpoint(tmp_path / "ck", "llama", seed=0)[0])
+    de = DeviceEngine(memory_bytes=16 << 20, page_size=64 << 10)
+    eng = EngineConfig(block_size=4, max_num_batched_tokens=24, max_num_seqs=8, kv_wait_timeout_s=timeout_s)
+    p = de.load_model(ModelConfig(name="p", checkpoint=ck, kv_cache_mib=1, max_model_len=128, role="prefill"), eng)
+    dm = de.load_model(ModelConfig(name="d", checkpoint=ck, kv_cache_mib=1, max_model_len=128, role="decode"), eng)
+    p.add_request("7", list(range(30, 43)), SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    while p.has_work():
+        p.step()
+    held = []
+    while (got := dm.kv.allocate(1)) is not None:  # other requests hold every block of "d"
+        held += got
+    a, b = socket.socketpair()
+    wp = WorkerProc(BlockingFramedSocket(a), de, 0, "cpu")
+    wp.pd.transport = "none: this test plays the transfer thread"
+    return wp, dm, p.export_kv("7"), held, a, b
+
+
+def _sent(a, b):
+    from janusd.wire import worker_msgs as wm
+    from janusd.wire.framing import BlockingFramedSocket
+
+    a.close()
+    rx, dec = BlockingFramedSocket(b), wm.from_worker_decoder()
+    out = []
+    while (body := rx.recv()) is not None:
+        out.append(dec.decode(body))
+    return out
+
+
+def test_an_import_without_free_blocks_waits_for_them_then_proceeds(tmp_path):
+    """KV blocks on the decode side are held by other requests: the import waits (no error,
+    the first token already reached the client) and starts once blocks come back."""
+    from janusd.engine.worker_pd import Imported
+    from janusd.wire import worker_msgs as wm
+
+    wp, dm, kv, held, a, b = _decode_worker_with_a_full_region(tmp_path, 30.0)
+    spec = wm.SamplingSpec(max_tokens=8, temperature=0.0, ignore_eos=True)
+    wp._handle(wm.ImportKV(7, "d", spec, kv, "127.0.0.1:1", 1 << 30))
+    assert len(wp._parked) == 1 and dm.num_requests() == 0
+    wp._retry_parked()
+    assert len(wp._parked) == 1  # still no room
+    dm.kv.free(held)  # the holders finish
+    wp._retry_parked()
+    assert wp._parked == [] and dm.num_requests() == 1 and dm.kv.alloc.num_used == len(kv.block_ids)
+    wp._handle(Imported(7, "d", "", len(kv.block_ids) * kv.block_bytes, 0.01))
+    assert [type(m).__name__ for m in _sent(a, b)] == ["KVImported"]
+
+
+def test_an_import_that_waits_too_long_fails_as_unavailable_and_an_abort_ends_the_wait(tmp_path):
+    import time
+
+    from janusd.wire import worker_msgs as wm
+
+    wp, dm, kv, held, a, b = _decode_worker_with_a_full_region(tmp_path, 0.1)
+    spec = wm.SamplingSpec(max_tokens=8, temperature=0.0, ignore_eos=True)
+    wp._handle(wm.ImportKV(7, "d", spec, kv, "127.0.0.1:1", 1 << 30))
+    wp._handle(wm.ImportKV(8, "d", spec, kv, "127.0.0.1:1", 1 << 30))
+    wp._handle(wm.Abort(8))  # the client left while it waited: it leaves quietly
+    time.sleep(0.12)
+    wp._retry_parked()
+    assert wp._parked == [] and wp.req_model == {} and dm.num_requests() == 0
+    sent = _sent(a, b)
+    assert [(type(m).__name__, m.req_id, m.kind) for m in sent] == [("RequestFailed", 7, "unavailable")]
+    assert "after waiting" in sent[0].message and "no room" in sent[0].message
+    dm.kv.free(held)
+    assert dm.kv.alloc.num_used == 0

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from janusd.engine.sequence import Status
-from janusd.engine.types import KVExport, KVImport, RequestError, SamplingParams
+from janusd.engine.types import KVCapacityError, KVExport, KVImport, RequestError, SamplingParams
 
 
 class KVTransferMixin:
@@ -72,9 +72,12 @@ class KVTransferMixin:
                 seq.generator.set_state(torch.frombuffer(bytearray(meta.rng_state), dtype=torch.uint8))
             except RuntimeError as e:
                 raise RequestError(f"kv import: bad rng_state: {e}") from None
+        if need + 1 > self.scheduler.max_blocks:  # its KV plus one block to decode into
+            raise RequestError(f"kv import: {need} KV blocks can never fit model {self.name!r} here "
+                               f"(at most {self.scheduler.max_blocks})")
         blocks = self.kv.allocate(need)
         if blocks is None:
-            raise RequestError(f"kv import: no room for {need} KV blocks on model {self.name!r}")
+            raise KVCapacityError(f"kv import: no room for {need} KV blocks on model {self.name!r}")
         seq.blocks = blocks
         seq.num_computed = meta.num_cached_tokens
         seq.status = Status.IMPORTING

@@ -21,6 +21,10 @@ class RequestError(ValueError):
     """A request the engine refuses; the message names the offending field."""
 
 
+class KVCapacityError(RequestError):
+    """No KV blocks can be had right now (other requests hold them): worth waiting for."""
+
+
 class EngineError(RuntimeError):
     """The engine cannot run as configured (missing device runtime, unsupported model)."""
 

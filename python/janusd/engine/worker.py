@@ -54,6 +54,15 @@ class _Built(msgspec.Struct):
     seconds: float
 
 
+class _Parked(msgspec.Struct):
+    """An ImportKV that found no free KV blocks: retried as pages come back, until deadline."""
+
+    msg: wm.ImportKV
+    params: Any
+    since: float
+    deadline: float
+
+
 class WorkerProc:
     def __init__(self, conn: BlockingFramedSocket, engine: Any, device_index: int, kind: str) -> None:
         self.conn = conn
@@ -64,6 +73,7 @@ class WorkerProc:
         self.req_model: dict[int, str] = {}
         self.running = True
         self.pd = PDLink(engine.pool, kind, self.inbox)
+        self._parked: list[_Parked] = []
 
     # ---- reader thread ----
     def reader(self) -> None:
@@ -111,6 +121,8 @@ class WorkerProc:
             # requests waiting for KV pages other owners hold: a step now would do nothing,
             # so wait briefly on the inbox (a message still wakes us at once), never spin
             wait = (_STALL_WAIT_S if self.de.waiting_for_pages() else 0.0) if busy else 0.5
+            if self._parked:  # imports waiting for blocks: retry soon, as steps or messages free pages
+                wait = min(wait, _STALL_WAIT_S) if wait else 0.0
             try:
                 msg = self.inbox.get(timeout=wait) if wait else self.inbox.get_nowait()
             except queue.Empty:
@@ -123,6 +135,8 @@ class WorkerProc:
                     msg = self.inbox.get_nowait()
                 except queue.Empty:
                     msg = None
+            if self._parked:
+                self._retry_parked()
             if self.de.has_work():
                 self._step()
 
@@ -229,7 +243,7 @@ class WorkerProc:
         self.req_model[msg.req_id] = msg.model
 
     def _import(self, msg: wm.ImportKV) -> None:
-        from janusd.engine.types import RequestError, SamplingParams
+        from janusd.engine.types import SamplingParams
 
         me = self.de.models.get(msg.model)
         if me is None:
@@ -237,14 +251,46 @@ class WorkerProc:
             return
         try:
             params = SamplingParams(**msgspec.structs.asdict(msg.sampling))
-            self.pd.start_import(me, msg, params)
-        except (RequestError, ValueError, TypeError, RuntimeError) as e:
-            # no room for the blocks is capacity (503, retry); anything else is a fault
-            why = f"cannot take over the request's KV: {e}"
-            self._send(wm.RequestFailed(msg.req_id, why, "unavailable") if "no room" in str(e)
-                       else wm.RequestFailed(msg.req_id, why, "internal"))
+        except (ValueError, TypeError) as e:
+            self._send(wm.RequestFailed(msg.req_id, f"cannot take over the request's KV: {e}", "internal"))
             return
         self.req_model[msg.req_id] = msg.model
+        now = time.monotonic()
+        p = _Parked(msg, params, now, now + float(me.scheduler.kv_wait_timeout_s))
+        if not self._try_import(p, now):
+            self._parked.append(p)
+
+    def _try_import(self, p: _Parked, now: float) -> bool:
+        """Start the import; False when it must keep waiting for KV blocks (then parked).
+        Blocks held by other requests here come back as they finish, so an import waits
+        for them like a new request does (engine.kv_wait_timeout_s), then fails (503)."""
+        from janusd.engine.types import KVCapacityError, RequestError
+
+        rid = p.msg.req_id
+        me = self.de.models.get(p.msg.model)
+        try:
+            if me is None:
+                raise RuntimeError(f"model {p.msg.model!r} is not loaded on this worker")
+            self.pd.start_import(me, p.msg, p.params)
+        except KVCapacityError as e:
+            if now < p.deadline:
+                return False
+            self.req_model.pop(rid, None)
+            waited = f" after waiting {now - p.since:.2f} s" if now > p.since else ""
+            self._send(wm.RequestFailed(rid, f"cannot take over the request's KV{waited}: {e}", "unavailable"))
+        except (RequestError, ValueError, TypeError, RuntimeError) as e:
+            self.req_model.pop(rid, None)
+            self._send(wm.RequestFailed(rid, f"cannot take over the request's KV: {e}", "internal"))
+        return True
+
+    def _retry_parked(self) -> None:
+        now = time.monotonic()
+        parked, self._parked = self._parked, []
+        for p in parked:
+            if self.req_model.get(p.msg.req_id) != p.msg.model:
+                continue  # aborted, failed or unloaded meanwhile
+            if not self._try_import(p, now):
+                self._parked.append(p)
 
     def _load(self, msg: wm.LoadModel) -> None:
         """Build the model on a loader thread so the models already here keep stepping;
