@@ -89,6 +89,7 @@ def test_embedded_default_is_etc_janusd_toml():
         ),
         ("[[models]]\nname = 'a'\ncheckpoint = 'x'\ndevices = [2]\n", "models[0].devices: device 2 does not exist"),
         ("[[models]]\nname = 'a'\ncheckpoint = 'x'\ntp = 3\n", "models[0].tp: 3 exceeds devices.count = 2"),
+        ("[[models]]\nname = 'a'\ncheckpoint = 'x'\ntp = 2\n", "models[0].tp: tensor parallelism is not implemented yet"),
         ("[devices]\nmemory_mib = 1001\n", "devices.memory_mib: must be a multiple"),
         ("[server]\napi_keys = ['', 'a']\n", "server.api_keys"),
         ("[server\nport = 1\n", "not valid TOML"),

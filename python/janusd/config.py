@@ -185,7 +185,7 @@ max_relax = 2               # relax: at most this many extensions
 #   role = "mixed"      mixed | decode (a decode instance also serves whole requests)
 #   prefill_devices = []   P/D: these of `devices` prefill only, the others decode; KV moves
 #                 from P to the D instance with the least decode backlog over Mooncake
-#   tp = 1        at most devices.count; tp > 1 is not implemented (one instance per device)
+#   tp = 1        tensor parallel degree; only 1 today (tp > 1 is refused until it is built)
 #   kv_cache_mib = 256  KV cache per instance, from the device pool
 #   max_model_len = 2048   capped at the checkpoint's max_position_embeddings
 [[models]]
@@ -242,6 +242,10 @@ def _check(cfg: JanusConfig) -> None:
                                  "at least one device in devices must be left to decode")
         if m.tp > cfg.devices.count:
             raise ValueError(f"models[{i}].tp: {m.tp} exceeds devices.count = {cfg.devices.count}")
+        if m.tp > 1:
+            # refused rather than ignored: a tp = 2 model would silently run unsharded
+            raise ValueError(f"models[{i}].tp: tensor parallelism is not implemented yet; tp must be 1 "
+                             "(list several devices in `devices` for replicas instead)")
         if m.kv_cache_mib > cfg.devices.memory_mib:
             raise ValueError(
                 f"models[{i}].kv_cache_mib: {m.kv_cache_mib} exceeds devices.memory_mib = {cfg.devices.memory_mib}"

@@ -4,8 +4,8 @@ An instance is routable only when Active: its worker is up and answered ModelLoa
 Until then the dispatcher knows it but holds it not-ready, so requests wait in the
 model's global queue (PAPER.md §2: never route to an instance that is planned but not
 ready). Placement follows ModelConfig.devices; models without devices are spread
-round-robin over the devices in config order. A model with tp > 1 still gets one
-instance per listed device (tensor parallelism across workers is not implemented).
+round-robin over the devices in config order (config.py refuses tp > 1: tensor
+parallelism across workers is not implemented).
 Roles: a model with `prefill_devices` is P/D: those instances load with the engine role
 "prefill" and are the Dispatcher's machines, its other devices load as "decode"
 instances that only continue requests whose KV the daemon moves to them (daemon.py
