@@ -16,17 +16,27 @@ import pytest
 from aiohttp import web
 
 from janusd import replay_cli
+from janusd.server.metrics import Metrics
+from janusd.trace.devices_poll import active_counts, metrics_url
 from janusd.trace.formats import Trace, write_trace
 from janusd.trace.replay import PromptMaker, ReplayConfig, replay
-from janusd.trace.results import read_results
+from janusd.trace.results import read_devices, read_results
 
 # model -> (first token delay, per-token delay, tokens per chunk)
 BEHAVIOUR = {"fast": (0.02, 0.005, 1), "slow": (0.02, 0.25, 1), "batch": (0.02, 0.01, 2)}
 
 
+def metrics_page(instances):
+    """A /metrics page as janusd renders it (the real Metrics class) for (model, device, state) rows."""
+    snap = {"queues": {}, "in_flight": {}, "dispatch": {}, "instances": instances, "workers": {}, "pools": {}}
+    return Metrics(lambda: snap).render().decode()
+
+
 class FakeServer:
-    def __init__(self, api_key=None):
+    def __init__(self, api_key=None, metrics=None):
         self.api_key = api_key
+        self.metrics = metrics  # call number -> (HTTP status, text) for GET /metrics; None: no route
+        self.metrics_calls = 0
         self.seen = []  # (monotonic receive time, body)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -61,12 +71,19 @@ class FakeServer:
         await resp.write_eof()
         return resp
 
+    async def metrics_handler(self, request):
+        status, text = self.metrics(self.metrics_calls)
+        self.metrics_calls += 1
+        return web.Response(status=status, text=text)
+
     def __enter__(self):
         self.thread.start()
 
         async def start():
             app = web.Application()
             app.router.add_post("/v1/completions", self.completions)
+            if self.metrics is not None:
+                app.router.add_get("/metrics", self.metrics_handler)
             self.runner = web.AppRunner(app)
             await self.runner.setup()
             site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -166,20 +183,34 @@ def test_replay_counts_connection_errors_and_bad_key_as_misses(tmp_path, capsys)
     res = read_results(tmp_path / "a" / "results.jsonl")
     assert res.status.tolist() == ["error", "error"]
     # nothing listening: connection refused is an error result, not a crash
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "devices.csv").write_text("t_s,active_devices\n0,9\n")  # an earlier run's
     assert _cli("--url", server.url, "--trace", str(tmp_path / "t.csv"), "--out", str(tmp_path / "b")) == 0
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["errors"] == 2
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["errors"] == 2
+    # /metrics unreachable too: the failed poll is counted, no devices.csv is made up or left over
+    assert summary["device_polls"] >= 1 and summary["device_poll_failures"] == summary["device_polls"]
+    assert not (tmp_path / "b" / "devices.csv").exists()
     assert _cli("--url", "ftp://x", "--trace", str(tmp_path / "t.csv"), "--out", str(tmp_path / "c")) == 2
 
 
 def test_replay_processes_share_one_schedule(tmp_path, capsys):
     models = ["fast"] * 30
     write_trace(_trace(models, gap=0.03), tmp_path / "t.csv")
-    with FakeServer() as server:
-        rc = _cli("--url", server.url, "--trace", str(tmp_path / "t.csv"), "--out", str(tmp_path / "run"), "--processes", "3")
+    page = metrics_page([("fast", 0, "active"), ("fast", 1, "active")])
+    with FakeServer(metrics=lambda k: (200, page)) as server:
+        rc = _cli("--url", server.url, "--trace", str(tmp_path / "t.csv"), "--out", str(tmp_path / "run"),
+                  "--processes", "3", "--devices-poll-s", "0.2")  # fmt: skip
         seen = sorted(server.seen, key=lambda s: s[0])
+        polls = server.metrics_calls
     assert rc == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["processes"] == 3 and summary["valid"] is True and summary["ok_requests"] == 30
+    # one poller (shard 0), not three; its series is the run's devices.csv
+    assert polls - summary["device_polls"] in (0, 1) and summary["device_polls"] >= 1
+    assert summary["device_poll_failures"] == 0
+    t, d = read_devices(tmp_path / "run" / "devices.csv")
+    assert len(t) == summary["device_polls"] and d.tolist() == [2.0] * len(t)
     res = read_results(tmp_path / "run" / "results.jsonl")
     assert len(res) == 30 and res.arrival_s.tolist() == sorted(res.arrival_s.tolist())
     assert res.token_counts.tolist() == [6] * 30
@@ -202,3 +233,52 @@ def test_token_times_and_lag_are_not_quantised_by_uvloops_cached_clock(tmp_path)
     assert len(token_us) == 24 and np.all(token_us > 15_000)
     assert np.any(token_us % 1000 != 0), token_us
     assert np.any(lag_us % 1000 != 0), lag_us
+
+
+def test_active_counts_reads_janusd_instance_state():
+    rows = [("a", 0, "active"), ("b", 0, "active"), ("a", 1, "loading"), ("b", 2, "active"), ("c", 3, "draining")]
+    page = metrics_page(rows)
+    assert active_counts(page) == (2, 3)  # devices 0 and 2; instances a@0, b@0, b@2
+    assert active_counts(metrics_page([])) == (0, 0)  # janusd with nothing active: a real 0
+    assert active_counts("process_cpu_seconds_total 1.5\n") is None  # not janusd: no sample at all
+    with pytest.raises(ValueError):
+        active_counts("janusd_instance_state{model=\"a\" 1\n")
+    assert metrics_url("http://h:8000/v1/completions") == metrics_url("http://h:8000/") == "http://h:8000/metrics"
+    for bad in (-1.0, 0.001, float("inf")):  # 0 is off; a tiny period would hammer the server
+        with pytest.raises(ValueError, match="devices_poll_s must be 0"):
+            ReplayConfig(url="http://h", devices_poll_s=bad).check()
+    ReplayConfig(url="http://h", devices_poll_s=0).check()
+
+
+def test_replay_samples_active_devices_and_counts_failed_polls(tmp_path):
+    """Polls every 0.1 s; every third /metrics answer is a 503 (a busy daemon) and one is
+    not Prometheus text. Those record nothing and are counted; the schedule holds."""
+    one = metrics_page([("fast", 0, "active")])
+    three = metrics_page([("fast", 0, "active"), ("slow", 0, "active"), ("fast", 1, "active")])
+
+    def metrics(k):
+        if k % 3 == 1:
+            return 503, "busy"
+        if k == 3:
+            return 200, "not {prometheus"
+        return 200, one if k == 0 else three
+
+    models = ["fast"] * 16
+    trace = _trace(models, gap=0.05)  # arrivals 3.00 .. 3.75 s
+    with FakeServer(metrics=metrics) as server:
+        summary = asyncio.run(replay(trace, ReplayConfig(url=server.url, devices_poll_s=0.1), tmp_path))
+        calls = server.metrics_calls
+    assert summary["valid"] is True and summary["ok_requests"] == 16
+    polls = summary["device_polls"]  # the server may have answered one more, cut off by the run's end
+    bad = sum(1 for k in range(polls) if k % 3 == 1 or k == 3)
+    assert polls >= 6 and calls - polls in (0, 1) and summary["device_poll_failures"] == bad
+    lines = (tmp_path / "devices.csv").read_text().splitlines()
+    assert lines[0] == "t_s,active_devices,active_instances"
+    rows = [tuple(float(x) for x in line.split(",")) for line in lines[1:]]
+    assert len(rows) == polls - bad
+    assert rows[0][1:] == (1, 1) and all(r[1:] == (2, 3) for r in rows[1:])
+    t = np.array([r[0] for r in rows])
+    # on the trace's time axis: poll k at about 3.0 + 0.1 k, strictly increasing
+    assert np.all(np.diff(t) > 0.05) and 3.0 <= t[0] < 3.1 and t[-1] < 3.0 + 0.1 * polls + 0.1
+    rt, rd = read_devices(tmp_path / "devices.csv")
+    assert rt.tolist() == t.tolist() and rd.tolist() == [r[1] for r in rows]

@@ -81,7 +81,8 @@ def test_replay_against_janus_serve(tmp_path):
         write_trace(trace, tmp_path / "t.csv")
         out = subprocess.run(
             [sys.executable, "-m", "janusd.cli", "replay", "--url", url, "--trace", str(tmp_path / "t.csv"),
-             "--out", str(tmp_path / "run"), "--ttft-slo-ms", "5000", "--tpot-slo-ms", "1000", "--timeout-s", "60"],
+             "--out", str(tmp_path / "run"), "--ttft-slo-ms", "5000", "--tpot-slo-ms", "1000", "--timeout-s", "60",
+             "--devices-poll-s", "0.2"],
             capture_output=True, text=True, env=env, timeout=120,
         )  # fmt: skip
         assert out.returncode == 0, out.stderr + log.read_text()[-3000:]
@@ -95,6 +96,20 @@ def test_replay_against_janus_serve(tmp_path):
             assert all(a <= b for a, b in zip(r["token_times_s"], r["token_times_s"][1:], strict=False))
         # an idle daemon and a tiny model against 5 s / 1 s targets: every token on time
         assert summary["token_attainment"] == 1.0, summary
+        # devices.csv, sampled from the daemon's /metrics: one device, one model instance on it
+        lines = (tmp_path / "run" / "devices.csv").read_text().splitlines()
+        assert lines[0] == "t_s,active_devices,active_instances"
+        samples = [[float(x) for x in line.split(",")] for line in lines[1:]]
+        assert summary["device_poll_failures"] == 0 and len(samples) == summary["device_polls"] >= 3, summary
+        t = [s[0] for s in samples]
+        assert all(a < b for a, b in zip(t, t[1:], strict=False)) and 0.0 <= t[0] < 0.2  # trace axis: first arrival 0
+        assert all(s[1:] == [1.0, 1.0] for s in samples), samples
+        report = [sys.executable, "-m", "janusd.cli", "report", str(tmp_path / "run"), "--out", str(tmp_path / "rep")]
+        rep = subprocess.run(report, capture_output=True, text=True, env=env, timeout=120)
+        assert rep.returncode == 0, rep.stderr
+        assert "Active devices" not in (tmp_path / "rep" / "summary.md").read_text()  # the panel was drawn
+        png = (tmp_path / "rep" / "timeline.png").read_bytes()
+        assert int.from_bytes(png[20:24], "big") == round((2.0 * 3 + 0.4) * 130)  # three panels tall, not two
     finally:
         proc.terminate()
         try:

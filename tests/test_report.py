@@ -82,3 +82,23 @@ def test_report_errors(tmp_path, capsys):
 def test_pick_window():
     assert pick_window(1800) == 50.0 and pick_window(30) == 1.0 and pick_window(600) == 10.0 and pick_window(86400) == 2000.0
     assert pick_window(90, requests=78) == 20.0 and pick_window(1800, requests=600_000) == 50.0
+
+
+def test_read_devices_takes_the_replayers_columns_and_names_a_bad_line(tmp_path):
+    from janusd.trace.formats import TraceError
+    from janusd.trace.results import read_devices
+
+    p = tmp_path / "devices.csv"
+    p.write_text("t_s,active_devices,active_instances\n0.0,1,2\n1.5,3,4\n")
+    t, d = read_devices(p)
+    assert t.tolist() == [0.0, 1.5] and d.tolist() == [1.0, 3.0]
+    p.write_text("t_s,active_devices,active_instances\n0.0,1,2\n1.0,2\n")
+    with pytest.raises(TraceError, match=r"devices.csv:3: expected 3 fields, got 2"):
+        read_devices(p)
+    p.write_text("t_s,active_devices,active_instances\n0.0,1,x\n")
+    with pytest.raises(TraceError, match=r"devices.csv:2: expected 3 numbers"):
+        read_devices(p)
+    p.write_text("time,devices\n0,1\n")
+    with pytest.raises(TraceError, match=r"devices.csv:1: expected the header t_s,active_devices\[,active_instances\]"):
+        read_devices(p)
+    assert read_devices(tmp_path / "absent.csv") is None

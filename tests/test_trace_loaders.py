@@ -2,6 +2,7 @@
 
 import argparse
 import csv
+import functools
 import json
 from pathlib import Path
 
@@ -111,17 +112,130 @@ def test_convert_cli_writes_canonical_traces(tmp_path, capsys):
     assert "missing.csv: no such file" in capsys.readouterr().err
 
 
-def test_servegen_multimodal_input_is_text_plus_counted_items(tmp_path):
-    (tmp_path / "rates_multimodal_mm-x.csv").write_text(
-        "client_id,window_start_s,rate_rps,cv,iat_dist,iat_p1,iat_p2\n0,0,0.5,1.0,Gamma,1.0,2.0\n"
-    )
-    header = "client_id,window_start_s,field," + ",".join(f"q{k}" for k in range(101))
-    const = {"text_tokens": 100, "image_tokens": 50, "image_count": 2, "audio_tokens": 7, "audio_count": 0, "output_tokens": 9}
-    rows = [f"0,0,{f}," + ",".join([str(v)] * 101) for f, v in const.items()]
-    (tmp_path / "lengths_multimodal_mm-x.csv").write_text(header + "\n" + "\n".join(rows) + "\n")
-    t = load_servegen(tmp_path / "rates_multimodal_mm-x.csv", duration_s=600)
-    assert len(t) == 300 and t.apps == ("mm-x-c0",)
-    assert set(t.input_tokens.tolist()) == {100 + 2 * 50} and set(t.output_tokens.tolist()) == {9}
+# The other ServeGen models, cut like m-large (tests/data/README.md): their first 1800 s.
+SG_MORE = {name: DATA / "servegen" / f"rates_{name}.csv" for name in
+           ("language_m-mid", "language_m-small", "reason_deepseek-r1", "multimodal_mm-image")}  # fmt: skip
+
+
+@functools.cache
+def _load_more(name):
+    """The excerpt's whole 1800 s (m-small alone is ~115 k requests: load each once)."""
+    return load_servegen(SG_MORE[name], duration_s=1800, seed=5)
+
+
+@pytest.mark.parametrize("name", sorted(SG_MORE))
+def test_servegen_excerpts_load_into_valid_traces(name):
+    rates = SG_MORE[name]
+    model = name.split("_", 1)[1]
+    t = _load_more(name)
+    t.validate(name)  # the canonical invariants, checked once more on the result
+    assert t.models == (model,) and len(t) > 0
+    assert np.all(np.diff(t.arrival_s) >= 0) and t.arrival_s.min() >= 0 and t.arrival_s.max() <= 1800
+    assert t.input_tokens.min() >= 1 and t.output_tokens.min() >= 1
+    # every (client, 600 s window) row of the excerpt keeps its rate: rate x 600, stochastically
+    # rounded (< 1 off). Arrivals are rounded to 1 us, which can move one within 0.5 us of a window's
+    # end to the next window (very bursty fits, Gamma shape ~0.03, put several there): those are
+    # allowed per window, and the client's total over its windows must hold regardless.
+    names = t.app_names()
+    win = (t.arrival_s // 600).astype(int)
+    edge = np.abs(t.arrival_s - np.round(t.arrival_s / 600) * 600) < 1e-6
+    want: dict[int, list[float]] = {}
+    with open(rates) as f:
+        for r in csv.DictReader(f):
+            c, w, rate = int(r["client_id"]), int(float(r["window_start_s"]) // 600), float(r["rate_rps"])
+            mine = names == f"{model}-c{c:02d}"
+            got = int((mine & (win == w)).sum())
+            assert abs(got - rate * 600) < 1.0 + int((mine & edge).sum()), (c, w, got, rate * 600)
+            want.setdefault(c, []).append(rate * 600)
+    for c, counts in want.items():
+        got = int((names == f"{model}-c{c:02d}").sum())
+        assert abs(got - sum(counts)) < len(counts), (c, got, counts)
+    assert sum(int((names == f"{model}-c{c:02d}").sum()) for c in want) == len(t)  # no other client
+
+
+def test_servegen_excerpt_rows_parse_to_the_source_values():
+    """Values hand-checked against /work/shared/traces/servegen/*.csv.gz (the rows are verbatim copies)."""
+    from janusd.trace.servegen import _read_lengths, _read_rates
+
+    r1 = _read_rates(SG_MORE["reason_deepseek-r1"], 0, 1800)
+    assert r1[0] == (1, 0.0, 0.105, "Gamma", 1.1681033415865265, 8.05582170861377)
+    assert (17, 600.0, 0.025, "Gamma", 0.13322190313501373, 175.74598276243606) in r1
+    assert (19, 0.0, 0.2916666666666667, "Weibull", 0.4673289971941366, 3.352302712729438) in r1
+    mid = _read_rates(SG_MORE["language_m-mid"], 0, 1800)
+    assert (14, 600.0, 26.81833333333333, "Gamma", 0.10112685075319137, 0.3686513201209448) in mid
+    assert _read_rates(SG_MORE["language_m-mid"], 600, 1200) == [r for r in mid if r[1] == 600.0]
+    small = _read_rates(SG_MORE["language_m-small"], 0, 1800)
+    assert (7, 0.0, 0.021666666666666667, "Gamma", 0.5118708482829514, 59.61497272722542) in small
+    q = _read_lengths(DATA / "servegen" / "lengths_reason_deepseek-r1.csv")
+    assert len(q) == 8 * 3 and q[(1, 0, "input_tokens")][[0, 1, 2, 50, 100]].tolist() == [39, 50, 62, 170, 402]
+    assert q[(5, 0, "reason_ratio")][[0, 50, 100]].tolist() == [0.1317, 0.6287, 0.998]
+    q = _read_lengths(DATA / "servegen" / "lengths_language_m-small.csv")
+    assert q[(12, 0, "output_tokens")][[0, 50, 51, 100]].tolist() == [1, 1, 1, 288]
+    q = _read_lengths(DATA / "servegen" / "lengths_multimodal_mm-image.csv")
+    assert len(q) == 7 * 8 and set(q[(5, 0, "image_tokens")].tolist()) == {1196.0}
+    assert q[(10, 0, "image_count")][[0, 50, 100]].tolist() == [1, 2, 49]
+
+
+def _client(t, app):
+    sel = t.app_names() == app
+    assert sel.sum() > 0, app
+    return t.input_tokens[sel], t.output_tokens[sel]
+
+
+def test_servegen_multimodal_input_is_text_plus_counted_items():
+    """mm-image has no input_tokens: input = text + image_count x image_tokens (+ audio, video)."""
+    t = _load_more("multimodal_mm-image")
+    # client 5 (window 0): text_tokens 90..94, image_tokens always 1196, image_count always 1
+    inp, out = _client(t, "mm-image-c05")
+    assert inp.min() >= 90 + 1196 and inp.max() <= 94 + 1196 and 6 <= out.min() and out.max() <= 252
+    # client 3: text always 35, image_tokens 96..280, one image
+    inp, _ = _client(t, "mm-image-c03")
+    assert inp.min() >= 35 + 96 and inp.max() <= 35 + 280
+    # client 10: text <= 4242, image_tokens <= 1280, image_count 1..49 (median 2): above 4242 + 1280
+    # only when the count multiplies; the largest possible is 4242 + 49 x 1280
+    inp, _ = _client(t, "mm-image-c10")
+    assert inp.max() > 4242 + 1280 and inp.max() <= 4242 + 49 * 1280 and inp.min() >= 974 + 4
+
+
+def test_servegen_language_lengths_and_missing_clients():
+    mid = _load_more("language_m-mid")
+    inp, out = _client(mid, "m-mid-c14")  # input quantiles 182..279, output 1..107
+    assert inp.min() >= 182 and inp.max() <= 279 and out.max() <= 107
+    # clients 2, 3 and 7 have rates but no lengths (too large upstream): pooled window-0 quantiles
+    for c in ("02", "03", "07"):
+        inp, out = _client(mid, f"m-mid-c{c}")
+        assert inp.max() <= 16512 and out.max() <= 8193  # the largest q100 of the pooled clients
+    small = _load_more("language_m-small")
+    # client 12's output quantiles: q0..q97 = 1, q98 = q99 = 8, q100 = 288; interpolating u x 100 and
+    # rounding gives 1 for u < 0.97 + 0.5 / 7 / 100 and <= 8 for u < 0.99 + 0.5 / 280 / 100
+    _, out = _client(small, "m-small-c12")
+    assert len(out) > 100_000 and out.max() <= 288
+    assert (out == 1).mean() == pytest.approx(0.97 + 0.5 / 700, abs=0.003)
+    assert (out <= 8).mean() == pytest.approx(0.99 + 0.5 / 28000, abs=0.002)
+    r1 = _load_more("reason_deepseek-r1")
+    sel = r1.app_names() == "deepseek-r1-c17"  # one window, 600..1200 s, 0.025 req/s: exactly 15 requests
+    assert sel.sum() == 15 and np.all((r1.arrival_s[sel] >= 600) & (r1.arrival_s[sel] < 1200))
+
+
+@pytest.mark.parametrize("name", sorted(SG_MORE))
+def test_servegen_excerpt_with_a_bad_row_names_its_line(tmp_path, name):
+    rates_src, lengths_src = SG_MORE[name], DATA / "servegen" / f"lengths_{name}.csv"
+    rates = rates_src.read_text().splitlines()
+    lengths = lengths_src.read_text().splitlines()
+    (tmp_path / rates_src.name).write_text("\n".join(rates) + "\n")
+    bad = lengths[3].split(",")
+    bad[3], bad[103] = bad[103], "0" if bad[103] != "0" else "-1"  # q0 > q100 (or q100 < q0 = 0)
+    lengths[3] = ",".join(bad)
+    (tmp_path / lengths_src.name).write_text("\n".join(lengths) + "\n")
+    with pytest.raises(TraceError, match=rf"lengths_{name}.csv:4: quantiles must be finite and non-decreasing"):
+        load_servegen(tmp_path / rates_src.name)
+    (tmp_path / lengths_src.name).write_text(lengths_src.read_text())
+    cells = rates[5].split(",")
+    cells[2] = "-0.5"
+    rates[5] = ",".join(cells)
+    (tmp_path / rates_src.name).write_text("\n".join(rates) + "\n")
+    with pytest.raises(TraceError, match=rf"rates_{name}.csv:6: need rate_rps >= 0"):
+        load_servegen(tmp_path / rates_src.name)
 
 
 def test_azure_corrupt_gzip_is_a_trace_error(tmp_path):

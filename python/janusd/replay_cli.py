@@ -1,5 +1,8 @@
 """`janus replay --url URL --trace FILE --out DIR`: open-loop replay, results and a summary.
 
+While replaying it samples the server's GET /metrics every --devices-poll-s (default 1 s)
+into DIR/devices.csv, the active-devices series `janus report` draws (trace/devices_poll.py).
+
 Prints the summary JSON as the last line. Exit status 0 for a valid run, 3 when the
 replayer fell behind schedule by more than --max-lag-ms (the run's figures are then
 not to be trusted), 2 for bad input.
@@ -32,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tpot-slo-ms", type=float, default=200.0, help="TPOT target for rows without one")
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     parser.add_argument("--processes", type=int, default=1, help="replayer processes sharing the schedule")
+    parser.add_argument("--devices-poll-s", type=float, default=1.0,
+                        help="sample the server's GET /metrics this often into devices.csv (0: off)")
     parser.add_argument("--json", action="store_true",
                         help="accepted for uniformity: the JSON object is always the last line")
     parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # k/n, set by the parent
@@ -78,7 +83,7 @@ def _config(args: argparse.Namespace, connections: int):  # type: ignore[no-unty
     cfg = ReplayConfig(
         url=args.url, max_connections=connections, max_lag_ms=args.max_lag_ms,
         api_key=args.api_key or os.environ.get(KEY_ENV) or None, timeout_s=args.timeout_s,
-        ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms,
+        ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms, devices_poll_s=args.devices_poll_s,
     )  # fmt: skip
     cfg.check()
     return cfg
@@ -132,7 +137,7 @@ def _run_many(args: argparse.Namespace) -> dict:
             "--out", str(out / "shards" / str(k)), "--max-connections", str(max(1, -(-args.max_connections // n))),
             "--max-lag-ms", str(args.max_lag_ms), "--timeout-s", str(args.timeout_s), "--ttft-slo-ms",
             str(args.ttft_slo_ms), "--tpot-slo-ms", str(args.tpot_slo_ms), "--shard", f"{k}/{n}",
-            "--start-at", repr(start_at),
+            "--start-at", repr(start_at), "--devices-poll-s", str(args.devices_poll_s),
         ]  # fmt: skip
         if args.limit is not None:
             cmd += ["--limit", str(args.limit)]
@@ -150,5 +155,11 @@ def _run_many(args: argparse.Namespace) -> dict:
                     sink.write(line + b"\n")
     summary = summarize_run(rows, args.max_lag_ms, trace.duration_s, time.time() - start_at)
     summary["processes"] = n
+    devices = out / "shards" / "0" / "devices.csv"  # only shard 0 polls /metrics
+    (out / "devices.csv").unlink(missing_ok=True)
+    if args.devices_poll_s > 0 and devices.is_file():
+        (out / "devices.csv").write_bytes(devices.read_bytes())
+        shard0 = json.loads((out / "shards" / "0" / "summary.json").read_text())
+        summary.update({k: shard0[k] for k in ("device_polls", "device_poll_failures") if k in shard0})
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary

@@ -23,12 +23,17 @@ wait for a free connection of the bounded pool) and declares the run invalid whe
 maximum lag exceeds the bound: its figures would describe the client, not the server.
 Errors, HTTP failures, broken streams and timeouts are results with status != ok and
 count as misses in slo.py.
+
+Devices: alongside the requests a DevicePoller (devices_poll.py) samples the server's
+GET /metrics every devices_poll_s into devices.csv, on its own connection, so the report
+can draw active devices over time; failed polls are counted in the summary, not fatal.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +42,7 @@ import msgspec
 import numpy as np
 
 from janusd.trace import slo
+from janusd.trace.devices_poll import DevicePoller
 from janusd.trace.formats import Trace
 from janusd.trace.results import RequestResult, jsonable, results_from
 
@@ -75,6 +81,7 @@ class ReplayConfig:
     tpot_slo_ms: float = 200.0
     start_delay_s: float = 0.2
     window_s: float = 10.0
+    devices_poll_s: float = 1.0  # GET /metrics period for devices.csv; 0 = off (devices_poll.py)
 
     def check(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -83,6 +90,8 @@ class ReplayConfig:
             raise ValueError("max_connections must be >= 1")
         if not (self.max_lag_ms > 0 and self.timeout_s > 0 and self.ttft_slo_ms > 0 and self.tpot_slo_ms > 0):
             raise ValueError("max_lag_ms, timeout_s and the SLO defaults must be > 0")
+        if not (self.devices_poll_s == 0 or (self.devices_poll_s >= 0.05 and math.isfinite(self.devices_poll_s))):
+            raise ValueError(f"devices_poll_s must be 0 (off) or >= 0.05 s, got {self.devices_poll_s}")
 
 
 def _completions_url(base: str) -> str:
@@ -198,7 +207,8 @@ def _rows(trace: Trace, cfg: ReplayConfig) -> list[dict]:
 async def replay(
     trace: Trace, cfg: ReplayConfig, out_dir: str | Path, *, shard: tuple[int, int] = (0, 1), start_at: float | None = None
 ) -> dict:
-    """Run the replay; write out_dir/results.jsonl and summary.json; return the summary.
+    """Run the replay; write out_dir/results.jsonl, summary.json and (when polling,
+    cfg.devices_poll_s > 0, and shard k == 0 so n processes poll once) devices.csv.
 
     shard=(k, n) replays only rows k, k+n, k+2n, ... (indices stay those of the whole
     trace) and start_at (a time.time() instant) puts time 0 of the schedule there, so n
@@ -214,6 +224,7 @@ async def replay(
         raise ValueError(f"shard must be k/n with 0 <= k < n, got {k}/{n}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    (out / "devices.csv").unlink(missing_ok=True)  # never leave an earlier run's series beside these results
     url = _completions_url(cfg.url)
     rows = _rows(trace, cfg)
     prompts = PromptMaker()
@@ -224,6 +235,7 @@ async def replay(
     results: list[RequestResult] = []
     clock = time.monotonic  # not loop.time(): see the module docstring
     t_wall = time.time()
+    poller = DevicePoller(cfg.url, cfg.devices_poll_s, headers) if cfg.devices_poll_s > 0 and k == 0 else None
     with open(out / "results.jsonl", "wb") as sink:
 
         def done(task: asyncio.Task) -> None:
@@ -235,18 +247,27 @@ async def replay(
             sem = asyncio.Semaphore(cfg.max_connections)
             t0 = clock() + (cfg.start_delay_s if start_at is None else start_at - time.time())
             a0 = rows[0]["arrival_s"]
+            polling = asyncio.create_task(poller.run(t0, a0)) if poller else None
             tasks = []
-            for i in range(k, len(rows), n):
-                row = rows[i]
-                target = t0 + (row["arrival_s"] - a0)
-                delay = target - clock()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                task = asyncio.create_task(_one(session, sem, cfg, url, i, row, target, prompts(row["input_tokens"])))
-                task.add_done_callback(done)
-                tasks.append(task)
-            await asyncio.gather(*tasks)
+            try:
+                for i in range(k, len(rows), n):
+                    row = rows[i]
+                    target = t0 + (row["arrival_s"] - a0)
+                    delay = target - clock()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    task = asyncio.create_task(_one(session, sem, cfg, url, i, row, target, prompts(row["input_tokens"])))
+                    task.add_done_callback(done)
+                    tasks.append(task)
+                await asyncio.gather(*tasks)
+            finally:
+                if polling is not None:
+                    polling.cancel()
+                    await asyncio.gather(polling, return_exceptions=True)
     summary = summarize_run(results, cfg.max_lag_ms, trace.duration_s, time.time() - t_wall)
+    if poller is not None:
+        poller.write(out / "devices.csv")
+        summary.update(poller.summary())
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 

@@ -4,13 +4,16 @@ A run directory holds:
 - `results.jsonl`: one `RequestResult` per request, in any order (written as requests
   finish); `index` is the request's row in the trace.
 - `summary.json`: the run's headline figures (written by the tool that made the run).
-- `devices.csv` (optional): `t_s,active_devices`, a step series of how many devices the
-  system held, on the same time axis as `arrival_s`; the report plots it when present.
+- `devices.csv` (optional): `t_s,active_devices[,active_instances]`, a step series of how
+  many devices (and model instances) the system held, on the same time axis as
+  `arrival_s`; the report plots active_devices when present. `janus replay` writes it by
+  sampling the server's /metrics (trace/devices_poll.py).
 Any shell that writes these files (the simulator too) gets the same report.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from dataclasses import dataclass
@@ -24,6 +27,7 @@ from janusd.trace import slo
 from janusd.trace.formats import TraceError, fixed_csv_rows, open_text, reading
 
 Status = Literal["ok", "error", "timeout"]
+DEVICES_COLUMNS = ["t_s", "active_devices", "active_instances"]
 
 
 class RequestResult(msgspec.Struct, omit_defaults=True):
@@ -104,17 +108,23 @@ def read_results(path: str | os.PathLike[str]) -> Results:
 
 
 def read_devices(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray] | None:
-    """devices.csv -> (t_s, active_devices), or None when the file is absent."""
+    """devices.csv -> (t_s, active_devices), or None when the file is absent.
+    active_instances, when present, is checked as a number but not returned."""
     if not Path(path).is_file():
         return None
     ts, ds = [], []
     with reading(str(path)), open_text(path) as f:
-        for where, row in fixed_csv_rows(str(path), f, ["t_s", "active_devices"]):
+        first = f.readline()
+        header = [h.strip() for h in first.strip().split(",")]
+        cols = DEVICES_COLUMNS if header == DEVICES_COLUMNS else DEVICES_COLUMNS[:2]
+        text = "t_s,active_devices[,active_instances]"
+        for where, row in fixed_csv_rows(str(path), itertools.chain([first], f), cols, text):
             try:
-                ts.append(float(row[0]))
-                ds.append(float(row[1]))
+                values = [float(v) for v in row]
             except ValueError:
-                raise TraceError(f"{where}: expected two numbers") from None
+                raise TraceError(f"{where}: expected {len(cols)} numbers") from None
+            ts.append(values[0])
+            ds.append(values[1])
     return np.array(ts), np.array(ds)
 
 
