@@ -143,3 +143,29 @@ def wait_until(pred: Any, timeout_s: float, interval_s: float = 0.05) -> Any:
         if time.monotonic() > deadline:
             return v
         time.sleep(interval_s)
+
+
+def open_stream(d: Daemon, model: str, max_tokens: int, prompt: str = "once upon a time") -> tuple[Any, Any]:
+    """A streaming completion (ignore_eos, usage included) left open: (connection, response)."""
+    import http.client
+
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+                       "stream": True, "stream_options": {"include_usage": True}})
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=60)
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise AssertionError(f"stream refused: {resp.status} {resp.read()[:300]!r}")
+    return conn, resp
+
+
+def sse_events(resp: Any) -> Any:
+    """Yield (receive time, decoded event or '[DONE]') from an SSE response."""
+    while True:
+        line = resp.readline()
+        if not line:
+            return
+        line = line.strip()
+        if line.startswith(b"data: "):
+            payload = line[6:]
+            yield time.monotonic(), ("[DONE]" if payload == b"[DONE]" else json.loads(payload))

@@ -4,8 +4,6 @@ last one stops it."""
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
 import signal
 import socket
@@ -16,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon_harness import DEMO_MODELS, server_section, start_daemon, wait_until
+from daemon_harness import DEMO_MODELS, open_stream, server_section, sse_events, start_daemon, wait_until
 from janusd.wire import admin_msgs as am
 
 
@@ -67,29 +65,6 @@ def daemon(notify):
     d.stop()
 
 
-def _open_stream(d, model: str, max_tokens: int):
-    body = json.dumps({"model": model, "prompt": "once upon a time", "max_tokens": max_tokens,
-                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
-    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=30)
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert resp.status == 200
-    return conn, resp
-
-
-def _events(resp):
-    """Yield (receive time, decoded event or '[DONE]') from an SSE response."""
-    while True:
-        line = resp.readline()
-        if not line:
-            return
-        line = line.strip()
-        if not line.startswith(b"data: "):
-            continue
-        payload = line[6:]
-        yield time.monotonic(), ("[DONE]" if payload == b"[DONE]" else json.loads(payload))
-
-
 def test_ready_and_watchdog_notifications(daemon, notify):
     assert wait_until(lambda: notify.saw("READY=1"), 5.0)
     assert wait_until(lambda: len(notify.saw("WATCHDOG=1")) >= 2, 3.0), notify.messages
@@ -99,8 +74,8 @@ def test_ready_and_watchdog_notifications(daemon, notify):
 
 def test_kill9_worker_mid_stream(daemon):
     pids = daemon.worker_pids()
-    conn, resp = _open_stream(daemon, "demo-llama", 1500)
-    events = _events(resp)
+    conn, resp = open_stream(daemon, "demo-llama", 1500)
+    events = sse_events(resp)
     _, first = next(events)
     assert first["choices"][0]["finish_reason"] is None
     t_kill = time.monotonic()
@@ -210,8 +185,8 @@ def test_sighup_changing_only_slos_applies_them_without_a_reload(daemon):
 
 def test_sigterm_drains_in_flight_and_exits_zero(daemon, notify):
     pids = daemon.worker_pids()
-    conn, resp = _open_stream(daemon, "demo-llama", 1500)
-    events = _events(resp)
+    conn, resp = open_stream(daemon, "demo-llama", 1500)
+    events = sse_events(resp)
     next(events)
     daemon.proc.send_signal(signal.SIGTERM)
     assert wait_until(lambda: notify.saw("STOPPING=1"), 3.0)

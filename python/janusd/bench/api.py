@@ -20,16 +20,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import re
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from janusd.bench import daemon_proc
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,28 +46,12 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
-def _start_daemon(args: argparse.Namespace, cache: str, run_dir: Path) -> tuple[subprocess.Popen[bytes], int, Path]:
-    cfg = run_dir / "bench.toml"
-    cfg.write_text(
+def _config(args: argparse.Namespace, cache: str, run_dir: Path) -> str:
+    return (
         f'[server]\nport = 0\nadmin_socket = "{run_dir / "admin.sock"}"\ncache_dir = "{cache}"\nqueue_limit = 100000\n'
         f'[devices]\ncount = 1\nmemory_mib = 512\n'
         f'[[models]]\nname = "bench"\ncheckpoint = "{args.checkpoint}"\nkv_cache_mib = 128\nttft_slo_ms = 60000.0\n'
     )
-    log = run_dir / "daemon.log"
-    env = {**os.environ, "JANUSD_WORKER_TORCH_THREADS": str(args.torch_threads)}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "janusd.cli", "serve", "--config", str(cfg)], stdout=out,
-                                stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        m = re.search(r"serving on http://127\.0\.0\.1:(\d+)", log.read_text(errors="replace"))
-        if m:
-            return proc, int(m.group(1)), log
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"the daemon did not start:\n{log.read_text(errors='replace')}")
 
 
 async def _api_ttft(session: Any, url: str, prompt: str) -> float | None:
@@ -164,7 +145,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(0)
     prompts = [" ".join(rng.choice(words) for _ in range(args.prompt_words)) for _ in range(args.requests)]
     run_dir = Path(tempfile.mkdtemp(prefix="janus-bench-api-"))
-    proc, port, _log = _start_daemon(args, cache, run_dir)
+    proc, port = daemon_proc.start(_config(args, cache, run_dir), run_dir, args.torch_threads, {"bench": 1})
     try:
         api = asyncio.run(_overhead_api(port, prompts))
         engine = _overhead_engine(args, cache, prompts)  # daemon idle meanwhile
@@ -180,11 +161,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 break
             best = rate
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        exit_code = daemon_proc.stop(proc)
     ms = lambda x: round(x * 1e3, 3)  # noqa: E731
     return {
         "bench": "api",
@@ -199,5 +176,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "max_rate_before_p99_doubles_rps": best,
         "base_p99_ttft_ms": base_p99,
         "sweep": json.loads(json.dumps(sweep)),
-        "daemon_exit": proc.returncode,
+        "daemon_exit": exit_code,
     }

@@ -17,16 +17,13 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import random
-import re
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from janusd.bench import daemon_proc
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,45 +36,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-threads", type=int, default=1, help="torch threads per worker")
 
 
-def _start(args: argparse.Namespace, cache: str, run_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
-    cfg = run_dir / "bench.toml"
+def _config(args: argparse.Namespace, cache: str, run_dir: Path) -> str:
     model = f'checkpoint = "{args.checkpoint}"\nkv_cache_mib = 256\nttft_slo_ms = 600000.0\ntpot_slo_ms = 600000.0\n'
-    cfg.write_text(
+    return (
         f'[server]\nport = 0\nadmin_socket = "{run_dir / "admin.sock"}"\ncache_dir = "{cache}"\n'
         f"[devices]\ncount = 2\nmemory_mib = {args.memory_mib}\n"
         f'[[models]]\nname = "pd"\n{model}devices = [0, 1]\nprefill_devices = [0]\n'
         f'[[models]]\nname = "ref"\n{model}devices = [1]\n'
     )
-    log = run_dir / "daemon.log"
-    env = {**os.environ, "JANUSD_WORKER_TORCH_THREADS": str(args.torch_threads)}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "janusd.cli", "serve", "--config", str(cfg)], stdout=out,
-                                stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        text = log.read_text(errors="replace")
-        if re.search(r"janusd: loading \S+ on device \d+ failed", text):
-            break
-        m = re.search(r"serving on http://127\.0\.0\.1:(\d+)", text)
-        if m and _active(int(m.group(1))) == {"pd": 2, "ref": 1}:
-            return proc, int(m.group(1))
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"the daemon did not start or load its models:\n{log.read_text(errors='replace')[-4000:]}")
-
-
-def _active(port: int) -> dict[str, int]:
-    """Active instances per model, from /health (models load after the daemon serves)."""
-    try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        conn.request("GET", "/health")
-        out = json.loads(conn.getresponse().read())
-        conn.close()
-        return dict(out.get("models", {}))
-    except (OSError, ValueError):
-        return {}
 
 
 def _stream(port: int, model: str, prompt: str, max_tokens: int) -> tuple[list[float], str, int]:
@@ -126,7 +92,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     lengths = [int(x) for x in args.lengths.split(",")]
     rng = random.Random(0)
     run_dir = Path(tempfile.mkdtemp(prefix="janus-bench-pd-"))
-    proc, port = _start(args, cache, run_dir)
+    proc, port = daemon_proc.start(_config(args, cache, run_dir), run_dir, args.torch_threads, {"pd": 2, "ref": 1})
     rows = []
     identical = True
     try:
@@ -163,10 +129,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "later_tpot_ms": {"pd": ms(_median(later["pd"])), "ref": ms(_median(later["ref"]))},
             })  # fmt: skip
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        daemon_proc.stop(proc)
     return {"bench": "pd", "model": args.checkpoint, "repeats": args.repeats, "greedy_outputs_identical": identical,
             "by_prompt_length": rows}

@@ -223,12 +223,18 @@ class WorkerProc:
         elif isinstance(msg, wm.Shutdown):
             self.running = False
 
-    def _generate(self, msg: wm.Generate) -> None:
-        from janusd.engine.types import RequestError, SamplingParams
-
+    def _model_for(self, msg: wm.Generate | wm.ImportKV) -> Any:
+        """The request's model engine, or None after telling the daemon it is not here."""
         me = self.de.models.get(msg.model)
         if me is None:
             self._send(wm.RequestFailed(msg.req_id, f"model {msg.model!r} is not loaded on this worker", "internal"))
+        return me
+
+    def _generate(self, msg: wm.Generate) -> None:
+        from janusd.engine.types import RequestError, SamplingParams
+
+        me = self._model_for(msg)
+        if me is None:
             return
         try:
             params = SamplingParams(**msgspec.structs.asdict(msg.sampling))
@@ -245,9 +251,8 @@ class WorkerProc:
     def _import(self, msg: wm.ImportKV) -> None:
         from janusd.engine.types import SamplingParams
 
-        me = self.de.models.get(msg.model)
+        me = self._model_for(msg)
         if me is None:
-            self._send(wm.RequestFailed(msg.req_id, f"model {msg.model!r} is not loaded on this worker", "internal"))
             return
         try:
             params = SamplingParams(**msgspec.structs.asdict(msg.sampling))

@@ -1,0 +1,66 @@
+"""A real `janus serve` in a subprocess for the benchmarks that measure through the API.
+
+Models load after the daemon starts serving, so a benchmark waits until /health shows
+each of its models with the expected number of Active instances; a load failure in the
+log ends the wait at once with the log's tail instead of a 5-minute timeout.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def active_instances(port: int) -> dict[str, int]:
+    """Active instances per model, from /health; {} when the daemon does not answer."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/health")
+        out = json.loads(conn.getresponse().read())
+        conn.close()
+        return dict(out.get("models", {}))
+    except (OSError, ValueError):
+        return {}
+
+
+def start(config_text: str, run_dir: Path, torch_threads: int, active: dict[str, int],
+          timeout_s: float = 300.0) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the daemon on `config_text` (port 0); return it and its port once `active`
+    (model -> instances) holds. Raises RuntimeError with the log's tail otherwise."""
+    cfg = run_dir / "bench.toml"
+    cfg.write_text(config_text)
+    log = run_dir / "daemon.log"
+    env = {**os.environ, "JANUSD_WORKER_TORCH_THREADS": str(torch_threads)}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "janusd.cli", "serve", "--config", str(cfg)], stdout=out,
+                                stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        if re.search(r"janusd: loading \S+ on device \d+ failed", text):
+            break
+        m = re.search(r"serving on http://127\.0\.0\.1:(\d+)", text)
+        if m and active_instances(int(m.group(1))) == active:
+            return proc, int(m.group(1))
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"the daemon did not start or load its models:\n{log.read_text(errors='replace')[-4000:]}")
+
+
+def stop(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> int:
+    """SIGTERM (drain and exit), then kill if it does not exit in time; the exit code."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
