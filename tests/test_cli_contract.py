@@ -154,6 +154,11 @@ def test_bench_engine_json_figures_are_consistent(tmp_path: Path) -> None:
     roofline = out["read_GB_s"] * 1e3 / demo["weight_MB_per_token"]
     assert demo["b1_roofline_tok_s"] == pytest.approx(roofline, rel=0.02)
     assert demo["b1_roofline_ratio"] == pytest.approx(demo["b1"]["decode_tok_s"] / demo["b1_roofline_tok_s"], rel=0.01)
+    # The definition: (weight bytes / memcpy rate) / measured batch-1 step time.
+    memcpy_ratio = (demo["weight_MB_per_token"] * 1e6 / (out["memcpy_GB_s"] * 1e9)) / (demo["b1"]["decode_step_ms"] / 1e3)
+    assert demo["b1_roofline_ratio_memcpy"] == pytest.approx(memcpy_ratio, rel=0.03)
+    assert demo["b1_roofline_tok_s_memcpy"] == pytest.approx(out["memcpy_GB_s"] * 1e3 / demo["weight_MB_per_token"],
+                                                             rel=0.02)
     assert 0.0 <= demo["outside_forward_share"] < 1.0
     co = out["colocation"]
     for n in (2, 4):

@@ -219,3 +219,7 @@ def test_benchmark_reports_matching_plans_and_a_speedup() -> None:
         assert case["rust_us"] > 0 and case["python_us"] > 0
         assert case["speedup"] == pytest.approx(case["python_us"] / case["rust_us"], rel=0.05)
         assert case["speedup"] > 1.0
+        # Wall-clock medians of the same samples: never below the thread's CPU time by more
+        # than clock granularity (a thread cannot run longer than the wall time it spans).
+        assert case["rust_wall_us"] >= 0.9 * case["rust_us"] and case["python_wall_us"] >= 0.9 * case["python_us"]
+        assert case["speedup_wall"] == pytest.approx(case["python_wall_us"] / case["rust_wall_us"], rel=0.05)

@@ -171,7 +171,8 @@ class XtKv:
     def global_offsets(self, byte_offset: int, nbytes: int) -> list[tuple[int, int]]: ...
 
 def xtensor_bench_map(pages: int = 256, page_size: int = ..., rounds: int = 15) -> dict[str, float]:
-    """Per-page map/unmap microseconds through DevicePool vs bare mmap (host backend)."""
+    """Per-page map/unmap microseconds through DevicePool vs bare mmap (host backend),
+    untouched (`*_us_per_page`) and with every OS page written after mapping (`*touched_*`)."""
 
 def xtensor_bench_bookkeeping(num_pages: int = 65536, ops: int = 1000000, seed: int = 1) -> tuple[float, float]:
     """(thread CPU ns, wall ns) per alloc/free of the pure page pool, medians of 3 trials."""

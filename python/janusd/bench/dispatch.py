@@ -6,8 +6,10 @@ chunk and the rest shrinks fast; the expensive case for LST-IMH is the one where
 jobs cannot be placed and every machine scans nearly the whole backlog. Inputs are
 generated once per case with a fixed seed; both implementations get the same lists and
 must return the same plan (checked), and the time includes list conversion. Times are
-the median CPU time of the calling thread per call, each implementation measured in its
-own steady-state loop (see `median_us`). Right after a call of the Python reference, the
+the median CPU time of the calling thread per call (`rust_us`, `python_us`, `speedup`:
+what the targets are checked against), each implementation measured in its own
+steady-state loop (see `median_us`); the median wall-clock time of the same samples is
+reported next to them (`rust_wall_us`, `python_wall_us`, `speedup_wall`). Right after a call of the Python reference, the
 next few Rust calls run up to ~1.4x slower, recovering over about ten calls (measured
 here; not the cyclic GC, not malloc trimming, cause not pinned down), so interleaving the
 two would charge part of the reference's cost to Rust.
@@ -42,26 +44,31 @@ def backlog(jobs: int, machines: int, seed: int) -> tuple[list[float], list[floa
     return proc, deadline, avail
 
 
-def median_us(fn: Callable[[], object], reps: int) -> float:
-    """Median microseconds per call of `fn` in steady state (after a warm-up call).
+def median_us(fn: Callable[[], object], reps: int) -> tuple[float, float]:
+    """(CPU, wall) median microseconds per call of `fn` in steady state (after a warm-up
+    call), both from the same samples.
 
-    Measured as CPU time of this thread (`time.thread_time_ns`), not wall time: on a
-    shared machine a millisecond-long call is often descheduled half-way, which made the
-    wall-clock median of the Python reference swing 2-6x between runs. The Rust call
-    releases the GIL but runs on this thread, so its time is counted too. Each sample
-    times a batch of calls lasting at least ~50 us, so the clock read (~0.25 us, a
-    system call) stays out of the figure for the fast cases.
+    CPU time of this thread (`time.thread_time_ns`) is the headline: on a shared machine
+    a millisecond-long call is often descheduled half-way, which made the wall-clock
+    median of the Python reference swing 2-6x between runs. The Rust call releases the
+    GIL but runs on this thread, so its time is counted too. Wall time
+    (`time.perf_counter_ns`) is read around the same batches, so the two differ only by
+    time this thread spent off the CPU (descheduled, page faults served elsewhere).
+    Each sample times a batch of calls lasting at least ~50 us of CPU, so the clock
+    reads (~0.25 us, a system call) stay out of the figure for the fast cases.
     """
     t0 = time.thread_time_ns()
     fn()
     batch = max(1, 50_000 // max(1, time.thread_time_ns() - t0))
-    samples = []
+    cpu, wall = [], []
     for _ in range(reps):
-        t0 = time.thread_time_ns()
+        w0, t0 = time.perf_counter_ns(), time.thread_time_ns()
         for _ in range(batch):
             fn()
-        samples.append((time.thread_time_ns() - t0) / batch)
-    return statistics.median(samples) / 1000.0
+        t1, w1 = time.thread_time_ns(), time.perf_counter_ns()
+        cpu.append((t1 - t0) / batch)
+        wall.append((w1 - w0) / batch)
+    return statistics.median(cpu) / 1000.0, statistics.median(wall) / 1000.0
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -78,8 +85,8 @@ def run(args: argparse.Namespace) -> dict:
             raise RuntimeError(f"Rust and Python LST-IMH disagree on {jobs} jobs x {machines} machines")
         # A few seconds per case at most; Python at 10,000 jobs gets few repetitions.
         rust_reps, python_reps = {100: (200, 100), 1_000: (200, 30), 10_000: (40, 5)}[jobs]
-        rust_us = median_us(lambda: _native.lst_imh(proc, deadline, avail), rust_reps)
-        python_us = median_us(lambda: ref.lst_imh(proc, deadline, avail), python_reps)
+        rust_us, rust_wall_us = median_us(lambda: _native.lst_imh(proc, deadline, avail), rust_reps)
+        python_us, python_wall_us = median_us(lambda: ref.lst_imh(proc, deadline, avail), python_reps)
         cases.append(
             {
                 "jobs": jobs,
@@ -87,6 +94,9 @@ def run(args: argparse.Namespace) -> dict:
                 "rust_us": round(rust_us, 1),
                 "python_us": round(python_us, 1),
                 "speedup": round(python_us / rust_us, 1),
+                "rust_wall_us": round(rust_wall_us, 1),
+                "python_wall_us": round(python_wall_us, 1),
+                "speedup_wall": round(python_wall_us / rust_wall_us, 1),
             }
         )
     return {"cases": cases}

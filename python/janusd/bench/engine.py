@@ -3,10 +3,13 @@
 Measures, in one run:
 - prefill and decode tokens/s at batch 1, 8 and 32 for SmolLM2-135M (float32) and a
   demo model (demo:llama-small), each on a DeviceEngine of its own;
-- batch-1 decode against the memory-bandwidth roofline: the read bandwidth measured in
-  the same run (best of a sum and a mat-vec; memcpy is shown too but also writes)
-  divided by the weight bytes read per token gives the fastest possible token rate;
-  the ratio achieved/roofline is reported (target >= 0.5);
+- batch-1 decode against the memory-bandwidth roofline, two ways, both with bandwidths
+  measured in the same run: `b1_roofline_ratio` divides by the read bandwidth (best of
+  a sum and a mat-vec: a decode step only reads its weights), and
+  `b1_roofline_ratio_memcpy` by the memcpy rate, the issue's definition ("weight bytes
+  read per token over the machine's memcpy bandwidth"). memcpy reads AND writes each
+  byte, so its rate is lower and that ratio is the more generous one; both are
+  achieved tokens/s over roofline tokens/s (target >= 0.5);
 - co-location: 2 and 4 demo models on one pool stepping together (interleaved loop,
   DeviceEngine.step, and a thread per model for comparison) vs each alone;
 - the share of step time spent outside the forward (scheduling, metadata, sampling,
@@ -179,8 +182,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t_start = time.perf_counter()
     batches = [int(b) for b in args.batches.split(",")]
     bw = read_bandwidth()
+    copy_bw = memcpy_bandwidth()
     result: dict[str, Any] = {"bench": "engine", "device": "cpu", "torch_threads": torch.get_num_threads(),
-                              "memcpy_GB_s": round(memcpy_bandwidth() / 1e9, 2), "read_GB_s": round(bw / 1e9, 2),
+                              "memcpy_GB_s": round(copy_bw / 1e9, 2), "read_GB_s": round(bw / 1e9, 2),
                               "prompt_len": args.prompt_len,
                               "decode_steps": args.decode_steps}
     cache = default_cache_dir()
@@ -198,6 +202,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             res["weight_MB_per_token"] = round(wbytes / 1e6, 1)
             res["b1_roofline_tok_s"] = round(roofline_tok_s, 2)
             res["b1_roofline_ratio"] = round(res["b1"]["decode_tok_s"] / roofline_tok_s, 3)
+            # The issue's definition: seconds to stream the weights once at the memcpy rate
+            # over the measured seconds per batch-1 decode step.
+            memcpy_roofline_tok_s = copy_bw / wbytes
+            res["b1_roofline_tok_s_memcpy"] = round(memcpy_roofline_tok_s, 2)
+            res["b1_roofline_ratio_memcpy"] = round(res["b1"]["decode_tok_s"] / memcpy_roofline_tok_s, 3)
         res["outside_forward_share"] = round(me.stats.overhead_share, 4)
         result[label] = res
         de.unload_model(label)

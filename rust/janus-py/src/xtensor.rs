@@ -226,7 +226,7 @@ impl XtKv {
     }
 }
 
-/// `janus bench xtensor`: per-page map/unmap against the raw mmap floor (host backend).
+/// `janus bench xtensor`: per-page map/unmap against the raw mmap floor (host backend), untouched and touched.
 #[pyfunction]
 #[pyo3(signature = (pages=256, page_size=2 << 20, rounds=15))]
 fn xtensor_bench_map<'py>(py: Python<'py>, pages: usize, page_size: usize, rounds: usize) -> PyResult<Bound<'py, PyDict>> {
@@ -241,6 +241,10 @@ fn xtensor_bench_map<'py>(py: Python<'py>, pages: usize, page_size: usize, round
     d.set_item("unmap_us_per_page", r.unmap_us_per_page)?;
     d.set_item("raw_map_us_per_page", r.raw_map_us_per_page)?;
     d.set_item("raw_unmap_us_per_page", r.raw_unmap_us_per_page)?;
+    d.set_item("touched_map_us_per_page", r.touched_map_us_per_page)?;
+    d.set_item("touched_unmap_us_per_page", r.touched_unmap_us_per_page)?;
+    d.set_item("raw_touched_map_us_per_page", r.raw_touched_map_us_per_page)?;
+    d.set_item("raw_touched_unmap_us_per_page", r.raw_touched_unmap_us_per_page)?;
     Ok(d)
 }
 

@@ -5,8 +5,11 @@
 //! - [`map_unmap`]: per-page map/unmap cost of a KV region growing/shrinking one page at
 //!   a time through [`DevicePool`] (host backend), against the raw floor in the same run:
 //!   a bare mmap(MAP_FIXED|MAP_SHARED) of a memfd page into a reserved range and a bare
-//!   mmap(MAP_FIXED, PROT_NONE) over it. Neither side touches the page after mapping
-//!   (first-touch faults are excluded from both).
+//!   mmap(MAP_FIXED, PROT_NONE) over it. Untouched rounds: neither side touches the page
+//!   after mapping (first-touch faults are excluded from both). Touched rounds: both sides
+//!   write one byte to every OS page (4 KiB) of each page right after mapping it, inside
+//!   the timed map loop, so the map figure includes faulting the page in and the unmap
+//!   figure includes tearing down its page-table entries (what a real KV page costs).
 //! - [`bookkeeping`]: nanoseconds per alloc/free of the pure [`PagePool`].
 //! - [`churn`]: fragmentation ([`super::stats`]) sampled after every operation of a
 //!   load/unload + KV grow/shrink workload on a real host-backed pool.
@@ -51,6 +54,21 @@ pub struct MapResult {
     pub unmap_us_per_page: f64,
     pub raw_map_us_per_page: f64,
     pub raw_unmap_us_per_page: f64,
+    /// Touched rounds: map + a write to every OS page, and unmap of the populated page.
+    pub touched_map_us_per_page: f64,
+    pub touched_unmap_us_per_page: f64,
+    pub raw_touched_map_us_per_page: f64,
+    pub raw_touched_unmap_us_per_page: f64,
+}
+
+/// Write one byte to every OS page of `[va, va + len)`: each write faults one page in.
+fn touch(va: usize, len: usize) {
+    // SAFETY: sysconf has no preconditions.
+    let step = unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize };
+    for off in (0..len).step_by(step) {
+        // SAFETY: callers pass a range they just mapped read/write.
+        unsafe { std::ptr::write_volatile((va + off) as *mut u8, 1) };
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -61,7 +79,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// `rounds` alternating rounds of: ours (grow a KV region 0 -> `pages` one page per
 /// resize, then shrink back one page per resize, cache watermarks 0 so each step maps or
 /// unmaps exactly one page synchronously) and raw (the same number of bare mmap calls on
-/// a memfd, pages placed in the same scattered order). Medians over rounds.
+/// a memfd, pages placed in the same scattered order). Then `rounds` touched rounds, the
+/// same but each page written at every OS page right after mapping (timed with the map),
+/// after one untimed touched round per side so that both measure faults on memfd pages
+/// that already exist (not the first allocation of shared memory); which side goes first
+/// alternates between touched rounds. Medians over rounds.
 pub fn map_unmap(pages: usize, page_size: usize, rounds: usize) -> XtResult<MapResult> {
     // Twice the pages, and a filler region holding every other page, so the measured
     // region's pages are never physically consecutive (one map call per page, like raw).
@@ -99,6 +121,50 @@ pub fn map_unmap(pages: usize, page_size: usize, rounds: usize) -> XtResult<MapR
         }
         ru.push(t.elapsed().as_secs_f64() * 1e6 / pages as f64);
     }
+    let (mut tm, mut tu, mut trm, mut tru) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let ours_touched = || -> XtResult<(f64, f64)> {
+        let t = Instant::now();
+        for i in 1..=pages {
+            pool.kv_resize(kv.id, i)?;
+            touch(kv.base + (i - 1) * page_size, page_size);
+        }
+        let map_us = t.elapsed().as_secs_f64() * 1e6 / pages as f64;
+        let t = Instant::now();
+        for i in (0..pages).rev() {
+            pool.kv_resize(kv.id, i)?;
+        }
+        Ok((map_us, t.elapsed().as_secs_f64() * 1e6 / pages as f64))
+    };
+    let raw_touched = || -> XtResult<(f64, f64)> {
+        let t = Instant::now();
+        for i in 0..pages {
+            raw.map(raw_base + i * page_size, (2 * i + 1) as u32, 1)?;
+            touch(raw_base + i * page_size, page_size);
+        }
+        let map_us = t.elapsed().as_secs_f64() * 1e6 / pages as f64;
+        let t = Instant::now();
+        for i in (0..pages).rev() {
+            raw.unmap(raw_base + i * page_size, page_size)?;
+        }
+        Ok((map_us, t.elapsed().as_secs_f64() * 1e6 / pages as f64))
+    };
+    for round in 0..=rounds {
+        // Which side goes first alternates, so neither always runs on the other's leftovers.
+        let (ours, theirs) = if round % 2 == 0 {
+            let o = ours_touched()?;
+            (o, raw_touched()?)
+        } else {
+            let r = raw_touched()?;
+            (ours_touched()?, r)
+        };
+        if round > 0 {
+            // Round 0 allocated the memfd pages on both sides: a warm-up, not measured.
+            tm.push(ours.0);
+            tu.push(ours.1);
+            trm.push(theirs.0);
+            tru.push(theirs.1);
+        }
+    }
     raw.release(raw_base, pages * page_size)?;
     pool.close()?;
     Ok(MapResult {
@@ -108,6 +174,10 @@ pub fn map_unmap(pages: usize, page_size: usize, rounds: usize) -> XtResult<MapR
         unmap_us_per_page: median(u),
         raw_map_us_per_page: median(rm),
         raw_unmap_us_per_page: median(ru),
+        touched_map_us_per_page: median(tm),
+        touched_unmap_us_per_page: median(tu),
+        raw_touched_map_us_per_page: median(trm),
+        raw_touched_unmap_us_per_page: median(tru),
     })
 }
 

@@ -15,6 +15,8 @@
 //! are single pages, so they are not counted there; `fragmentation_all_zones_pct` counts
 //! them too (every free run shorter than the smallest weight request, anywhere), the
 //! stricter figure. Page rounding of weight segments is `rounding_waste_pct`.
+//! docs/xtensor.md states the same definitions for readers of the benchmark, with their
+//! caveats; keep the two in step.
 
 use std::collections::HashMap;
 

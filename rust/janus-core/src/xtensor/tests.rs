@@ -174,6 +174,8 @@ fn missing_vendor_libraries_are_named() {
 fn benches_measure_something_real() {
     let m = bench::map_unmap(8, 4096, 3).unwrap();
     assert!(m.map_us_per_page > 0.0 && m.raw_map_us_per_page > 0.0);
+    assert!(m.touched_map_us_per_page > 0.0 && m.raw_touched_map_us_per_page > 0.0);
+    assert!(m.touched_unmap_us_per_page > 0.0 && m.raw_touched_unmap_us_per_page > 0.0);
     let (cpu, wall) = bench::bookkeeping(1024, 10_000, 3).unwrap();
     assert!(cpu > 0.0 && wall > 0.0);
     let c = bench::churn(4096, 4096, 20_000, 5).unwrap();
