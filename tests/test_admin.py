@@ -166,6 +166,7 @@ def _metric(daemon, name: str) -> float:
 
 def test_relax_requeue_serves_a_late_request_or_rejects_after_max_relax(daemon):
     relaxed0 = _metric(daemon, "janusd_dispatch_relaxed_total")
+    per_model0 = _metric(daemon, 'janusd_relaxed_total{model="demo-qwen2"}')
     body = {"model": "demo-qwen2", "prompt": "hello", "max_tokens": 2, "ignore_eos": True}
     # 10 us cannot cover any prefill estimate (a fit of observed prefills, >= ~0.1 ms): relaxed once, to 1 s
     st, _, out = daemon.http("POST", "/v1/completions", {**body, "slo": {"ttft_ms": 0.01}})
@@ -176,6 +177,8 @@ def test_relax_requeue_serves_a_late_request_or_rejects_after_max_relax(daemon):
     assert st == 503 and out["error"]["code"] == "slo_unattainable", out
     assert "requeue=relax" in out["error"]["message"]
     assert _metric(daemon, "janusd_dispatch_relaxed_total") == relaxed0 + 2
+    assert _metric(daemon, 'janusd_relaxed_total{model="demo-qwen2"}') == per_model0 + 2
+    assert _metric(daemon, 'janusd_relaxed_total{model="demo-llama"}') == 0
     assert _metric(daemon, 'janusd_rejected_total{model="demo-qwen2",reason="slo"}') == 1
 
 

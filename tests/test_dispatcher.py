@@ -98,6 +98,17 @@ def test_reject_versus_relax_accounting() -> None:
     assert rel.take_rejected() == [1]
     s = rel.stats()
     assert (s["relaxed"], s["rejected"], s["pending"]) == (2, 1, 0)
+    assert rel.relaxed("nobody-serves-this") == 2 and rej.relaxed("nobody-serves-this") == 0
+
+
+def test_relaxed_counts_are_kept_per_model() -> None:
+    d = Dispatcher(requeue="relax", relax_factor=2.0, max_relax=3)
+    d.submit(1, "a", 0.0, 0.1, 0.05)
+    d.submit(2, "a", 0.0, 0.1, 0.05)
+    d.submit(3, "b", 0.0, 10.0, 0.05)  # far from its latest start: never relaxed
+    d.tick(1.0)
+    assert (d.relaxed("a"), d.relaxed("b"), d.relaxed("unknown")) == (2, 0, 0)
+    assert d.stats()["relaxed"] == d.relaxed("a") + d.relaxed("b")
 
 
 def test_relaxed_job_is_served_when_an_instance_appears() -> None:

@@ -90,6 +90,8 @@ class Dispatcher:
         """Estimated prefill done time of the work given to the instance (>= now)."""
     def pending(self, model: str) -> int:
         """Queued requests of `model`."""
+    def relaxed(self, model: str) -> int:
+        """Deadline extensions granted to `model`'s requests so far (requeue = relax)."""
     def stats(self) -> dict[str, int]:
         """submitted, assigned, completed, rejected, relaxed, cancelled, orphaned (handed
         back by remove_instance), pending, in_flight, ticks."""

@@ -391,6 +391,7 @@ class Daemon:
         insts = [(p.model, p.device, p.state) for e in self.models.models.values() for p in e.placements.values()]
         return {
             "queues": {n: self.queue_length(n) for n in self.models.models},
+            "relaxed": {n: self.sched.relaxed_of(n) for n in self.models.models},
             "in_flight": {n: self.requests.count(n) for n in self.models.models},
             "dispatch": self.sched.stats(),
             "instances": insts,

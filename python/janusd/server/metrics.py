@@ -47,6 +47,11 @@ class _Live(Collector):
         for model, n in s["in_flight"].items():
             inflight.add_metric([model], n)
         yield inflight
+        rel = CounterMetricFamily("janusd_relaxed", "deadline extensions granted to the model's queued "
+                                  "requests (dispatch.requeue = relax)", labels=["model"])
+        for model, n in s.get("relaxed", {}).items():
+            rel.add_metric([model], n)
+        yield rel
         d = s["dispatch"]
         for key in ("submitted", "assigned", "completed", "rejected", "relaxed", "cancelled"):
             c = CounterMetricFamily(f"janusd_dispatch_{key}", f"dispatcher: requests {key}")

@@ -70,7 +70,6 @@ class Scheduler:
         self._next_id = 1
         self._req_instance: dict[int, int] = {}
         self._wake = asyncio.Event()
-        self.relaxed = 0
 
     # ---- instances ----
     def add_instance(self, model: str, device: int, role: str = "mixed") -> Instance:
@@ -149,6 +148,10 @@ class Scheduler:
 
     def pending(self, model: str) -> int:
         return int(self.dispatcher.pending(model))
+
+    def relaxed_of(self, model: str) -> int:
+        """Deadline extensions granted to `model`'s queued requests (requeue = relax)."""
+        return int(self.dispatcher.relaxed(model))
 
     def epdt(self, inst: Instance, now: float) -> float:
         return float(self.dispatcher.epdt(inst.instance_id, now))

@@ -294,6 +294,10 @@ impl Dispatcher {
         self.inner.pending(model)
     }
 
+    fn relaxed(&self, model: &str) -> u64 {
+        self.inner.relaxed(model)
+    }
+
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.inner.stats();
         let d = PyDict::new(py);

@@ -47,6 +47,8 @@ struct Model {
     /// queued with that seq are stale and dropped at the next tick.
     queue: Vec<(u64, i64)>,
     queued: usize,
+    /// Deadline extensions granted to this model's requests (requeue = relax), ever.
+    relaxed: u64,
     /// Instance ids, ascending.
     instances: Vec<i64>,
     /// Round robin: the instance served last.
@@ -282,6 +284,14 @@ impl Dispatcher {
         self.model_ids
             .get(model)
             .map_or(0, |&m| self.models[m].queued)
+    }
+
+    /// Deadline extensions granted to `model`'s requests so far (the per-model share of
+    /// `stats().relaxed`); 0 for a model never seen.
+    pub fn relaxed(&self, model: &str) -> u64 {
+        self.model_ids
+            .get(model)
+            .map_or(0, |&m| self.models[m].relaxed)
     }
 
     pub fn stats(&self) -> Stats {

@@ -50,6 +50,7 @@ impl Dispatcher {
                     r.relaxed += 1;
                     r.deadline = now + budget * self.cfg.relax_factor.powi(r.relaxed as i32);
                     self.stats.relaxed += 1;
+                    self.models[m].relaxed += 1;
                 }
             }
             if now > r.deadline - r.est {
