@@ -58,6 +58,8 @@ def test_colocated_models_match_each_alone_and_pool_returns_to_baseline(ckpts, a
     baseline = de.pool.stats()
     out = _run_all(de, names)
     assert out == {k: v for k, v in alone.items() if k[0] in names}
+    # freed KV pages go back to the pool on the refill thread, off the step path
+    assert de.pool.wait_maintenance(5.0)
     after = de.pool.stats()
     assert after.free_pages == baseline.free_pages and after.pages_by_owner == baseline.pages_by_owner
     assert after.kv_pages == 0

@@ -154,10 +154,7 @@ class PagedKVCache:
         if pages >= before:
             return 0
         self.alloc.shrink(self._usable(pages))
-        self.region.resize(pages)
-        pool = getattr(self.region, "pool", None)
-        if pool is not None:  # trim the region's spare-page cache to its watermark now
-            pool.maintain()
+        self.region.resize(pages)  # the refill thread trims the spare pages to the watermark
         return before - pages
 
     def block_view(self, block_id: int) -> torch.Tensor:

@@ -182,6 +182,19 @@ class DevicePool:
         """Bring every KV cache to its watermarks now (what the background thread does)."""
         self._native.maintain()
 
+    def wait_maintenance(self, timeout_s: float = 5.0) -> bool:
+        """Wait until the refill thread has brought every KV cache to its watermarks (freed
+        pages trimmed back to the pool, low caches refilled); False if not within timeout_s.
+        For tests and stats that must see a settled pool: the request path never waits."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while self._native.maintenance_backlog():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
     def close(self) -> None:
         self._native.close()
 

@@ -117,6 +117,10 @@ impl XtPool {
         py.detach(move || pool.maintain()).map_err(xt_err)
     }
 
+    fn maintenance_backlog(&self) -> PyResult<usize> {
+        self.pool.maintenance_backlog().map_err(xt_err)
+    }
+
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.pool.stats().map_err(xt_err)?;
         stats_dict(py, &s)

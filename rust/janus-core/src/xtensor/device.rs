@@ -214,6 +214,13 @@ impl DevicePool {
         Ok(())
     }
 
+    /// Regions the refill thread still has to bring to their watermarks (0: quiescent).
+    /// Maintenance runs a chunk at a time under the state lock, so 0 seen here means no
+    /// trim or refill is half done.
+    pub fn maintenance_backlog(&self) -> XtResult<usize> {
+        Ok(self.lock()?.dirty.len())
+    }
+
     pub fn stats(&self) -> XtResult<Stats> {
         let st = self.lock()?;
         Ok(Stats::collect(&st, self.shared.page_size))
