@@ -228,6 +228,23 @@ def test_device_kind_needs_the_accelerator_wheel():
         GlobalRegionTransport(1 << 20, 0)
 
 
+def _wait_stopped(pid: int, timeout_s: float) -> bool:
+    """Whether every thread of `pid` reached the stopped state ('T') within timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                pass
+        if states and all(s == "T" for s in states):
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def test_dead_and_frozen_peers_fail_within_bounds_and_engine_recovers(local):
     pool, transport = local
     dead = Peer(seed=5)
@@ -243,6 +260,9 @@ def test_dead_and_frozen_peers_fail_within_bounds_and_engine_recovers(local):
     try:
         assert transport.read(frozen.session, frozen.base, [Piece(0, 0, 4096)]) == 4096
         os.kill(frozen.proc.pid, signal.SIGSTOP)
+        # SIGSTOP is asynchronous: on a loaded machine the peer can still answer a read
+        # sent right after kill() returns, so wait until the kernel shows it stopped
+        assert _wait_stopped(frozen.proc.pid, 10.0)
         t0 = time.monotonic()
         with pytest.raises(TransferError, match=frozen.session):
             transport.read(frozen.session, frozen.base, [Piece(0, 0, 4096)])

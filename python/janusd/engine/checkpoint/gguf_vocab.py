@@ -1,4 +1,5 @@
-"""A GGUF file's embedded vocabulary -> a ``tokenizers.Tokenizer`` (GPT-2 style byte-level BPE).
+"""A GGUF file's embedded vocabulary -> a ``tokenizers.Tokenizer`` (GPT-2 style byte-level BPE;
+SentencePiece vocabularies are handed to gguf_spm.py).
 
 llama.cpp stores the BPE vocab, the merges and token types, and names the
 pre-tokenizer (``tokenizer.ggml.pre``) rather than storing it. Each name stands for a
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from janusd.engine.checkpoint.base import CheckpointError
+from janusd.engine.checkpoint.gguf_spm import spm_tokenizer_from_gguf
 from janusd.engine.tokenizer import Tokenizer
 
 # GPT-4o-style splits used by llama 3 and qwen 2 (numbers in groups of 1..3 vs single digits)
@@ -49,8 +51,11 @@ def tokenizer_from_gguf(meta: dict[str, Any], where: str) -> Tokenizer:
     from tokenizers import Tokenizer as Backend
 
     kind = meta.get("tokenizer.ggml.model")
+    if kind == "llama":  # SentencePiece BPE (Llama 2, Mistral, TinyLlama ...)
+        return spm_tokenizer_from_gguf(meta, where)
     if kind != "gpt2":
-        raise CheckpointError(f"{where}: unsupported GGUF tokenizer model {kind!r} (only gpt2-style byte-level BPE)")
+        raise CheckpointError(f"{where}: unsupported GGUF tokenizer model {kind!r} "
+                              "(supported: gpt2 byte-level BPE, llama SentencePiece BPE)")
     tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
     merges_raw: list[str] = meta.get("tokenizer.ggml.merges") or []
     if not tokens or not merges_raw:
