@@ -80,6 +80,7 @@ def test_kv_grows_into_pages_another_model_released(ckpts) -> None:
     while a.has_work():
         a.step()
     assert a.kv.region.mapped_pages == 0
+    assert de.pool.wait_maintenance(5.0)  # a's freed pages reach the pool on the refill thread
     b.add_request("y", PROMPTS["q2"], GREEDY)
     b.step()
     assert set(b.kv.region.page_ids()) & a_pages  # lowest free pages: the ones a just gave back

@@ -362,3 +362,46 @@ def test_an_import_that_waits_too_long_fails_as_unavailable_and_an_abort_ends_th
     assert "after waiting" in sent[0].message and "no room" in sent[0].message
     dm.kv.free(held)
     assert dm.kv.alloc.num_used == 0
+
+
+def test_a_newer_import_does_not_overtake_an_older_one_waiting_for_blocks(tmp_path):
+    """Import 7 waits for blocks. Blocks for one import come back just as import 8 arrives
+    (messages are handled before parked imports are retried): 8 must queue behind 7, not
+    take the blocks, or a steady stream of newer imports starves 7 until its timeout.
+    Once 7 has started, 8 follows when blocks come back again."""
+    from janusd.wire import worker_msgs as wm
+
+    wp, dm, kv, held, a, b = _decode_worker_with_a_full_region(tmp_path, 30.0)
+    spec = wm.SamplingSpec(max_tokens=8, temperature=0.0, ignore_eos=True)
+    wp._handle(wm.ImportKV(7, "d", spec, kv, "127.0.0.1:1", 1 << 30))
+    assert [p.msg.req_id for p in wp._parked] == [7]
+    n = len(kv.block_ids)
+    dm.kv.free(held[:n])  # room for exactly one import
+    wp._handle(wm.ImportKV(8, "d", spec, kv, "127.0.0.1:1", 1 << 30))
+    wp._retry_parked()
+    assert [p.msg.req_id for p in wp._parked] == [8] and set(dm.seqs) == {"7"}
+    dm.kv.free(held[n : 2 * n])
+    wp._retry_parked()
+    assert wp._parked == [] and set(dm.seqs) == {"7", "8"} and dm.kv.alloc.num_used == len(held)
+    assert _sent(a, b) == []
+
+
+def test_imports_queued_behind_an_older_one_still_time_out(tmp_path):
+    import time
+
+    from janusd.wire import worker_msgs as wm
+
+    wp, dm, kv, held, a, b = _decode_worker_with_a_full_region(tmp_path, 0.1)
+    spec = wm.SamplingSpec(max_tokens=8, temperature=0.0, ignore_eos=True)
+    wp._handle(wm.ImportKV(7, "d", spec, kv, "127.0.0.1:1", 1 << 30))
+    wp._handle(wm.ImportKV(8, "d", spec, kv, "127.0.0.1:1", 1 << 30))
+    wp._retry_parked()
+    assert [p.msg.req_id for p in wp._parked] == [7, 8]
+    time.sleep(0.12)
+    wp._retry_parked()
+    assert wp._parked == [] and wp.req_model == {} and dm.num_requests() == 0
+    sent = _sent(a, b)
+    assert [(type(m).__name__, m.req_id, m.kind) for m in sent] == [("RequestFailed", 7, "unavailable"),
+                                                                    ("RequestFailed", 8, "unavailable")]
+    assert all("after waiting" in m.message and "no room" in m.message for m in sent)
+    dm.kv.free(held)

@@ -64,6 +64,7 @@ class DeviceEngine:
         self._kv_cache_pages = kv_cache_pages
         self._building: set[str] = set()
         self._lock = threading.Lock()
+        self._stalled = False  # every model stepped last time did nothing (and freed nothing)
 
     def load_model(self, model_cfg: Any, engine_cfg: Any, cache_dir: Path | None = None, checkpoint: Any = None) -> ModelEngine:
         """Open the checkpoint, place its weights in one segment, reserve its KV region.
@@ -160,16 +161,19 @@ class DeviceEngine:
 
     def waiting_for_pages(self) -> bool:
         """Every model with work scheduled nothing in its last step (they wait for KV
-        pages): the caller should wait briefly rather than step again at once."""
+        pages), and no model stepped last time finished, failed or preempted anything: the
+        caller should wait briefly rather than step again at once. A model that gave pages
+        back after another's step already stalled makes the next step worth running now."""
         busy = [m for m in self.models.values() if m.has_work()]
-        return bool(busy) and all(m.waiting_for_pages() for m in busy)
+        return self._stalled and bool(busy) and all(m.waiting_for_pages() for m in busy)
 
     def step(self) -> list[StepOutput]:
         out: list[StepOutput] = []
         now = time.monotonic()
-        for me in list(self.models.values()):
-            if me.has_work():
-                out += me.step(now)
+        stepped = [me for me in list(self.models.values()) if me.has_work()]
+        for me in stepped:
+            out += me.step(now)
+        self._stalled = all(me.waiting_for_pages() for me in stepped)
         return out
 
     def shrink_kv(self) -> int:

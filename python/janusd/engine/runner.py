@@ -179,9 +179,10 @@ class ModelEngine(KVTransferMixin):
         return not self.closed and self.scheduler.has_work()
 
     def waiting_for_pages(self) -> bool:
-        """The last step could schedule nothing: every request here waits for KV pages that
-        other owners hold. Stepping again at once would do nothing either, so the caller
-        should wait a little (worker: on its inbox) instead of spinning."""
+        """The last step could schedule nothing (and gave no pages back by preempting): every
+        request here waits for KV pages that other owners hold. Stepping again at once would
+        do nothing either, so the caller should wait a little (worker: on its inbox) instead
+        of spinning."""
         return self._stalled and self.has_work()
 
     def close(self) -> None:
@@ -210,6 +211,7 @@ class ModelEngine(KVTransferMixin):
         self._freed = bool(sched.preempted or sched.failed)
         self._stalled = not sched.items and not sched.failed
         self.stats.stalled_steps += int(self._stalled)
+        self._stalled = self._stalled and not sched.preempted  # freed pages: worth another step now
         outputs = [self._fail(seq) for seq in sched.failed]
         if not sched.items:
             self._return_free_pages()

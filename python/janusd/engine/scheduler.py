@@ -222,6 +222,8 @@ class Scheduler:
             i += 1
         if out.preempted:
             return out
+        if self.running and self.waiting:  # queued behind its own model, which progresses (even when
+            self.waiting[0].kv_wait_since = None  # no budget or seat is left to try admitting it)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             n = min(seq.num_tokens - seq.num_computed, budget)

@@ -261,9 +261,8 @@ class WorkerProc:
             return
         self.req_model[msg.req_id] = msg.model
         now = time.monotonic()
-        p = _Parked(msg, params, now, now + float(me.scheduler.kv_wait_timeout_s))
-        if not self._try_import(p, now):
-            self._parked.append(p)
+        self._parked.append(_Parked(msg, params, now, now + float(me.scheduler.kv_wait_timeout_s)))
+        self._retry_parked()  # in arrival order: an older import of its model that waits goes first
 
     def _try_import(self, p: _Parked, now: float) -> bool:
         """Start the import; False when it must keep waiting for KV blocks (then parked).
@@ -289,13 +288,27 @@ class WorkerProc:
         return True
 
     def _retry_parked(self) -> None:
+        """Start waiting imports in arrival order; one that still finds no room holds back
+        the newer imports of its model (they time out, but never overtake it: blocks that
+        come back go to the oldest, so a stream of newer imports cannot starve it)."""
         now = time.monotonic()
         parked, self._parked = self._parked, []
+        blocked: set[str] = set()
         for p in parked:
             if self.req_model.get(p.msg.req_id) != p.msg.model:
                 continue  # aborted, failed or unloaded meanwhile
-            if not self._try_import(p, now):
+            if p.msg.model in blocked:
+                if now < p.deadline:
+                    self._parked.append(p)
+                    continue
+                self.req_model.pop(p.msg.req_id, None)
+                self._send(wm.RequestFailed(
+                    p.msg.req_id, f"cannot take over the request's KV after waiting {now - p.since:.2f} s: kv import: "
+                    f"no room for KV blocks on model {p.msg.model!r} (older imports wait for them first)",
+                    "unavailable"))
+            elif not self._try_import(p, now):
                 self._parked.append(p)
+                blocked.add(p.msg.model)
 
     def _load(self, msg: wm.LoadModel) -> None:
         """Build the model on a loader thread so the models already here keep stepping;
