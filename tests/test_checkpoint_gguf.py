@@ -13,33 +13,11 @@ import pytest
 import torch
 from gguf.quants import dequantize, quantize
 
+from gguf_fixtures import add_arch, gguf_name, llamacpp_permute
 from janusd.engine.checkpoint.demo import demo_arch, make_demo
 from janusd.engine.loader import CheckpointError, ModelArch, expected_tensor_shapes, open_checkpoint
 
 Q = gguf.GGMLQuantizationType
-HF_TO_GGUF = {
-    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-}
-
-
-def gguf_name(hf: str) -> str:
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-    if hf in top:
-        return top[hf]
-    _, _, n, rest = hf.split(".", 3)
-    module, kind = rest.rsplit(".", 1)
-    return f"blk.{n}.{HF_TO_GGUF[module]}.{kind}"
-
-
-def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """What llama.cpp's convert_hf_to_gguf.py does to llama q/k rows."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def demo_vocab(tmp: Path) -> dict:
     d = make_demo(tmp / "vocab-src", "llama", "tiny")
     data = json.loads((d / "tokenizer.json").read_text())
@@ -56,14 +34,7 @@ def write_gguf(path: Path, a: ModelArch, tensors: dict[str, np.ndarray], qtype: 
     """Write a GGUF like llama.cpp would; return, per HF name, what an exact reader must produce.
     `extra` tensors are written under their GGUF names as they are (e.g. rope_freqs.weight)."""
     w = gguf.GGUFWriter(str(path), a.architecture)
-    w.add_block_count(a.num_hidden_layers)
-    w.add_context_length(a.max_position_embeddings)
-    w.add_embedding_length(a.hidden_size)
-    w.add_feed_forward_length(a.intermediate_size)
-    w.add_head_count(a.num_attention_heads)
-    w.add_head_count_kv(a.num_key_value_heads)
-    w.add_layer_norm_rms_eps(a.rms_norm_eps)
-    w.add_rope_freq_base(a.rope_theta)
+    add_arch(w, a)
     w.add_vocab_size(a.vocab_size)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")

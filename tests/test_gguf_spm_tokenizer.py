@@ -26,6 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gguf_fixtures import add_arch, gguf_name
 from janusd.engine.checkpoint.demo import CORPUS
 from janusd.engine.checkpoint.gguf_spm import merges_from_scores
 from janusd.engine.loader import CheckpointError, ModelArch, expected_tensor_shapes, open_checkpoint
@@ -94,14 +95,7 @@ def write_spm_gguf(path: Path, spm: dict, arch: ModelArch | None = None, *, add_
     """A GGUF with the SentencePiece vocabulary (and tiny random llama weights when arch is given)."""
     w = gguf.GGUFWriter(str(path), "llama")
     if arch is not None:
-        w.add_block_count(arch.num_hidden_layers)
-        w.add_context_length(arch.max_position_embeddings)
-        w.add_embedding_length(arch.hidden_size)
-        w.add_feed_forward_length(arch.intermediate_size)
-        w.add_head_count(arch.num_attention_heads)
-        w.add_head_count_kv(arch.num_key_value_heads)
-        w.add_layer_norm_rms_eps(arch.rms_norm_eps)
-        w.add_rope_freq_base(arch.rope_theta)
+        add_arch(w, arch)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list(spm["tokens"])
@@ -120,24 +114,11 @@ def write_spm_gguf(path: Path, spm: dict, arch: ModelArch | None = None, *, add_
         rng = np.random.default_rng(5)
         for name, shape in expected_tensor_shapes(arch).items():
             x = (rng.standard_normal(shape) * 0.02).astype(np.float32) if len(shape) == 2 else np.ones(shape, np.float32)
-            w.add_tensor(_gguf_name(name), x)
+            w.add_tensor(gguf_name(name), x)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-
-
-def _gguf_name(hf: str) -> str:
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-    if hf in top:
-        return top[hf]
-    short = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-    _, _, n, rest = hf.split(".", 3)
-    module, kind = rest.rsplit(".", 1)
-    return f"blk.{n}.{short[module]}.{kind}"
 
 
 def llamacpp_spm_encode(text: str, spm: dict, add_bos: bool, space_prefix: bool = True) -> list[int]:
