@@ -63,3 +63,29 @@ def write_hf_checkpoint(out: Path, arch: str, seed: int = 0, **over: Any) -> tup
         "add_bos_token": False, "add_eos_token": False,
     }))
     return out, model
+
+
+def weight_pages(ckpt: str, page_size: int) -> int:
+    """Pages the checkpoint's weights take on a pool of `page_size` pages (measured by loading it)."""
+    from janusd.config import EngineConfig, ModelConfig
+    from janusd.engine.device_engine import DeviceEngine
+
+    probe = DeviceEngine(kind="cpu", memory_bytes=8 << 20, page_size=page_size, kv_cache_pages=(0, 0))
+    probe.load_model(ModelConfig(name="probe", checkpoint=ckpt, kv_cache_mib=1), EngineConfig(block_size=4))
+    n = probe.pool.stats().pages_by_owner["probe"]
+    probe.unload_model("probe")
+    return n
+
+
+def advance(sched: Any, out: Any) -> list[Any]:
+    """Scheduler-only tests: complete() the step and append a token to every sequence that
+    sampled; finished sequences (max_tokens reached) are removed and returned."""
+    sched.complete(out)
+    done = []
+    for it in out.items:
+        if it.samples:
+            it.seq.tokens.append(7)
+            if it.seq.num_output >= it.seq.params.max_tokens:
+                sched.remove(it.seq)
+                done.append(it.seq)
+    return done

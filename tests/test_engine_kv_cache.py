@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine_fixtures import advance
 from janusd.engine.kv_cache import BlockAllocator, PagedKVCache
 from janusd.engine.scheduler import Scheduler
 from janusd.engine.sequence import Sequence
@@ -84,14 +85,7 @@ def test_scheduler_invariants_and_progress(reqs, capacity, budget, max_seqs) -> 
             assert p.blocks == [] and p.num_computed == 0 and p not in sched.running
         owned = [b for s in sched.running for b in s.blocks]
         assert len(owned) == len(set(owned)) == alloc.num_used
-        sched.complete(out)
-        for it in out.items:
-            if it.samples:
-                s = it.seq
-                s.tokens.append(7)
-                if s.num_output >= s.params.max_tokens:
-                    sched.remove(s)
-                    done.add(s.req_id)
+        done |= {s.req_id for s in advance(sched, out)}
     assert done == {s.req_id for s in seqs}
     assert alloc.num_used == 0
 
@@ -188,13 +182,7 @@ def test_a_sequence_that_alone_outgrows_the_blocks_fails_instead_of_looping() ->
         out = sched.schedule(0.0)
         failed += out.failed
         assert all(s.blocks == [] and s not in sched.running for s in out.failed)
-        sched.complete(out)
-        for it in out.items:
-            if it.samples:
-                it.seq.tokens.append(7)
-                if it.seq.num_output >= it.seq.params.max_tokens:
-                    sched.remove(it.seq)
-                    finished.append(it.seq)
+        finished += advance(sched, out)
     assert failed == [big] and finished == [small]
     assert big.num_output == 0 and "can never run here" in big.fail_reason  # failed at once, no wasted work
     assert not sched.has_work() and alloc.num_used == 0

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine_fixtures import write_hf_checkpoint
+from engine_fixtures import advance, write_hf_checkpoint
+from engine_fixtures import weight_pages as engine_weight_pages
 from janusd.config import EngineConfig, ModelConfig, Role
 from janusd.engine.device_engine import DeviceEngine
 from janusd.engine.kv_cache import BlockAllocator
@@ -35,11 +36,7 @@ def ckpt(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def weight_pages(ckpt) -> int:
-    probe = DeviceEngine(kind="cpu", memory_bytes=8 << 20, page_size=PAGE, kv_cache_pages=(0, 0))
-    probe.load_model(ModelConfig(name="probe", checkpoint=ckpt, kv_cache_mib=1), EngineConfig(block_size=4))
-    n = probe.pool.stats().pages_by_owner["probe"]
-    probe.unload_model("probe")
-    return n
+    return engine_weight_pages(ckpt, PAGE)
 
 
 def _device(weight_pages: int, models: int, kv_pages: int) -> DeviceEngine:
@@ -227,15 +224,9 @@ def test_waits_end_in_completion_or_a_timed_out_failure(reqs, capacity, held, re
             failed[f.req_id] = f.fail_reason
         owned = [b for s in sched.running for b in s.blocks] + holder
         assert len(owned) == len(set(owned)) == alloc.num_used
-        sched.complete(out)
-        for it in out.items:
-            if it.samples:
-                s = it.seq
-                s.tokens.append(7)
-                if s.num_output >= s.params.max_tokens:
-                    sched.remove(s)
-                    done.add(s.req_id)
-                    freed = True
+        finished = advance(sched, out)
+        done |= {s.req_id for s in finished}
+        freed = bool(finished)
     assert done | set(failed) == {s.req_id for s in seqs} and not done & set(failed)
     assert alloc.num_used == len(holder)
     if timeout >= 1e9:

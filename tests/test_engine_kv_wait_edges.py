@@ -9,31 +9,19 @@ from __future__ import annotations
 
 import pytest
 
-from engine_fixtures import write_hf_checkpoint
+from engine_fixtures import advance, write_hf_checkpoint
+from engine_fixtures import weight_pages as engine_weight_pages
 from janusd.config import EngineConfig, ModelConfig
 from janusd.engine.device_engine import DeviceEngine
 from janusd.engine.kv_cache import BlockAllocator
 from janusd.engine.runner import SamplingParams
-from janusd.engine.scheduler import Schedule, Scheduler
+from janusd.engine.scheduler import Scheduler
 from janusd.engine.sequence import Sequence, Status
 
 
 def _seq(i: int, prompt_len: int, max_tokens: int) -> Sequence:
     return Sequence(f"r{i}", list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens, temperature=0),
                     i, None, [], 10_000, None)
-
-
-def _advance(sched: Scheduler, out: Schedule) -> list[Sequence]:
-    """complete() the step, append a token to every sampled sequence; returns the finished."""
-    sched.complete(out)
-    done = []
-    for it in out.items:
-        if it.samples:
-            it.seq.tokens.append(7)
-            if it.seq.num_output >= it.seq.params.max_tokens:
-                sched.remove(it.seq)
-                done.append(it.seq)
-    return done
 
 
 def test_a_wait_with_one_free_block_still_times_out_without_recomputing() -> None:
@@ -59,7 +47,7 @@ def test_a_wait_with_one_free_block_still_times_out_without_recomputing() -> Non
             assert out.failed == [seq] and seq.fail_reason.startswith("KV cache exhausted: waited")
             failed_at = now
             break
-        _advance(sched, out)
+        advance(sched, out)
     assert failed_at is not None, "the wait never ended"
     assert scheduled <= 4  # one block-sized chunk at most, never recomputed
     assert 1.0 <= failed_at - seq.kv_wait_since and failed_at <= 1.0 + 0.5  # the wait began at the preemption
@@ -87,7 +75,7 @@ def test_each_wait_gets_the_whole_timeout_after_progress() -> None:
         if out.failed:
             failed_at = now
             break
-        _advance(sched, out)
+        advance(sched, out)
     assert second_wait is not None and failed_at is not None
     assert failed_at - second_wait == 1.0, (second_wait, failed_at)
     assert "waited 1.00 s" in seq.fail_reason
@@ -125,7 +113,7 @@ def test_queueing_behind_its_own_running_model_does_not_count_as_waiting(max_seq
             holder = []
         out = sched.schedule(t)
         failed += out.failed
-        finished = _advance(sched, out)
+        finished = advance(sched, out)
         done += finished
         if imp in finished:
             i_done_at = t
@@ -153,7 +141,7 @@ def test_an_import_that_reaches_the_ceiling_fails_at_once_not_after_the_timeout(
         if out.failed:
             assert out.failed == [imp] and "can never run here" in imp.fail_reason and imp.num_output == 5
             break
-        _advance(sched, out)
+        advance(sched, out)
     else:
         pytest.fail("the sequence waited instead of failing")
     assert alloc.num_used == 0 and not sched.has_work()
@@ -175,10 +163,7 @@ def test_device_does_not_wait_after_a_step_that_freed_pages(ckpt) -> None:
     B's step already ran (stalled); A's pages are free now, so the device must NOT report
     waiting_for_pages() (the worker would sleep STALL_WAIT_S for nothing): the next step
     admits B."""
-    probe = DeviceEngine(kind="cpu", memory_bytes=8 << 20, page_size=PAGE, kv_cache_pages=(0, 0))
-    probe.load_model(ModelConfig(name="probe", checkpoint=ckpt, kv_cache_mib=1), EngineConfig(block_size=4))
-    weight_pages = probe.pool.stats().pages_by_owner["probe"]
-    probe.unload_model("probe")
+    weight_pages = engine_weight_pages(ckpt, PAGE)
     de = DeviceEngine(kind="cpu", memory_bytes=(2 * weight_pages + 8) * PAGE, page_size=PAGE, kv_cache_pages=(0, 0))
     cfg = EngineConfig(block_size=4, kv_wait_timeout_s=30.0)
     b = de.load_model(ModelConfig(name="b", checkpoint=ckpt, kv_cache_mib=1, max_model_len=256), cfg)
@@ -213,10 +198,7 @@ def test_device_does_not_wait_after_a_model_preempted_its_runner_to_wait(ckpt) -
     owner holds the rest) and is preempted to wait, giving its 4 pages back in that same
     device step. Both models scheduled nothing, but B's need now fits: the device must
     not report waiting_for_pages(), and the next step admits B."""
-    probe = DeviceEngine(kind="cpu", memory_bytes=8 << 20, page_size=PAGE, kv_cache_pages=(0, 0))
-    probe.load_model(ModelConfig(name="probe", checkpoint=ckpt, kv_cache_mib=1), EngineConfig(block_size=4))
-    weight_pages = probe.pool.stats().pages_by_owner["probe"]
-    probe.unload_model("probe")
+    weight_pages = engine_weight_pages(ckpt, PAGE)
     de = DeviceEngine(kind="cpu", memory_bytes=(2 * weight_pages + 8) * PAGE, page_size=PAGE, kv_cache_pages=(0, 0))
     cfg = EngineConfig(block_size=4, kv_wait_timeout_s=30.0)
     b = de.load_model(ModelConfig(name="b", checkpoint=ckpt, kv_cache_mib=1, max_model_len=256), cfg)

@@ -8,6 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine_fixtures import weight_pages as engine_weight_pages
 from engine_fixtures import write_hf_checkpoint
 from janusd.config import EngineConfig, ModelConfig
 from janusd.engine.device_engine import DeviceEngine
@@ -75,10 +76,7 @@ def test_chunked_prefill_equals_whole_prefill(device, ckpt) -> None:
 @pytest.fixture(scope="module")
 def weight_pages(ckpt) -> int:
     """4 KiB pages the tiny model's weights take (to size pools with a few KV pages)."""
-    probe = DeviceEngine(kind="cpu", memory_bytes=8 << 20, page_size=4096, kv_cache_pages=(0, 0))
-    probe.load_model(ModelConfig(name="probe", checkpoint=ckpt, kv_cache_mib=1), EngineConfig(block_size=4))
-    n = probe.pool.stats().pages_by_owner["probe"]
-    probe.unload_model("probe")
+    n = engine_weight_pages(ckpt, 4096)
     return n
 
 

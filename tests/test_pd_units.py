@@ -334,12 +334,12 @@ def test_an_import_without_free_blocks_waits_for_them_then_proceeds(tmp_path):
     wp, dm, kv, held, a, b = _decode_worker_with_a_full_region(tmp_path, 30.0)
     spec = wm.SamplingSpec(max_tokens=8, temperature=0.0, ignore_eos=True)
     wp._handle(wm.ImportKV(7, "d", spec, kv, "127.0.0.1:1", 1 << 30))
-    assert len(wp._parked) == 1 and dm.num_requests() == 0
+    assert len(wp.pd._parked) == 1 and dm.num_requests() == 0
     wp._retry_parked()
-    assert len(wp._parked) == 1  # still no room
+    assert len(wp.pd._parked) == 1  # still no room
     dm.kv.free(held)  # the holders finish
     wp._retry_parked()
-    assert wp._parked == [] and dm.num_requests() == 1 and dm.kv.alloc.num_used == len(kv.block_ids)
+    assert wp.pd._parked == [] and dm.num_requests() == 1 and dm.kv.alloc.num_used == len(kv.block_ids)
     wp._handle(Imported(7, "d", "", len(kv.block_ids) * kv.block_bytes, 0.01))
     assert [type(m).__name__ for m in _sent(a, b)] == ["KVImported"]
 
@@ -356,7 +356,7 @@ def test_an_import_that_waits_too_long_fails_as_unavailable_and_an_abort_ends_th
     wp._handle(wm.Abort(8))  # the client left while it waited: it leaves quietly
     time.sleep(0.12)
     wp._retry_parked()
-    assert wp._parked == [] and wp.req_model == {} and dm.num_requests() == 0
+    assert wp.pd._parked == [] and wp.req_model == {} and dm.num_requests() == 0
     sent = _sent(a, b)
     assert [(type(m).__name__, m.req_id, m.kind) for m in sent] == [("RequestFailed", 7, "unavailable")]
     assert "after waiting" in sent[0].message and "no room" in sent[0].message
@@ -374,15 +374,15 @@ def test_a_newer_import_does_not_overtake_an_older_one_waiting_for_blocks(tmp_pa
     wp, dm, kv, held, a, b = _decode_worker_with_a_full_region(tmp_path, 30.0)
     spec = wm.SamplingSpec(max_tokens=8, temperature=0.0, ignore_eos=True)
     wp._handle(wm.ImportKV(7, "d", spec, kv, "127.0.0.1:1", 1 << 30))
-    assert [p.msg.req_id for p in wp._parked] == [7]
+    assert [p.msg.req_id for p in wp.pd._parked] == [7]
     n = len(kv.block_ids)
     dm.kv.free(held[:n])  # room for exactly one import
     wp._handle(wm.ImportKV(8, "d", spec, kv, "127.0.0.1:1", 1 << 30))
     wp._retry_parked()
-    assert [p.msg.req_id for p in wp._parked] == [8] and set(dm.seqs) == {"7"}
+    assert [p.msg.req_id for p in wp.pd._parked] == [8] and set(dm.seqs) == {"7"}
     dm.kv.free(held[n : 2 * n])
     wp._retry_parked()
-    assert wp._parked == [] and set(dm.seqs) == {"7", "8"} and dm.kv.alloc.num_used == len(held)
+    assert wp.pd._parked == [] and set(dm.seqs) == {"7", "8"} and dm.kv.alloc.num_used == len(held)
     assert _sent(a, b) == []
 
 
@@ -396,10 +396,10 @@ def test_imports_queued_behind_an_older_one_still_time_out(tmp_path):
     wp._handle(wm.ImportKV(7, "d", spec, kv, "127.0.0.1:1", 1 << 30))
     wp._handle(wm.ImportKV(8, "d", spec, kv, "127.0.0.1:1", 1 << 30))
     wp._retry_parked()
-    assert [p.msg.req_id for p in wp._parked] == [7, 8]
+    assert [p.msg.req_id for p in wp.pd._parked] == [7, 8]
     time.sleep(0.12)
     wp._retry_parked()
-    assert wp._parked == [] and wp.req_model == {} and dm.num_requests() == 0
+    assert wp.pd._parked == [] and wp.req_model == {} and dm.num_requests() == 0
     sent = _sent(a, b)
     assert [(type(m).__name__, m.req_id, m.kind) for m in sent] == [("RequestFailed", 7, "unavailable"),
                                                                     ("RequestFailed", 8, "unavailable")]

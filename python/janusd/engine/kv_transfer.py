@@ -60,29 +60,41 @@ class KVTransferMixin:
         if not 1 <= meta.prompt_len <= meta.num_cached_tokens:
             raise RequestError(f"kv import: prompt_len {meta.prompt_len} must be in [1, num_cached_tokens="
                                f"{meta.num_cached_tokens}] (the prefill side exports a whole prompt)")
-        rid = req_id or meta.req_id
         n_out = len(meta.token_ids) - meta.prompt_len
-        seq = self._new_sequence(rid, meta.token_ids, params, n_out=n_out)  # type: ignore[attr-defined]
         if n_out >= params.max_tokens:
             raise RequestError(f"max_tokens: {params.max_tokens} leaves nothing to decode after the {n_out} "
                                "token(s) the prefill side produced")
+        if need + 1 > self.scheduler.max_blocks:  # its KV plus one block to decode into
+            raise RequestError(f"kv import: {need} KV blocks can never fit model {self.name!r} here "
+                               f"(at most {self.scheduler.max_blocks})")
+        # blocks first: a worker retries an import that finds no room as pages come back,
+        # and such a retry must cost one allocation attempt, not a sequence built for nothing
+        blocks = self.kv.allocate(need)
+        if blocks is None:
+            raise KVCapacityError(f"kv import: no room for {need} KV blocks on model {self.name!r}")
+        rid = req_id or meta.req_id
+        try:
+            seq = self._sequence_for_import(rid, meta, params)
+        except BaseException:
+            self.kv.free(blocks)
+            raise
+        seq.blocks = blocks
+        seq.num_computed = meta.num_cached_tokens
+        seq.status = Status.IMPORTING
+        self.seqs[rid] = seq
+        return KVImport(req_id=rid, block_ids=list(blocks), global_offsets=[self.kv.global_offsets(b) for b in blocks])
+
+    def _sequence_for_import(self, rid: str, meta: KVExport, params: SamplingParams) -> Any:
+        """The decode side's sequence for `meta`: tokens streamed so far, RNG state restored."""
+        n_out = len(meta.token_ids) - meta.prompt_len
+        seq = self._new_sequence(rid, meta.token_ids, params, n_out=n_out)  # type: ignore[attr-defined]
         seq.resume_streamed(meta.token_ids[meta.prompt_len :])
         if meta.rng_state is not None and seq.generator is not None:
             try:
                 seq.generator.set_state(torch.frombuffer(bytearray(meta.rng_state), dtype=torch.uint8))
             except RuntimeError as e:
                 raise RequestError(f"kv import: bad rng_state: {e}") from None
-        if need + 1 > self.scheduler.max_blocks:  # its KV plus one block to decode into
-            raise RequestError(f"kv import: {need} KV blocks can never fit model {self.name!r} here "
-                               f"(at most {self.scheduler.max_blocks})")
-        blocks = self.kv.allocate(need)
-        if blocks is None:
-            raise KVCapacityError(f"kv import: no room for {need} KV blocks on model {self.name!r}")
-        seq.blocks = blocks
-        seq.num_computed = meta.num_cached_tokens
-        seq.status = Status.IMPORTING
-        self.seqs[rid] = seq
-        return KVImport(req_id=rid, block_ids=list(blocks), global_offsets=[self.kv.global_offsets(b) for b in blocks])
+        return seq
 
     def finish_import(self, req_id: str) -> None:
         seq = self.seqs.get(req_id)

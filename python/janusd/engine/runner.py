@@ -30,13 +30,10 @@ from janusd.engine.models.llama import LlamaModel
 from janusd.engine.sampler import SampleRequest, make_generator, sample
 from janusd.engine.scheduler import Scheduler
 from janusd.engine.sequence import Sequence, Status
-from janusd.engine.types import EngineError, RequestError, SamplingParams, StepOutput, TokenLogprob
+from janusd.engine.types import STALL_WAIT_S, EngineError, RequestError, SamplingParams, StepOutput, TokenLogprob
 
 __all__ = ["EngineStats", "ModelEngine", "RequestError", "SamplingParams", "StepOutput", "TokenLogprob", "EngineError"]
 
-# How long a stalled engine's caller waits before stepping again (worker: on its inbox,
-# so a new message still wakes it at once): short next to a step, long next to a spin.
-STALL_WAIT_S = 0.005
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

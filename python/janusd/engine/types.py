@@ -17,6 +17,11 @@ from janusd.wire.worker_msgs import KVExport, SamplingSpec  # noqa: F401
 FinishReason = Literal["stop", "length", "abort"]
 
 
+# How long a stalled engine's caller waits before stepping again (worker: on its inbox,
+# so a new message still wakes it at once): short next to a step, long next to a spin.
+STALL_WAIT_S = 0.005
+
+
 class RequestError(ValueError):
     """A request the engine refuses; the message names the offending field."""
 

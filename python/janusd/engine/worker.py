@@ -19,6 +19,7 @@ A clean EOF from the daemon (it died or closed) ends the worker: no orphans.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import signal
@@ -31,14 +32,10 @@ from typing import Any
 
 import msgspec
 
+from janusd.engine.types import STALL_WAIT_S
 from janusd.engine.worker_pd import Imported, PDLink
 from janusd.wire import worker_msgs as wm
 from janusd.wire.framing import BlockingFramedSocket, FrameError
-
-
-# wait on the inbox this long when every model waits for KV pages (no torch import here:
-# the same value as runner.STALL_WAIT_S, which generate() sleeps)
-_STALL_WAIT_S = 0.005
 
 
 def _log(msg: str) -> None:
@@ -54,15 +51,6 @@ class _Built(msgspec.Struct):
     seconds: float
 
 
-class _Parked(msgspec.Struct):
-    """An ImportKV that found no free KV blocks: retried as pages come back, until deadline."""
-
-    msg: wm.ImportKV
-    params: Any
-    since: float
-    deadline: float
-
-
 class WorkerProc:
     def __init__(self, conn: BlockingFramedSocket, engine: Any, device_index: int, kind: str) -> None:
         self.conn = conn
@@ -73,7 +61,6 @@ class WorkerProc:
         self.req_model: dict[int, str] = {}
         self.running = True
         self.pd = PDLink(engine.pool, kind, self.inbox)
-        self._parked: list[_Parked] = []
 
     # ---- reader thread ----
     def reader(self) -> None:
@@ -120,9 +107,9 @@ class WorkerProc:
             busy = self.de.has_work()
             # requests waiting for KV pages other owners hold: a step now would do nothing,
             # so wait briefly on the inbox (a message still wakes us at once), never spin
-            wait = (_STALL_WAIT_S if self.de.waiting_for_pages() else 0.0) if busy else 0.5
-            if self._parked:  # imports waiting for blocks: retry soon, as steps or messages free pages
-                wait = min(wait, _STALL_WAIT_S) if wait else 0.0
+            wait = (STALL_WAIT_S if self.de.waiting_for_pages() else 0.0) if busy else 0.5
+            if self.pd.parked:  # imports waiting for blocks: retry soon, as steps or messages free pages
+                wait = min(wait, STALL_WAIT_S) if wait else 0.0
             try:
                 msg = self.inbox.get(timeout=wait) if wait else self.inbox.get_nowait()
             except queue.Empty:
@@ -135,7 +122,7 @@ class WorkerProc:
                     msg = self.inbox.get_nowait()
                 except queue.Empty:
                     msg = None
-            if self._parked:
+            if self.pd.parked:
                 self._retry_parked()
             if self.de.has_work():
                 self._step()
@@ -179,7 +166,7 @@ class WorkerProc:
         except Exception as e:
             _log("exporting KV failed:\n" + traceback.format_exc())
             self.req_model.pop(rid, None)
-            with _suppress():
+            with contextlib.suppress(Exception):
                 self.de.models[model].abort(str(rid))
             return wm.RequestFailed(rid, f"cannot hand the KV to a decode instance: {e}", "internal")
 
@@ -260,55 +247,14 @@ class WorkerProc:
             self._send(wm.RequestFailed(msg.req_id, f"cannot take over the request's KV: {e}", "internal"))
             return
         self.req_model[msg.req_id] = msg.model
-        now = time.monotonic()
-        self._parked.append(_Parked(msg, params, now, now + float(me.scheduler.kv_wait_timeout_s)))
+        self.pd.park(msg, params, float(me.scheduler.kv_wait_timeout_s), time.monotonic())
         self._retry_parked()  # in arrival order: an older import of its model that waits goes first
 
-    def _try_import(self, p: _Parked, now: float) -> bool:
-        """Start the import; False when it must keep waiting for KV blocks (then parked).
-        Blocks held by other requests here come back as they finish, so an import waits
-        for them like a new request does (engine.kv_wait_timeout_s), then fails (503)."""
-        from janusd.engine.types import KVCapacityError, RequestError
-
-        rid = p.msg.req_id
-        me = self.de.models.get(p.msg.model)
-        try:
-            if me is None:
-                raise RuntimeError(f"model {p.msg.model!r} is not loaded on this worker")
-            self.pd.start_import(me, p.msg, p.params)
-        except KVCapacityError as e:
-            if now < p.deadline:
-                return False
-            self.req_model.pop(rid, None)
-            waited = f" after waiting {now - p.since:.2f} s" if now > p.since else ""
-            self._send(wm.RequestFailed(rid, f"cannot take over the request's KV{waited}: {e}", "unavailable"))
-        except (RequestError, ValueError, TypeError, RuntimeError) as e:
-            self.req_model.pop(rid, None)
-            self._send(wm.RequestFailed(rid, f"cannot take over the request's KV: {e}", "internal"))
-        return True
-
     def _retry_parked(self) -> None:
-        """Start waiting imports in arrival order; one that still finds no room holds back
-        the newer imports of its model (they time out, but never overtake it: blocks that
-        come back go to the oldest, so a stream of newer imports cannot starve it)."""
-        now = time.monotonic()
-        parked, self._parked = self._parked, []
-        blocked: set[str] = set()
-        for p in parked:
-            if self.req_model.get(p.msg.req_id) != p.msg.model:
-                continue  # aborted, failed or unloaded meanwhile
-            if p.msg.model in blocked:
-                if now < p.deadline:
-                    self._parked.append(p)
-                    continue
-                self.req_model.pop(p.msg.req_id, None)
-                self._send(wm.RequestFailed(
-                    p.msg.req_id, f"cannot take over the request's KV after waiting {now - p.since:.2f} s: kv import: "
-                    f"no room for KV blocks on model {p.msg.model!r} (older imports wait for them first)",
-                    "unavailable"))
-            elif not self._try_import(p, now):
-                self._parked.append(p)
-                blocked.add(p.msg.model)
+        live = lambda rid, model: self.req_model.get(rid) == model  # noqa: E731
+        for failed in self.pd.retry_parked(self.de.models, live, time.monotonic()):
+            self.req_model.pop(failed.req_id, None)
+            self._send(failed)
 
     def _load(self, msg: wm.LoadModel) -> None:
         """Build the model on a loader thread so the models already here keep stepping;
@@ -336,7 +282,7 @@ class WorkerProc:
                 self.pd.ensure()  # P/D instances move KV through this worker's transfer engine
             except Exception as e:
                 _log(f"starting the transfer engine failed: {e}")
-                with _suppress():
+                with contextlib.suppress(Exception):
                     built.engine.close()
                 self._send(wm.ErrorReply(built.msg.seq, f"cannot load {built.msg.model.name!r} as a "
                                          f"{built.msg.model.role} instance: {e}", "internal"))
@@ -360,12 +306,6 @@ class WorkerProc:
             self._send(wm.ErrorReply(msg.seq, f"cannot unload {msg.name!r}: {e}", "bad_request"))
             return
         self._send(wm.ModelUnloaded(msg.seq, msg.name))
-
-
-def _suppress() -> Any:
-    import contextlib
-
-    return contextlib.suppress(Exception)
 
 
 def tokenize_prompt(tokenizer: Any, prompt: str | None, messages: list[wm.ChatMessage] | None) -> list[int]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -39,6 +40,15 @@ class Imported(msgspec.Struct):
     seconds: float
 
 
+class Parked(msgspec.Struct):
+    """An ImportKV that found no free KV blocks: retried as pages come back, until deadline."""
+
+    msg: wm.ImportKV
+    params: Any
+    since: float
+    deadline: float
+
+
 class PDLink:
     def __init__(self, pool: Any, kind: str, inbox: queue.Queue[Any]) -> None:
         self.pool = pool
@@ -49,7 +59,8 @@ class PDLink:
         self._writing: dict[int, str] = {}  # req_id -> model while bytes arrive (transfer thread clears)
         self._pending: set[int] = set()  # begun, not yet finished on the main thread
         self._abort_after: set[int] = set()
-        self._unload_after: dict[str, Any] = {}  # model -> UnloadModel waiting for its writes to end
+        self._unload_after: dict[str, Any] = {}
+        self._parked: list[Parked] = []  # imports waiting for KV blocks, oldest first  # model -> UnloadModel waiting for its writes to end
         self._idle = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -88,6 +99,54 @@ class PDLink:
             self._writing[msg.req_id] = msg.model
         self._pending.add(msg.req_id)
         self._jobs.put((msg.req_id, msg.model, msg.peer, msg.peer_base, pieces))
+
+    def park(self, msg: wm.ImportKV, params: Any, timeout_s: float, now: float) -> None:
+        """Queue an import behind the older waiting ones (retry_parked starts them)."""
+        self._parked.append(Parked(msg, params, now, now + timeout_s))
+
+    @property
+    def parked(self) -> bool:
+        return bool(self._parked)
+
+    def retry_parked(self, models: dict[str, Any], live: Callable[[int, str], bool], now: float) -> list[Any]:
+        """Start waiting imports in arrival order; returns the RequestFailed of those that
+        failed or waited past their deadline. Blocks held by other requests come back as
+        they finish, so an import waits for them like a new request does
+        (engine.kv_wait_timeout_s), then fails (503). One that still finds no room holds
+        back the newer imports of its model (they time out, but never overtake it: a stream
+        of newer imports cannot starve it). `live(req_id, model)`: still wanted here."""
+        from janusd.engine.types import KVCapacityError, RequestError
+
+        parked, self._parked = self._parked, []
+        blocked: set[str] = set()
+        failed: list[Any] = []
+        for p in parked:
+            rid, model = p.msg.req_id, p.msg.model
+            if not live(rid, model):
+                continue  # aborted, failed or unloaded meanwhile
+            waited = f" after waiting {now - p.since:.2f} s" if now > p.since else ""
+            if model in blocked:
+                if now < p.deadline:
+                    self._parked.append(p)
+                else:
+                    failed.append(wm.RequestFailed(rid, f"cannot take over the request's KV{waited}: kv import: no "
+                                                        f"room for KV blocks on model {model!r} (older imports wait "
+                                                        "for them first)", "unavailable"))
+                continue
+            me = models.get(model)
+            try:
+                if me is None:
+                    raise RuntimeError(f"model {model!r} is not loaded on this worker")
+                self.start_import(me, p.msg, p.params)
+            except KVCapacityError as e:
+                if now < p.deadline:
+                    self._parked.append(p)
+                    blocked.add(model)
+                else:
+                    failed.append(wm.RequestFailed(rid, f"cannot take over the request's KV{waited}: {e}", "unavailable"))
+            except (RequestError, ValueError, TypeError, RuntimeError) as e:
+                failed.append(wm.RequestFailed(rid, f"cannot take over the request's KV: {e}", "internal"))
+        return failed
 
     def _run(self) -> None:
         while True:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from janusd.config import DispatchConfig
+from janusd.policy.decode_route import DecodeLoad, least_decode_backlog
 from janusd.server.prefill_estimate import PrefillEstimator
 
 
@@ -106,8 +107,6 @@ class Scheduler:
     # ---- requests ----
     def decode_target(self, model: str) -> Instance | None:
         """The ready P/D decode instance of `model` with the least decode backlog."""
-        from janusd.policy.decode_route import DecodeLoad, least_decode_backlog
-
         cands = [i for i in self.instances_of(model) if i.role == "decode" and i.ready]
         loads = [DecodeLoad(i.instance_id, len(i.decoding), sum(i.decoding.values())) for i in cands]
         pick = least_decode_backlog(loads)
