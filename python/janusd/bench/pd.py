@@ -72,12 +72,15 @@ def _stream(port: int, model: str, prompt: str, max_tokens: int) -> tuple[list[f
 
 
 def _metric(port: int, name: str) -> float:
+    """The sample `name` of model "pd" on the daemon's /metrics (0 when not there yet)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
     conn.close()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name) and 'model="pd"' in line)
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == name and s.labels.get("model") == "pd")
 
 
 def _median(xs: list[float]) -> float:
