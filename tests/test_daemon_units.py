@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from janusd.config import EngineConfig, ModelConfig
 from janusd.server import sdnotify
-from janusd.server.models import place
+from janusd.policy.pinned import place
 from janusd.server.openai_types import ApiError, parse_chat, parse_completion
-from janusd.server.prefill_estimate import PrefillEstimator
+from janusd.oracle.prefill_estimate import PrefillEstimator
 from janusd.wire import admin_msgs as am
 from janusd.wire import worker_msgs as wm
 from janusd.wire.framing import MAX_FRAME_BYTES, BlockingFramedSocket, FrameError, encode_frame, read_frame
@@ -208,58 +208,63 @@ def test_serve_print_config_applies_flag_overrides(tmp_path):
 
 
 def test_a_failing_assignment_does_not_lose_the_rest_of_the_tick():
+    from core_fakes import Rig
+
     from janusd.config import DispatchConfig
-    from janusd.server.scheduling import Scheduler
 
-    calls: list[int] = []
+    rig = Rig(devices=1, dispatch=DispatchConfig(plan="window"))  # one tick assigns all three
+    rig.model("m", [0])
+    rig.activate("m", 0)
+    w = rig.workers[0]
+    real_send = w.send
 
-    def on_assign(rid, inst):
-        calls.append(rid)
-        if rid == 1:
+    def send(msg):
+        if getattr(msg, "req_id", None) == 1:
             raise OverflowError("can't serialize ints > 2**64 - 1")
+        return real_send(msg)
 
-    s = Scheduler(DispatchConfig(policy="lst_imh"), on_assign, lambda rid: None)
-    inst = s.add_instance("m", 0)
-    s.set_ready(inst, True)
-    for rid in (1, 2, 3):
-        s.submit(rid, "m", 0.0, 100.0, 10)
-    s.tick(0.0)
-    assert sorted(calls) == [1, 2, 3]
-    assert s.pending("m") == 0
+    w.send = send
+    rids = [rig.submit("m", ttft_ms=100_000) for _ in range(3)]
+    rig.core.tick(rig.now)
+    assert rids == [1, 2, 3] and w.generates() == [2, 3]
+    assert rig.core.requests.by_id.get(1) is None and rig.events[1][0].status == 500
+    assert rig.core.queue_length("m") == 0
+    rig.core.check_integrity()
 
 
 def test_cancelling_an_assigned_request_counts_as_cancelled_and_frees_its_epdt():
-    from janusd.config import DispatchConfig
-    from janusd.server.scheduling import Scheduler
+    from core_fakes import Rig
 
-    assigned: list[int] = []
-    s = Scheduler(DispatchConfig(policy="lst_imh"), lambda rid, inst: assigned.append(rid), lambda rid: None)
-    inst = s.add_instance("m", 0)
-    s.set_ready(inst, True)
-    s.submit(1, "m", 0.0, 100.0, 10)
-    s.tick(0.0)
-    assert assigned == [1] and s.epdt(inst, 0.0) > 0.0
-    s.cancel(1, 0.0)  # the client left before the first token
-    st = s.stats()
+    rig = Rig(devices=1)
+    rig.model("m", [0])
+    rig.activate("m", 0)
+    rid = rig.submit("m", ttft_ms=100_000)
+    rig.core.tick(rig.now)
+    inst = rig.core.instance("m", 0)
+    assert rig.workers[0].generates() == [rid] and rig.core.dispatch.epdt(inst, rig.now) > rig.now
+    rig.core.cancel(rig.core.requests.by_id[rid], rig.now)  # the client left before the first token
+    st = rig.core.dispatch.stats()
     assert st["cancelled"] == 1 and st["completed"] == 0 and st["in_flight"] == 0
-    assert s.epdt(inst, 0.0) == 0.0 and 1 not in inst.assigned
+    assert rig.core.dispatch.epdt(inst, rig.now) == rig.now
+    rig.core.check_integrity()
 
 
-def test_a_request_tokenized_while_its_model_was_unloaded_is_refused_not_queued():
-    from janusd.config import JanusConfig
-    from janusd.server.daemon import Daemon
+def test_a_request_tokenized_while_its_model_was_removed_is_refused_not_queued():
+    from core_fakes import Rig
 
-    async def go():
-        d = Daemon(JanusConfig(models=[ModelConfig(name="m", checkpoint="demo:llama-tiny")]))
-        entry = d.models.add(d.cfg.models[0], [0])
-        p = parse_completion(b'{"model":"m","prompt":"hi","max_tokens":2}')
-        d.models.models.pop("m")  # what unload() does first, while admit() awaited the tokenizer
-        with pytest.raises(ApiError) as e:
-            d._enqueue(entry, p, [1, 2, 3], 0.0)
-        assert e.value.status == 404 and e.value.param == "model"
-        assert d.sched.pending("m") == 0 and d.requests.count() == 0
+    from janusd.core.requests import Refused
+    from janusd.wire import worker_msgs as wm
 
-    asyncio.run(go())
+    rig = Rig(devices=1)
+    rig.model("m", [0])
+    m = rig.core.begin_admission("m")  # then admit() awaits the tokenizer...
+    rig.core.remove_model("m", rig.now)  # ...while `ctl remove` forgets the model
+    with pytest.raises(Refused) as e:
+        rig.core.admit(m, [1, 2, 3], wm.SamplingSpec(max_tokens=2), True, False, None, None, rig.now, rig.now,
+                       lambda ev: None)
+    rig.core.end_admission("m")
+    assert e.value.failure.status == 404 and e.value.failure.code == "model_not_found"
+    assert rig.core.dispatch.pending("m") == 0 and rig.core.requests.count() == 0
 
 
 def test_the_daemon_side_never_imports_the_engine_or_torch():
@@ -276,19 +281,20 @@ def test_the_daemon_side_never_imports_the_engine_or_torch():
 
 
 def test_a_client_that_leaves_while_queued_leaves_nothing_behind():
-    from janusd.config import JanusConfig
-    from janusd.server.daemon import Daemon
-    from janusd.server.requests import Failure
+    from core_fakes import Rig
 
-    async def go():
-        d = Daemon(JanusConfig(models=[ModelConfig(name="m", checkpoint="demo:llama-tiny")]))
-        entry = d.models.add(d.cfg.models[0], [0])  # no instance is ready: the request stays queued
-        p = parse_completion(b'{"model":"m","prompt":"hi","max_tokens":2}')
-        req = d._enqueue(entry, p, [1, 2, 3], 0.0)
-        assert d.queue_length("m") == 1 and d.requests.count() == 1
-        d.cancel(req)  # what the HTTP handler does when its client goes away
-        assert d.queue_length("m") == 0 and d.requests.count() == 0 and d.requests.idle.is_set()
-        assert d.sched.stats()["cancelled"] == 1
-        assert isinstance(req.events.get_nowait(), Failure) and req.failure.code == "cancelled"
+    from janusd.core.requests import Failure
 
-    asyncio.run(go())
+    rig = Rig(devices=1)
+    rig.model("m", [0])  # no instance is Active: the request waits (held) in its model's queue
+    rid = rig.submit("m")
+    req = rig.core.requests.by_id[rid]
+    assert rig.core.queue_length("m") == 1 and rig.core.requests.count() == 1
+    idle: list[bool] = []
+    rig.core.obs.idle = lambda: idle.append(True)
+    rig.core.cancel(req, rig.now)  # what the HTTP handler does when its client goes away
+    assert rig.core.queue_length("m") == 0 and rig.core.requests.count() == 0 and idle == [True]
+    assert rig.core.held == {}
+    assert isinstance(rig.events[rid][0], Failure) and req.failure.code == "cancelled"
+    rig.core.check_integrity()
+

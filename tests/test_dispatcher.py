@@ -17,7 +17,7 @@ STAT_KEYS = {"submitted", "assigned", "completed", "rejected", "relaxed", "cance
 
 
 def test_epdt_is_work_given_minus_work_done() -> None:
-    d = Dispatcher()
+    d = Dispatcher(plan="window")  # both jobs at once (global: only what starts in the window)
     d.add_instance(7, "m")
     assert d.epdt(7, 1.0) == 1.0  # idle: EPDT is now
     d.submit(1, "m", 0.0, 1.0, 0.1)
@@ -49,7 +49,7 @@ def test_prepull_window() -> None:
 
 
 def test_worked_example_through_the_dispatcher() -> None:
-    d = Dispatcher(prepull_window_s=5.0)
+    d = Dispatcher(prepull_window_s=5.0, plan="window")  # LST-IMH's own partition
     d.add_instance(1, "m")
     d.add_instance(2, "m")
     d.set_instance_ready(2, False)
@@ -63,7 +63,7 @@ def test_worked_example_through_the_dispatcher() -> None:
 
 
 def test_unselected_jobs_stay_queued() -> None:
-    d = Dispatcher()
+    d = Dispatcher(plan="window")
     d.add_instance(1, "m")
     d.submit(1, "m", 0.0, 0.1, 0.1)
     d.submit(2, "m", 0.0, 0.5, 0.1)
@@ -162,7 +162,7 @@ def test_unknown_model_waits_for_an_instance_and_models_are_separate() -> None:
 
 
 def test_remove_instance_returns_in_flight_requests() -> None:
-    d = Dispatcher()
+    d = Dispatcher(plan="window")
     d.add_instance(1, "m")
     for r in (5, 3, 9):
         d.submit(r, "m", 0.0, 100.0, 0.1)
@@ -176,7 +176,7 @@ def test_remove_instance_returns_in_flight_requests() -> None:
 
 
 def test_cancel() -> None:
-    d = Dispatcher()
+    d = Dispatcher(plan="window")
     d.add_instance(1, "m")
     d.submit(1, "m", 0.0, 10.0, 0.5)
     d.submit(2, "m", 0.0, 10.0, 0.5)
@@ -222,6 +222,7 @@ def test_bad_ids_and_config_raise_value_error() -> None:
         {"relax_factor": math.nan},
         {"relax_factor": 0.5},
         {"max_relax": -1},
+        {"plan": "lazy"},
     ):
         with pytest.raises(ValueError):
             Dispatcher(**kwargs)
@@ -240,26 +241,35 @@ class DispatcherMachine(RuleBasedStateMachine):
         self.ended: set[int] = set()
         self.req: dict[int, tuple[str, float, float]] = {}  # model, deadline, est
         self.inst: dict[int, str] = {}
+        self.group: dict[int, int] = {}  # instance -> device group (one EPDT per group)
         self.ready: dict[int, bool] = {}
         self.policy = "lst_imh"
         self.requeue = "reject"
 
-    @initialize(policy=st.sampled_from(["lst_imh", "round_robin", "least_load"]), requeue=st.sampled_from(["reject", "relax"]))
-    def start(self, policy: str, requeue: str) -> None:
+    @initialize(
+        policy=st.sampled_from(["lst_imh", "round_robin", "least_load"]),
+        requeue=st.sampled_from(["reject", "relax"]),
+        plan=st.sampled_from(["global", "window"]),
+    )
+    def start(self, policy: str, requeue: str, plan: str) -> None:
         self.policy, self.requeue = policy, requeue
-        self.d = Dispatcher(policy=policy, prepull_window_s=0.02, requeue=requeue, relax_factor=1.5, max_relax=2)
+        self.d = Dispatcher(
+            policy=policy, prepull_window_s=0.02, requeue=requeue, relax_factor=1.5, max_relax=2, plan=plan
+        )
+        assert self.d.plan == plan
         for i, model in ((0, "a"), (1, "b")):
             self.d.add_instance(i, model)
-            self.inst[i], self.ready[i] = model, True
+            self.inst[i], self.group[i], self.ready[i] = model, i, True
 
-    @rule(i=st.integers(0, 3), model=st.sampled_from(["a", "b"]))
-    def add_instance(self, i: int, model: str) -> None:
+    @rule(i=st.integers(0, 3), model=st.sampled_from(["a", "b"]), group=st.sampled_from([None, 0, 1, 10]))
+    def add_instance(self, i: int, model: str, group: int | None) -> None:
         if i in self.inst:
             with pytest.raises(ValueError):
-                self.d.add_instance(i, model)
+                self.d.add_instance(i, model, group)
         else:
-            self.d.add_instance(i, model)
+            self.d.add_instance(i, model, group)
             self.inst[i], self.ready[i] = model, True
+            self.group[i] = i if group is None else group
 
     @rule(i=st.integers(0, 3))
     def remove_instance(self, i: int) -> None:
@@ -273,7 +283,7 @@ class DispatcherMachine(RuleBasedStateMachine):
             del self.flying[r]
             self.ended.add(r)
             event("orphaned")
-        del self.inst[i]
+        del self.inst[i], self.group[i]
 
     @rule(i=st.integers(0, 3), ready=st.booleans())
     def set_ready(self, i: int, ready: bool) -> None:
@@ -297,7 +307,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         else:
             self.now += dt
         before = {i: self.d.epdt(i, self.now) for i in self.inst}
-        finish = dict(before)
+        finish = {self.group[i]: t for i, t in before.items()}  # one EPDT per group
         relaxed = self.d.stats()["relaxed"]
         early = wake is None or self.now < wake  # before the due time next_wakeup named
         for rid, i in self.d.tick(self.now):
@@ -305,9 +315,9 @@ class DispatcherMachine(RuleBasedStateMachine):
             self.queued.remove(rid)
             assert self.inst[i] == self.req[rid][0] and self.ready[i]
             assert before[i] - self.now <= 0.02 + 1e-12
-            finish[i] += self.req[rid][2]
+            finish[self.group[i]] += self.req[rid][2]
             if self.policy == "lst_imh" and self.requeue == "reject":
-                assert finish[i] <= self.req[rid][1] + 1e-9  # on time under the estimate
+                assert finish[self.group[i]] <= self.req[rid][1] + 1e-9  # on time under the estimate
             self.flying[rid] = i
             event("assigned")
         if early:  # reject/relax never comes due before next_wakeup said
@@ -344,6 +354,7 @@ class DispatcherMachine(RuleBasedStateMachine):
 
     @invariant()
     def every_request_is_in_exactly_one_place(self) -> None:
+        self.d.check_integrity()  # raises RuntimeError naming the broken rule
         s = self.d.stats()
         assert s["pending"] == len(self.queued) == sum(self.d.pending(m) for m in "abc")
         assert s["in_flight"] == len(self.flying)

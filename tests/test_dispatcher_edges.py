@@ -29,7 +29,7 @@ def test_wakeup_at_the_window_edge_finds_the_instance() -> None:
 
 
 def test_cancel_at_a_time_charges_the_time_the_job_ran() -> None:
-    d = Dispatcher()
+    d = Dispatcher(plan="window")  # both jobs at once
     d.add_instance(1, "m")
     d.submit(1, "m", 0.0, 10.0, 1.0)
     d.submit(2, "m", 0.0, 10.0, 1.0)

@@ -1,6 +1,6 @@
 """P/D pieces that need no processes: its config rules, the decode routing policy
 (policy/decode_route.py) against a brute-force reference, and the Scheduler keeping
-prefill work off decode instances while routing handoffs by backlog."""
+prefill work off decode instances while routing handoffs by backlog (core/, fake workers)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from janusd.config import ConfigError, DispatchConfig, parse_config
 from janusd.policy.decode_route import DecodeLoad, least_decode_backlog
-from janusd.server.scheduling import Scheduler
 
 BASE = "[devices]\ncount = 3\n[[models]]\nname = 'm'\ncheckpoint = 'demo:llama-tiny'\n"
 
@@ -53,58 +52,62 @@ def test_least_decode_backlog_is_the_brute_force_minimum(xs):
         assert least_decode_backlog(list(perm)) == pick
 
 
-def test_the_scheduler_sends_prefill_work_only_to_prefill_instances_and_hands_off_by_backlog():
-    assigned: list[tuple[int, int]] = []
-    s = Scheduler(DispatchConfig(policy="lst_imh"), lambda rid, inst: assigned.append((rid, inst.device)),
-                  lambda rid: None)
-    p = s.add_instance("m", 0, "prefill")
-    d1 = s.add_instance("m", 1, "decode")
-    d2 = s.add_instance("m", 2, "decode")
-    for inst in (p, d1, d2):
-        s.set_ready(inst, True)
-    for rid in range(1, 7):
-        s.submit(rid, "m", 0.0, 100.0, 10)
-    s.tick(0.0)
-    assert {dev for _, dev in assigned} == {0} and len(assigned) == 6
-    # each handoff goes to the least loaded decode instance; loads as the daemon records them
+def test_the_core_sends_prefill_work_only_to_prefill_instances_and_hands_off_by_backlog():
+    from core_fakes import Rig
+
+    from janusd.lifecycle.states import InstanceState
+
+    from janusd.config import DispatchConfig
+
+    rig = Rig(devices=3, dispatch=DispatchConfig(plan="window"))  # one tick assigns the whole burst
+    rig.model("m", [0, 1, 2], prefill_devices=[0])
+    for d in (0, 1, 2):
+        rig.activate("m", d)
+    for _ in range(6):
+        rig.submit("m", ttft_ms=100_000)
+    rig.tick()
+    assert len(rig.workers[0].generates()) == 6
+    assert rig.workers[1].generates() == [] and rig.workers[2].generates() == []
+    # each handoff goes to the least loaded decode instance; loads as the core records them
     picks = []
     for rid, budget in ((1, 100), (2, 50), (3, 10), (4, 10)):
-        t = s.decode_target("m")
+        t = rig.core._decode_target("m")
         assert t is not None
         t.decoding[rid] = budget
         picks.append(t.device)
     assert picks == [1, 2, 2, 1]  # (0,0)->1; (1,0)->2; (1,1) tie on sequences, 50 < 100 -> 2; (1,2)->1
-    s.set_ready(d1, False)
-    assert s.decode_target("m") is d2
-    s.set_ready(d2, False)
-    assert s.decode_target("m") is None
-    assert s.remove_instance(d1) == [] and s.pending("m") == 0
+    d1, d2 = rig.core.instance("m", 1), rig.core.instance("m", 2)
+    rig.core.set_state(d1, InstanceState.DRAINING, rig.now)
+    rig.core.set_state(d2, InstanceState.LOADING, rig.now)
+    assert rig.core._decode_target("m") is d1  # only a draining one is left: it still takes handoffs
+    rig.core.set_state(d1, InstanceState.UNLOADED, rig.now)
+    assert rig.core._decode_target("m") is None
+    assert rig.core.queue_length("m") == 0
 
 
-# ---- the daemon's side of a handoff (server/kv_handoff.py), real objects, no processes ----
+# ---- the core's side of a handoff (core/kv_handoff.py), real objects, fake workers ----
 
 
-def _pd_daemon():
-    from janusd.server.daemon import Daemon
+def _pd_rig():
+    from core_fakes import Rig
 
-    cfg = parse_config(BASE + "devices = [0, 1]\nprefill_devices = [0]\n")
-    d = Daemon(cfg)
-    p = d.sched.add_instance("m", 0, "prefill")
-    dec = d.sched.add_instance("m", 1, "decode")
-    for inst in (p, dec):
-        d.sched.set_ready(inst, True)
-    return d, dec
+    from janusd.server.metrics import Metrics
+
+    rig = Rig(devices=2)
+    metrics = Metrics(lambda: {**rig.core.snapshot(rig.now), "workers": {}, "pools": {}})
+    rig.core.obs.kv_transfer = metrics.kv_transfer
+    rig.model("m", [0, 1], prefill_devices=[0])
+    rig.activate("m", 0)
+    rig.activate("m", 1)
+    return rig, rig.core.instance("m", 1), metrics
 
 
-def _prefilled(d):
+def _prefilled(rig):
     """A request whose first token came from the prefill worker (device 0)."""
-    from janusd.server.requests import Request
-    from janusd.wire import worker_msgs as wm
-
-    req = Request(d.requests.new_id(), "m", [5, 6, 7], wm.SamplingSpec(max_tokens=8), 0.0, 1.0, 1.0)
-    d.requests.add(req)
-    req.worker, req.prefill_seen, req.num_output_tokens = d.workers[0], True, 1
-    return req
+    rid = rig.submit("m", tokens=3, max_tokens=8)
+    rig.tick()
+    rig.token(0, rid)
+    return rig.core.requests.by_id[rid]
 
 
 def _kv(rid: int):
@@ -117,24 +120,27 @@ def _kv(rid: int):
 def test_a_handoff_that_cannot_be_sent_counts_one_failed_transfer():
     from janusd.wire import worker_msgs as wm
 
-    d, dec = _pd_daemon()
-    req = _prefilled(d)
-    # the decode worker is not running (never started here): the send fails
-    d._on_kv(d.workers[0], wm.KVReady(req.rid, _kv(req.rid), "127.0.0.1:1", 1 << 30))
+    rig, dec, metrics = _pd_rig()
+    req = _prefilled(rig)
+    rig.workers[1].up = False  # the decode worker is not running: the send fails
+    rig.core.on_kv(0, wm.KVReady(req.rid, _kv(req.rid), "127.0.0.1:1", 1 << 30), rig.now)
     assert req.failed and req.failure.status == 503 and "decode worker for device 1" in req.failure.message
     assert dec.decoding == {}
-    get = d.metrics.registry.get_sample_value
+    assert rig.workers[0].aborts() == [req.rid]  # the prefill side's blocks are freed
+    get = metrics.registry.get_sample_value
     assert get("janusd_kv_transfers_total", {"model": "m", "outcome": "failed"}) == 1.0
 
 
 def test_a_client_leaving_during_a_transfer_counts_as_cancelled_not_failed():
-    d, dec = _pd_daemon()
-    req = _prefilled(d)
-    req.kv_source, req.worker, req.decode_inst = d.workers[0], d.workers[1], dec  # ImportKV sent
-    dec.decoding[req.rid] = 7
-    d.cancel(req)
+    from janusd.wire import worker_msgs as wm
+
+    rig, dec, metrics = _pd_rig()
+    req = _prefilled(rig)
+    rig.core.on_kv(0, wm.KVReady(req.rid, _kv(req.rid), "127.0.0.1:1", 1 << 30), rig.now)  # ImportKV sent
+    assert dec.decoding == {req.rid: 7} and req.device == 1 and req.kv_source == 0
+    rig.core.cancel(req, rig.now)
     assert req.failed and dec.decoding == {}
-    get = d.metrics.registry.get_sample_value
+    get = metrics.registry.get_sample_value
     assert get("janusd_kv_transfers_total", {"model": "m", "outcome": "cancelled"}) == 1.0
     assert get("janusd_kv_transfers_total", {"model": "m", "outcome": "failed"}) is None
 
@@ -144,13 +150,14 @@ def test_a_failure_report_from_the_prefill_worker_after_the_handoff_does_not_end
     it failed (its engine failed before the daemon's Abort reached it): that is stale."""
     from janusd.wire import worker_msgs as wm
 
-    d, dec = _pd_daemon()
-    req = _prefilled(d)
-    req.worker, req.decode_inst = d.workers[1], dec  # handed off and imported
-    dec.decoding[req.rid] = 7
-    d._on_failed(d.workers[0], wm.RequestFailed(req.rid, "the engine failed during a step", "internal"))
-    assert not req.done and req.rid in d.requests.by_id
-    d._on_failed(d.workers[1], wm.RequestFailed(req.rid, "KV cache exhausted", "unavailable"))
+    rig, dec, _ = _pd_rig()
+    req = _prefilled(rig)
+    rig.core.on_kv(0, wm.KVReady(req.rid, _kv(req.rid), "127.0.0.1:1", 1 << 30), rig.now)
+    rig.core.on_kv(1, wm.KVImported(req.rid, 4096, 0.001), rig.now)  # handed off and imported
+    assert req.kv_source is None and dec.decoding == {req.rid: 7}
+    rig.core.on_failed(0, wm.RequestFailed(req.rid, "the engine failed during a step", "internal"), rig.now)
+    assert not req.done and req.rid in rig.core.requests.by_id
+    rig.core.on_failed(1, wm.RequestFailed(req.rid, "KV cache exhausted", "unavailable"), rig.now)
     assert req.failed and req.failure.status == 503 and dec.decoding == {}
 
 
@@ -236,8 +243,8 @@ def test_ctl_load_of_a_pd_model_on_other_devices_keeps_its_prefill_and_decode_sp
 
     d = Daemon(parse_config(BASE + "devices = [0, 1, 2]\nprefill_devices = [0]\n"))
     with pytest.raises(ValueError, match=r"devices: 'm' is a P/D model with prefill_devices \[0\]"):
-        asyncio.run(model_ops.load_model(d, "m", None, devices))
-    assert d.models.models == {} and d.sched.instances == {}
+        asyncio.run(model_ops.load_model(d.ops, d.config, "m", None, devices))
+    assert d.core.registry.models == {} and d.core.registry.instances == {}
 
 
 def test_an_unload_waits_for_kv_bytes_arriving_without_stalling_the_worker(tmp_path):

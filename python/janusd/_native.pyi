@@ -40,10 +40,24 @@ def lst_imh(proc: list[float], deadline: list[float], avail: list[float]) -> lis
 
 @_final
 class Dispatcher:
-    """Online, clock-injected dispatcher: per-model FIFO queues, per-instance EPDT, the
-    pre-pull window, LST-IMH (or a baseline) and reject/relax requeue. Every time is an
+    """Online, clock-injected dispatcher: per-model FIFO queues, one EPDT per device group,
+    the pre-pull window, LST-IMH (or a baseline) and reject/relax requeue. Every time is an
     argument in seconds; nothing reads a clock. Bad times or ids (NaN, infinite, negative,
     an int too large for a float or a 64-bit id, unknown or duplicate) raise ValueError.
+
+    Groups: the instances of one device group (co-located models one worker steps one
+    after another) share one EPDT; every job given to any of them is charged to it.
+
+    tick serves the models with queued work by their earliest queued deadline (equal:
+    the model seen first). With policy lst_imh:
+    - plan="global" (default): LST-IMH over all the model's ready instances (one per
+      group, each at its group's EPDT), the selected jobs balanced over them (earliest
+      deadline first onto the instance free earliest) when that keeps all of them on time;
+      only the jobs whose planned start is inside the pre-pull window are assigned, the
+      rest stay queued and are planned again at the next tick (next_wakeup says when).
+    - plan="window": LST-IMH over the instances inside the window only; each takes its
+      whole selected subset at once.
+    round_robin / least_load ignore plan.
 
     relax: a job past its latest start (now > deadline - est) gets
     deadline = now + (original deadline - arrival) * relax_factor**k on its k-th
@@ -57,16 +71,23 @@ class Dispatcher:
         requeue: str = "reject",
         relax_factor: float = 1.5,
         max_relax: int = 2,
+        plan: str = "global",
     ) -> Dispatcher: ...
     @property
     def policy(self) -> str: ...
     @property
     def prepull_window_s(self) -> float: ...
-    def add_instance(self, instance_id: int, model: str) -> None:
-        """Registers a ready instance of `model`; ValueError if the id exists."""
+    @property
+    def plan(self) -> str:
+        """"global" or "window" (see the class docstring)."""
+    def add_instance(self, instance_id: int, model: str, group: int | None = None) -> None:
+        """Registers a ready instance of `model` in device group `group` (any int; None:
+        the instance's own id, a group of its own). Instances of one group share one EPDT.
+        ValueError if the id exists."""
     def remove_instance(self, instance_id: int) -> list[int]:
         """Forgets the instance; returns (assignment order) the requests it had been given
-        and not completed, which the dispatcher forgets too. Queued jobs stay queued."""
+        and not completed, which the dispatcher forgets too, taking their remaining work
+        off the group's EPDT. Queued jobs stay queued."""
     def set_instance_ready(self, instance_id: int, ready: bool) -> None:
         """Only ready instances get work."""
     def submit(self, request_id: int, model: str, arrival_s: float, deadline_s: float, est_proc_s: float) -> None:
@@ -74,7 +95,9 @@ class Dispatcher:
         already queued or in flight, or a time that is NaN, infinite or negative."""
     def tick(self, now: float) -> list[tuple[int, int]]:
         """Applies the requeue policy and returns the (request_id, instance_id) assignments
-        made now (per instance in execution order). Releases the GIL."""
+        made now (models by earliest deadline, per instance in execution order). With
+        plan="global" only what starts inside the pre-pull window is assigned. Releases
+        the GIL."""
     def complete(self, request_id: int, now: float) -> None:
         """The request's prefill finished: its remaining estimated work leaves its instance."""
     def cancel(self, request_id: int, now: float | None = None) -> bool:
@@ -85,13 +108,20 @@ class Dispatcher:
     def take_rejected(self) -> list[int]:
         """Ids rejected since the last call."""
     def next_wakeup(self, now: float) -> float | None:
-        """When tick should next run (a value <= now means now); None if nothing is queued."""
+        """When tick should next run (a value <= now means now); None if nothing is queued.
+        Includes each ready instance's window edge (group EPDT - window), when jobs the
+        global plan deferred can be assigned."""
     def epdt(self, instance_id: int, now: float) -> float:
-        """Estimated prefill done time of the work given to the instance (>= now)."""
+        """Estimated prefill done time of the work given to the instance's group (>= now)."""
     def pending(self, model: str) -> int:
         """Queued requests of `model`."""
     def relaxed(self, model: str) -> int:
         """Deadline extensions granted to `model`'s requests so far (requeue = relax)."""
+    def check_integrity(self) -> None:
+        """Checks that every request is in exactly one place (queued once in its model's
+        queue, or assigned to one existing instance), that the counters agree, and that
+        each group's EPDT holds only jobs assigned to its instances. Raises RuntimeError
+        naming the first broken rule. O(state): for tests and debugging."""
     def stats(self) -> dict[str, int]:
         """submitted, assigned, completed, rejected, relaxed, cancelled, orphaned (handed
         back by remove_instance), pending, in_flight, ticks."""

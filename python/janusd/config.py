@@ -25,6 +25,7 @@ DType = Literal["float32", "bfloat16", "float16"]
 Role = Literal["mixed", "prefill", "decode"]
 DispatchPolicy = Literal["lst_imh", "round_robin", "least_load"]
 RequeuePolicy = Literal["reject", "relax"]
+DispatchPlan = Literal["global", "window"]
 
 
 class ConfigError(ValueError):
@@ -45,6 +46,8 @@ class ServerConfig(_Section):
     max_body_bytes: PositiveInt = 1 << 20
     queue_limit: PositiveInt = 256
     drain_timeout_s: Annotated[float, Meta(ge=0)] = 30.0
+    # a request for a model with no Active instance waits this long for one, then 503
+    model_wait_timeout_s: Annotated[float, Meta(ge=0)] = 30.0
     worker_ready_timeout_s: PositiveFloat = 300.0
     cache_dir: str = "~/.cache/janusd"
 
@@ -114,6 +117,10 @@ class DispatchConfig(_Section):
     policy: DispatchPolicy = "lst_imh"
     prepull_window_ms: Annotated[float, Meta(ge=0)] = 20.0
     requeue: RequeuePolicy = "reject"
+    # global: LST-IMH plans over every ready instance and commits only jobs starting within
+    # the pre-pull window (the rest are re-planned); window: only instances inside the
+    # window plan, each taking its whole selection (the behaviour before 2026-12-03)
+    plan: DispatchPlan = "global"
     relax_factor: Annotated[float, Meta(gt=1.0)] = 1.5
     max_relax: NonNegInt = 2
 
@@ -146,6 +153,8 @@ admin_socket = "/tmp/janusd/admin.sock"   # Unix socket for `janus ctl` (mode 06
 max_body_bytes = 1048576    # larger request bodies get 413
 queue_limit = 256           # pending requests per model before 429
 drain_timeout_s = 30.0      # SIGTERM: how long in-flight requests may finish
+model_wait_timeout_s = 30.0 # a request for a model with no Active instance (loading, restarting,
+                            # unloaded) waits this long for one, then 503 with Retry-After
 worker_ready_timeout_s = 300.0
 cache_dir = "~/.cache/janusd"   # demo checkpoints are made here on first start
 
@@ -171,6 +180,8 @@ fast_period_s = 0.5         # elastic-pool scaling loop
 policy = "lst_imh"          # lst_imh | round_robin | least_load
 prepull_window_ms = 20.0    # wake an instance this long before its EPDT
 requeue = "reject"          # a queued request past its latest start: reject (503) | relax
+plan = "global"             # global: LST-IMH over all ready instances, commit what starts within
+                            # the window, re-plan the rest | window: only instances in the window
 relax_factor = 1.5          # relax: new deadline = now + original budget * factor^n
 max_relax = 2               # relax: at most this many extensions
 

@@ -1,6 +1,6 @@
 """`janus ctl`: operate a running daemon over its admin Unix socket.
 
-status | models | instances | pools | load NAME | unload NAME | drain | config.
+status | models | instances | pools | load NAME | unload NAME | remove NAME | drain | config.
 Prints rich tables, or exactly one JSON object with --json (for scripts). The socket
 path comes from --socket, else from --config's server.admin_socket, else the default.
 """
@@ -13,7 +13,7 @@ import socket
 import sys
 from typing import Any
 
-SUBCOMMANDS = ("status", "models", "instances", "pools", "load", "unload", "drain", "config")
+SUBCOMMANDS = ("status", "models", "instances", "pools", "load", "unload", "remove", "drain", "config")
 
 
 def _seconds(text: str) -> float:
@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--timeout", type=_seconds, default=600.0, help="seconds to wait for the reply (load can be slow)")
     p.add_argument("action", choices=SUBCOMMANDS)
-    p.add_argument("name", nargs="?", help="model name (load, unload)")
+    p.add_argument("name", nargs="?", help="model name (load, unload, remove)")
     p.add_argument("--checkpoint", help="load: checkpoint spec of a model not in the config")
     p.add_argument("--device", type=int, action="append", default=[], help="load: device index (repeatable)")
 
@@ -50,7 +50,7 @@ def _request(args: argparse.Namespace) -> Any:
     from janusd.wire import admin_msgs as am
 
     a = args.action
-    if a in ("load", "unload") and not args.name:
+    if a in ("load", "unload", "remove") and not args.name:
         raise ValueError(f"{a}: a model name is required (janus ctl {a} NAME)")
     return {
         "status": lambda: am.StatusReq(),
@@ -59,6 +59,7 @@ def _request(args: argparse.Namespace) -> Any:
         "pools": lambda: am.PoolsReq(),
         "load": lambda: am.LoadReq(args.name, args.checkpoint, list(args.device)),
         "unload": lambda: am.UnloadReq(args.name),
+        "remove": lambda: am.RemoveReq(args.name),
         "drain": lambda: am.DrainReq(),
         "config": lambda: am.ConfigReq(),
     }[a]()

@@ -15,6 +15,8 @@ import json
 BENCHES: dict[str, tuple[str, str]] = {
     "api": ("janusd.bench.api", "daemon overhead over the engine (TTFT) and the highest rate before p99 TTFT doubles"),
     "dispatch": ("janusd.bench.dispatch", "LST-IMH per call: Rust vs the pure-Python reference"),
+    "dispatch-replay": ("janusd.bench.dispatch_replay",
+                        "dispatch policies end to end: a bursty trace replayed on a real daemon at 0.7x/1.5x capacity"),
     "engine": ("janusd.bench.engine", "engine prefill/decode tok/s, decode vs bandwidth roofline, co-location"),
     "pd": ("janusd.bench.pd", "P/D handoff cost per request (token 1 to 2 gap vs mixed) and KV transfer bandwidth"),
     "xtensor": ("janusd.bench.xtensor", "xTensor map/unmap vs raw mmap, bookkeeping ns/op, churn fragmentation"),

@@ -49,6 +49,35 @@ class _Built(msgspec.Struct):
     engine: Any
     error: str
     seconds: float
+    probe: list[tuple[int, float]] = []
+
+
+# Prompt lengths the loader thread times on a new model before it serves (the first run
+# only warms up). Short and long, so the daemon's a + b * tokens fit has both ends.
+PROBE_TOKENS = (16, 16, 256)
+
+
+def prefill_probe(me: Any) -> list[tuple[int, float]]:
+    """Time a few prefills of the built, not yet registered model on this thread: the
+    daemon seeds its prefill estimate with them, so the first long prompt after a load is
+    not judged by a guess (which rejected long prompts on an idle daemon)."""
+    from janusd.engine.types import SamplingParams
+
+    out: list[tuple[int, float]] = []
+    limit = max(2, int(me.max_model_len) - 2)
+    for k, n in enumerate(PROBE_TOKENS):
+        n = min(n, limit)
+        rid = f"__probe{k}"
+        me.add_request(rid, [(7 * i + 3) % 97 + 1 for i in range(n)], SamplingParams(max_tokens=1, ignore_eos=True))
+        seen = None
+        while me.has_work():
+            for o in me.step():
+                if o.req_id == rid and o.prefill_s is not None:
+                    seen = o.prefill_s
+        me.abort(rid)
+        if k > 0 and seen is not None:
+            out.append((n, float(seen)))
+    return out
 
 
 class WorkerProc:
@@ -271,7 +300,13 @@ class WorkerProc:
             _log(f"loading {msg.model.name} failed:\n" + traceback.format_exc())
             self.inbox.put(_Built(msg, None, f"cannot load {msg.model.name!r}: {e}", 0.0))
             return
-        self.inbox.put(_Built(msg, me, "", time.perf_counter() - t0))
+        seconds = time.perf_counter() - t0
+        try:
+            probe = prefill_probe(me)
+        except Exception as e:  # a probe that fails must not fail the load; the daemon keeps its prior
+            _log(f"prefill probe of {msg.model.name} failed: {e}")
+            probe = []
+        self.inbox.put(_Built(msg, me, "", seconds, probe))
 
     def _registered(self, built: _Built) -> None:
         if built.engine is None:
@@ -289,7 +324,8 @@ class WorkerProc:
                 return
         me = self.de.register(built.engine)
         eos = [int(t) for t in getattr(me, "eos_token_ids", [])]
-        self._send(wm.ModelLoaded(built.msg.seq, me.name, int(me.max_model_len), built.seconds, eos))
+        self._send(wm.ModelLoaded(built.msg.seq, me.name, int(me.max_model_len), built.seconds, eos,
+                                  built.probe))
 
     def _unload(self, msg: wm.UnloadModel) -> None:
         if self.pd.defer_unload(msg):

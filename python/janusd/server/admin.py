@@ -13,15 +13,38 @@ import contextlib
 import os
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import msgspec
 
+from janusd.config import JanusConfig
+from janusd.core.serving import ServingCore
+from janusd.server.model_ops import ConfigHolder
+from janusd.server.workers import WorkerHandle
 from janusd.wire import admin_msgs as am
 from janusd.wire.framing import FrameError, encode_frame, read_frame
 
-if TYPE_CHECKING:
-    from janusd.server.daemon import Daemon
+
+class AdminBackend(Protocol):
+    """What the admin socket needs of the daemon (server/daemon.py implements it)."""
+
+    core: ServingCore
+    workers: list[WorkerHandle]
+    config: ConfigHolder
+    state: str
+    started_loop: float
+    http_port: int | None
+    clock: Callable[[], float]
+
+    @property
+    def cfg(self) -> JanusConfig: ...
+    def request_shutdown(self) -> None: ...
+    async def refresh_stats(self) -> None: ...
+    async def load_model(self, name: str, checkpoint: str | None, devices: list[int]) -> dict[int, str]: ...
+    async def unload_model(self, name: str) -> dict[str, Any]: ...
+    async def remove_model(self, name: str) -> dict[str, Any]: ...
+    def config_toml(self) -> str: ...
 
 MAX_ADMIN_FRAME = 1 << 20
 
@@ -45,7 +68,7 @@ def check_admin_socket_free(path: str) -> None:
         raise AdminSocketError(f"{path}: another daemon is listening on this admin socket")
 
 
-async def start_admin(daemon: Daemon, path: str) -> asyncio.AbstractServer:
+async def start_admin(daemon: AdminBackend, path: str) -> asyncio.AbstractServer:
     p = Path(path)
     if not p.parent.exists():
         p.parent.mkdir(parents=True, mode=0o700)
@@ -62,7 +85,7 @@ async def start_admin(daemon: Daemon, path: str) -> asyncio.AbstractServer:
     return server
 
 
-async def _serve(daemon: Daemon, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _serve(daemon: AdminBackend, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     enc = msgspec.msgpack.Encoder()
     dec = am.request_decoder()
     try:
@@ -95,9 +118,9 @@ async def _serve(daemon: Daemon, reader: asyncio.StreamReader, writer: asyncio.S
             await writer.wait_closed()
 
 
-def _fit(daemon: Daemon, model: str, device: int) -> dict[str, Any]:
+def _fit(core: ServingCore, model: str, device: int) -> dict[str, Any]:
     """The online prefill-time fit t = a + b * tokens of one instance (PAPER.md §6 p_j)."""
-    est = daemon.sched.estimators.get((model, device))
+    est = core.dispatch.estimators.get((model, device))
     if est is None:
         return {}
     a, b = est.coefficients()
@@ -105,47 +128,50 @@ def _fit(daemon: Daemon, model: str, device: int) -> dict[str, Any]:
             "prefill_samples": est.n}
 
 
-async def handle(daemon: Daemon, req: Any) -> dict[str, Any]:
-    from janusd.server.daemon import clock
+def _instances(core: ServingCore, now: float) -> list[dict[str, Any]]:
+    rows = []
+    for m in core.registry.models.values():
+        for i in m.instances.values():
+            epdt = core.dispatch.epdt(i, now) if i.dispatched and i.active else None
+            rows.append({
+                "instance": i.instance_id, "model": i.model, "device": i.device, "state": i.state.value,
+                "role": i.role if m.cfg.prefill_devices else m.cfg.role, "error": i.error,
+                "load_s": round(i.load_s, 3), "served": i.served,
+                "decoding": len(i.decoding),  # P/D decode backlog (sequences)
+                **_fit(core, i.model, i.device),
+                "epdt_in_s": round(max(0.0, epdt - now), 4) if epdt is not None else None,
+            })
+    return rows
 
+
+async def handle(daemon: AdminBackend, req: Any) -> dict[str, Any]:
+    core = daemon.core
+    now = daemon.clock()
     if isinstance(req, am.StatusReq):
         return {
             "state": daemon.state,
             "pid": os.getpid(),
-            "uptime_s": round(clock() - daemon.started_loop, 3),
+            "uptime_s": round(now - daemon.started_loop, 3),
             "http": f"{daemon.cfg.server.host}:{daemon.http_port}",
             "workers": [{"device": w.device_index, "state": w.state, "pid": w.pid, "restarts": w.restarts}
                         for w in daemon.workers],
-            "models": len(daemon.models.models),
-            "in_flight": daemon.requests.count(),
-            "dispatch": daemon.sched.stats(),
+            "models": len(core.registry.models),
+            "in_flight": core.requests.count(),
+            "dispatch": core.dispatch.stats(),
         }
     if isinstance(req, am.ModelsReq):
         rows = []
-        for name, e in daemon.models.models.items():
+        for name, m in core.registry.models.items():
             rows.append({
-                "name": name, "checkpoint": e.cfg.checkpoint, "app": e.cfg.app_name,
-                "devices": sorted(e.placements), "active": len(e.active), "ttft_slo_ms": e.cfg.ttft_slo_ms,
-                "tpot_slo_ms": e.cfg.tpot_slo_ms, "queued": daemon.sched.pending(name),
-                "in_flight": daemon.requests.count(name), "max_model_len": e.max_model_len,
+                "name": name, "checkpoint": m.cfg.checkpoint, "app": m.cfg.app_name,
+                "devices": sorted(d for d, i in m.instances.items() if i.state.value != "unloaded"),
+                "active": len(m.active), "ttft_slo_ms": m.cfg.ttft_slo_ms,
+                "tpot_slo_ms": m.cfg.tpot_slo_ms, "queued": core.queue_length(name),
+                "in_flight": core.requests.count(name), "max_model_len": m.max_model_len,
             })
         return {"models": rows}
     if isinstance(req, am.InstancesReq):
-        rows = []
-        now = clock()
-        for e in daemon.models.models.values():
-            for p in e.placements.values():
-                role = e.role_on(p.device) if e.cfg.prefill_devices else e.cfg.role
-                rows.append({
-                    "instance": p.inst.instance_id if p.inst else None, "model": p.model, "device": p.device,
-                    "state": p.state, "role": role, "error": p.error, "load_s": round(p.load_s, 3),
-                    "served": p.inst.served if p.inst else 0,
-                    "decoding": len(p.inst.decoding) if p.inst else 0,  # P/D decode backlog (sequences)
-                    **_fit(daemon, p.model, p.device),
-                    "epdt_in_s": round(max(0.0, daemon.sched.epdt(p.inst, now) - now), 4)
-                    if p.inst and p.inst.dispatched else None,
-                })
-        return {"instances": rows}
+        return {"instances": _instances(core, now)}
     if isinstance(req, am.PoolsReq):
         await daemon.refresh_stats()
         rows = []
@@ -162,10 +188,12 @@ async def handle(daemon: Daemon, req: Any) -> dict[str, Any]:
         return {"loaded": req.name, "devices": await daemon.load_model(req.name, req.checkpoint, req.devices)}
     if isinstance(req, am.UnloadReq):
         return {"unloaded": req.name, **await daemon.unload_model(req.name)}
+    if isinstance(req, am.RemoveReq):
+        return {"removed": req.name, **await daemon.remove_model(req.name)}
     if isinstance(req, am.DrainReq):
-        n = daemon.requests.count()
+        n = core.requests.count()
         daemon.request_shutdown()
         return {"draining": n, "drain_timeout_s": daemon.cfg.server.drain_timeout_s}
     if isinstance(req, am.ConfigReq):
-        return {"toml": daemon.config_toml(), "path": daemon.config_path}
+        return {"toml": daemon.config_toml(), "path": daemon.config.path}
     raise ValueError(f"unknown admin request {type(req).__name__}")

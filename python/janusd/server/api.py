@@ -16,19 +16,32 @@ import secrets
 import traceback
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 from aiohttp import web
 
+from janusd.config import JanusConfig
+from janusd.core.requests import Failure, Refused, Request
 from janusd.server.openai_types import ApiError, Parsed, parse_chat, parse_completion
-from janusd.server.requests import Failure, Request
 from janusd.wire.worker_msgs import TokenDelta
 
-if TYPE_CHECKING:
-    from janusd.server.daemon import Daemon
 
-DAEMON: web.AppKey[Daemon] = web.AppKey("daemon")
+class Frontend(Protocol):
+    """What the HTTP API needs of the daemon (server/daemon.py implements it)."""
+
+    started_wall: float
+
+    @property
+    def cfg(self) -> JanusConfig: ...
+    async def admit(self, p: Parsed) -> tuple[Request, asyncio.Queue[Any]]: ...
+    def cancel(self, req: Request) -> None: ...
+    def health(self) -> dict[str, Any]: ...
+    def models_view(self) -> list[dict[str, Any]]: ...
+    def metrics_text(self) -> bytes: ...
+
+
+DAEMON: web.AppKey[Frontend] = web.AppKey("daemon")
 _json = msgspec.json.Encoder()
 
 
@@ -50,6 +63,8 @@ async def errors_and_auth(request: web.Request, handler: Callable[[web.Request],
         return await handler(request)
     except ApiError as e:
         return _error_response(e)
+    except Refused as r:
+        return _error_response(_failure_error(r.failure))
     except web.HTTPRequestEntityTooLarge:
         return _error_response(ApiError(
             413, f"request body exceeds {daemon.cfg.server.max_body_bytes} bytes", code="request_too_large"))
@@ -120,25 +135,26 @@ class _Shape:
 
 
 def _failure_error(f: Failure) -> ApiError:
-    return ApiError(f.status, f.message, f.type, code=f.code)
+    headers = {"Retry-After": str(max(1, round(f.retry_after_s)))} if f.retry_after_s is not None else None
+    return ApiError(f.status, f.message, f.type, code=f.code, headers=headers)
 
 
 async def _generate(request: web.Request, parse: Callable[[bytes], Parsed]) -> web.StreamResponse:
     daemon = request.app[DAEMON]
     body = await request.read()
     parsed = parse(body)
-    req = await daemon.admit(parsed)
+    req, events = await daemon.admit(parsed)
     shape = _Shape(parsed)
     try:
-        first = await req.events.get()
+        first = await events.get()
         if isinstance(first, Failure):
             raise _failure_error(first)
         if parsed.stream:
-            return await _stream(request, req, parsed, shape, first)
+            return await _stream(request, req, events, parsed, shape, first)
         text = [first.text]
         ev: Any = first
         while not ev.finished:
-            ev = await req.events.get()
+            ev = await events.get()
             if isinstance(ev, Failure):
                 raise _failure_error(ev)
             text.append(ev.text)
@@ -149,8 +165,8 @@ async def _generate(request: web.Request, parse: Callable[[bytes], Parsed]) -> w
             daemon.cancel(req)
 
 
-async def _stream(request: web.Request, req: Request, parsed: Parsed, shape: _Shape,
-                  first: TokenDelta) -> web.StreamResponse:
+async def _stream(request: web.Request, req: Request, events: asyncio.Queue[Any], parsed: Parsed,
+                  shape: _Shape, first: TokenDelta) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
 
@@ -172,7 +188,7 @@ async def _stream(request: web.Request, req: Request, parsed: Parsed, shape: _Sh
                 if parsed.include_usage:
                     await send(shape.usage_chunk(_usage(req)))
                 break
-            ev = await req.events.get()
+            ev = await events.get()
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
     except (ConnectionResetError, ConnectionError):
@@ -190,11 +206,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def list_models(request: web.Request) -> web.Response:
     daemon = request.app[DAEMON]
-    data = [
-        {"id": name, "object": "model", "created": int(daemon.started_wall), "owned_by": "janusd",
-         "max_model_len": e.max_model_len, "active_instances": len(e.active)}
-        for name, e in daemon.models.models.items()
-    ]
+    data = [{"object": "model", "created": int(daemon.started_wall), "owned_by": "janusd", **m}
+            for m in daemon.models_view()]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -208,10 +221,10 @@ async def health(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     daemon = request.app[DAEMON]
-    return web.Response(body=daemon.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
+    return web.Response(body=daemon.metrics_text(), headers={"Content-Type": "text/plain; version=0.0.4"})
 
 
-def make_app(daemon: Daemon) -> web.Application:
+def make_app(daemon: Frontend) -> web.Application:
     app = web.Application(client_max_size=daemon.cfg.server.max_body_bytes, middlewares=[errors_and_auth])
     app[DAEMON] = daemon
     app.router.add_post("/v1/completions", completions)
@@ -222,7 +235,7 @@ def make_app(daemon: Daemon) -> web.Application:
     return app
 
 
-async def start_http(daemon: Daemon, host: str, port: int) -> tuple[web.AppRunner, int]:
+async def start_http(daemon: Frontend, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Start listening; returns the runner and the bound port (useful with port 0)."""
     runner = web.AppRunner(make_app(daemon), handler_cancellation=True, access_log=None)
     await runner.setup()

@@ -1,15 +1,19 @@
-"""The daemon (`janus serve`): one asyncio process on uvloop that owns every decision.
+"""The daemon (`janus serve`): the real-time shell around the serving core.
 
-Life cycle as explicit state (STYLE.md #10): starting -> running -> draining ->
-stopped. Signal handlers only record what was asked (SIGTERM/SIGINT: shutdown,
-SIGHUP: reload) and wake the main coroutine, which acts:
+The core (core/serving.py) decides; this file supplies what it must not touch: the
+real clock, real worker processes (server/workers.py), the HTTP API (server/api.py), the
+admin socket (server/admin.py), signals and systemd. Life cycle as explicit state
+(STYLE.md #10): starting -> running -> draining -> stopped. Signal handlers only record
+what was asked (SIGTERM/SIGINT: shutdown, SIGHUP: reload) and wake the main coroutine,
+which acts:
 - start: spawn one worker per device and wait for each Ready handshake, load the
   models, then listen (HTTP, admin socket) and tell systemd READY=1;
 - SIGHUP: re-read the config file and apply model additions and removals;
 - SIGTERM: STOPPING=1, refuse new requests (503), let in-flight ones finish for up to
   drain_timeout_s, fail the rest, stop listening, stop workers, exit 0.
 A worker that dies is restarted (with back-off) and its models reloaded; its in-flight
-requests fail and every other model keeps serving.
+requests fail and every other model keeps serving. One task ticks the core: at the
+time the core asks for, or at once after any event that may change its plan.
 """
 
 from __future__ import annotations
@@ -21,24 +25,23 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from typing import Any
 
-import msgspec
-
 from janusd.config import JanusConfig, cache_dir, dump_config
+from janusd.core.requests import Failure, Refused, Request
+from janusd.core.serving import Limits, Observers, ServingCore
 from janusd.server import model_ops, sdnotify
-from janusd.server.kv_handoff import KVHandoff
 from janusd.server.metrics import Metrics
-from janusd.server.models import ModelEntry, ModelManager, place
-from janusd.server.openai_types import ApiError, Parsed
-from janusd.server.requests import Failure, Request, RequestTable
-from janusd.server.scheduling import Instance, Scheduler
+from janusd.server.model_ops import ConfigHolder, ModelOps
+from janusd.server.openai_types import Parsed
 from janusd.server.workers import WorkerError, WorkerHandle
+from janusd.telemetry import Telemetry
 from janusd.wire import worker_msgs as wm
 
 # The daemon's clock for request times (arrival, deadlines, per-token timestamps) and for
-# the dispatcher. Not loop.time(): uvloop's is cached per loop iteration at 1 ms
-# resolution, too coarse for per-token times; both read CLOCK_MONOTONIC.
+# the core. Not loop.time(): uvloop's is cached per loop iteration at 1 ms resolution,
+# too coarse for per-token times; both read CLOCK_MONOTONIC.
 clock = time.monotonic
 
 
@@ -67,32 +70,40 @@ def _log(msg: str) -> None:
 class Daemon:
     def __init__(self, cfg: JanusConfig, config_path: str | None = None,
                  server_overrides: dict[str, Any] | None = None) -> None:
-        self.cfg = cfg
-        self.config_path = config_path
         # `janus serve --host/--port`: re-applied to a reloaded file so SIGHUP compares like with like
-        self.server_overrides = dict(server_overrides or {})
+        self.config = ConfigHolder(cfg, config_path, dict(server_overrides or {}))
         self.state = "starting"  # starting | running | draining | stopped
         self.started_wall = time.time()
         self.started_loop = 0.0
         self._wake = asyncio.Event()
         self._shutdown_requested = False
         self._reload_requested = False
-        self.requests = RequestTable(on_finish=self._finished)
-        self.sched = Scheduler(cfg.dispatch, self._on_assign, self._on_reject)
+        self._tick_now = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._serving_changed = asyncio.Event()
         self.workers = [
             WorkerHandle(i, cfg.devices, self._on_batch, self._on_failed, self._on_death, self._on_kv)
             for i in range(cfg.devices.count)
         ]
-        self.models = ModelManager(
-            self.workers, self.sched, self.requests, cfg.engine, str(cache_dir(cfg.server)),
-            cfg.server.worker_ready_timeout_s,
-        )
         self.metrics = Metrics(self.snapshot)
-        self.handoff = KVHandoff(self.sched, self.requests, self.workers, self.metrics)
+        self.core = ServingCore(
+            cfg.dispatch, {w.device_index: w for w in self.workers},
+            Limits(cfg.server.queue_limit, cfg.server.model_wait_timeout_s),
+            Observers(finished=self._finished, rejected=self.metrics.reject, kv_transfer=self.metrics.kv_transfer,
+                      estimate_error=self.metrics.prefill_estimate_error, serving=self._serving,
+                      idle=self._idle.set),
+            Telemetry(),
+        )
+        self.ops = ModelOps(self.core, self.workers, cfg.engine, str(cache_dir(cfg.server)),
+                            cfg.server.worker_ready_timeout_s, cfg.server.drain_timeout_s, clock)
+        self.clock = clock
         self.http_port: int | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._tok_rr = 0
-        self._admitting: dict[str, int] = {}
+
+    @property
+    def cfg(self) -> JanusConfig:
+        return self.config.cfg
 
     # ---- signals: only record and wake ----
     def request_shutdown(self) -> None:
@@ -130,17 +141,16 @@ class Daemon:
         results = await asyncio.gather(*(w.start(timeout) for w in self.workers), return_exceptions=True)
         bad = [r for r in results if isinstance(r, BaseException)]
         if bad:
-            for e in bad:
-                _log(f"start-up failed: {e}")
+            for err in bad:
+                _log(f"start-up failed: {err}")
             await asyncio.gather(*(w.stop() for w in self.workers))
             return 1
         _log(f"{len(self.workers)} workers ready: " + ", ".join(f"device {w.device_index} pid {w.pid}"
                                                                  for w in self.workers))
-        self._spawn(self.sched.run(clock), "dispatch")
+        self._spawn(self._tick_loop(), "dispatch")
         sdnotify.notify(f"STATUS=loading {len(self.cfg.models)} models")
-        placement = place(self.cfg.models, self.cfg.devices.count)
-        entries = [self.models.add(m, placement[m.name]) for m in self.cfg.models]
-        await asyncio.gather(*(self.models.load_all(e) for e in entries))
+        await self.ops.add_and_load(list(self.cfg.models), self.cfg.models, self.cfg.devices.count)
+        self.poke()
         if self._shutdown_requested:
             await self._stop_workers()
             return 0
@@ -170,15 +180,12 @@ class Daemon:
     async def _shutdown(self, runner: Any, admin: Any) -> None:
         self.state = "draining"
         sdnotify.notify("STOPPING=1\nSTATUS=draining")
-        n = self.requests.count()
+        n = self.core.requests.count()
         _log(f"shutting down: draining {n} in-flight requests (up to {self.cfg.server.drain_timeout_s:g} s)")
         try:
-            await asyncio.wait_for(self.requests.idle.wait(), self.cfg.server.drain_timeout_s)
+            await asyncio.wait_for(self._idle.wait(), self.cfg.server.drain_timeout_s)
         except asyncio.TimeoutError:
-            for rid, req in list(self.requests.by_id.items()):
-                if req.worker is not None:
-                    req.worker.send(wm.Abort(rid))
-                self.requests.fail(rid, Failure(503, "the server is shutting down", code="shutting_down"))
+            self.core.fail_all(Failure(503, "the server is shutting down", code="shutting_down"), clock())
         await asyncio.sleep(0.05)  # let handlers write their last bytes
         admin.close()
         await runner.cleanup()
@@ -210,145 +217,103 @@ class Daemon:
             await self.refresh_stats()
             await asyncio.sleep(1.0)
 
-    # ---- requests ----
-    async def admit(self, p: Parsed) -> Request:
-        """Check, tokenize and queue a request; raises ApiError for every refusal.
+    # ---- the core's clock: tick when asked, or at once after an event ----
+    def poke(self) -> None:
+        self._tick_now.set()
+
+    async def _tick_loop(self) -> None:
+        while True:
+            self._tick_now.clear()
+            try:
+                wake_at = self.core.tick(clock())
+            except Exception:  # never let one bad tick stop dispatching for good
+                traceback.print_exc()
+                wake_at = clock() + 0.01
+            # at least 1 ms: a wake-up already due must not spin the loop
+            timeout = None if wake_at is None else max(0.001, wake_at - clock())
+            try:
+                await asyncio.wait_for(self._tick_now.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+
+    # ---- requests (the API's side: server/api.py Frontend) ----
+    async def admit(self, p: Parsed) -> tuple[Request, asyncio.Queue[Any]]:
+        """Check, tokenize and queue a request; raises Refused for every refusal.
 
         The request's clock (SLO deadlines, token times) starts here, before tokenizing."""
         arrival = clock()
-        entry = self.models.models.get(p.model)
-        if entry is None:
-            raise ApiError(404, f"model {p.model!r} does not exist", param="model", code="model_not_found")
         if self.state != "running":
-            raise ApiError(503, "the server is shutting down", "server_error", code="shutting_down")
-        if self.queue_length(p.model) >= self.cfg.server.queue_limit:
-            self.metrics.reject(p.model, "queue_full")
-            raise ApiError(429, f"too many requests queued for model {p.model!r}; retry later",
-                           "rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
-        # requests being tokenized count as queued, so a burst cannot pass the bound at once
-        self._admitting[p.model] = self._admitting.get(p.model, 0) + 1
+            if self.core.registry.model(p.model) is None:
+                self.core.begin_admission(p.model)  # raises the 404
+            raise Refused(Failure(503, "the server is shutting down", code="shutting_down"))
+        m = self.core.begin_admission(p.model)
         try:
-            ids = p.prompt_ids if p.prompt_ids is not None else await self._tokenize(entry, p)
-            return self._enqueue(entry, p, ids, arrival)
+            ids = p.prompt_ids if p.prompt_ids is not None else await self._tokenize(p, arrival)
+            events: asyncio.Queue[Any] = asyncio.Queue()
+            req = self.core.admit(m, ids, p.sampling, p.max_tokens_given, p.chat, p.ttft_ms, p.tpot_ms,
+                                  arrival, clock(), events.put_nowait)
+            self._idle.clear()
+            self.poke()
+            return req, events
         finally:
-            self._admitting[p.model] -= 1
+            self.core.end_admission(p.model)
 
-    def queue_length(self, model: str) -> int:
-        return self.sched.pending(model) + self._admitting.get(model, 0)
-
-    def _enqueue(self, entry: ModelEntry, p: Parsed, ids: list[int], now: float) -> Request:
-        if self.models.models.get(p.model) is not entry:
-            # unloaded (or replaced by a reload) while we tokenized: its queue is gone, so a
-            # request queued now would wait for an instance that never comes
-            raise ApiError(404, f"model {p.model!r} was unloaded", param="model", code="model_not_found")
-        max_len = entry.max_model_len
-        where = "messages" if p.chat else "prompt"
-        if len(ids) >= max_len:
-            raise ApiError(400, f"{where}: the prompt has {len(ids)} tokens; this model's context is {max_len}",
-                           param=where, code="context_length_exceeded")
-        sampling = p.sampling
-        if not p.max_tokens_given:
-            sampling = msgspec.structs.replace(sampling, max_tokens=max_len - len(ids))
-        elif len(ids) + sampling.max_tokens > max_len:
-            raise ApiError(400, f"max_tokens: {len(ids)} prompt tokens + max_tokens {sampling.max_tokens} exceed "
-                                f"this model's context of {max_len}", param="max_tokens",
-                           code="context_length_exceeded")
-        ttft = (p.ttft_ms or entry.cfg.ttft_slo_ms) / 1000.0
-        tpot = (p.tpot_ms or entry.cfg.tpot_slo_ms) / 1000.0
-        req = Request(self.requests.new_id(), p.model, ids, sampling, now, ttft, tpot)
-        self.requests.add(req)
-        self.sched.submit(req.rid, p.model, now, now + ttft, len(ids))
-        return req
-
-    async def _tokenize(self, entry: ModelEntry, p: Parsed) -> list[int]:
-        active = [pl for pl in entry.active if self.workers[pl.device].ready]
-        if not active:
-            raise ApiError(503, f"model {p.model!r} is not ready (loading or restarting); retry later",
-                           "server_error", code="model_not_ready", headers={"Retry-After": "1"})
-        self._tok_rr += 1
-        w = self.workers[active[self._tok_rr % len(active)].device]
+    async def _tokenize(self, p: Parsed, arrival: float) -> list[int]:
+        """On a worker with an Active instance of the model; waits (bounded) for one."""
+        limit = self.cfg.server.model_wait_timeout_s
+        while (dev := self.core.tokenizer_device(p.model)) is None:
+            if self.core.registry.model(p.model) is None:
+                raise Refused(Failure(404, f"model {p.model!r} was removed", "invalid_request_error",
+                                      code="model_not_found"))
+            left = arrival + limit - clock()
+            ev = self._serving_changed
+            try:
+                if left <= 0:
+                    raise asyncio.TimeoutError
+                await asyncio.wait_for(ev.wait(), left)
+            except asyncio.TimeoutError:
+                self.metrics.reject(p.model, "no_instance")
+                raise Refused(Failure(503, f"no instance of model {p.model!r} became ready within {limit:g} s "
+                                           "(loading, restarting or unloaded); retry later", code="model_not_ready",
+                                      retry_after_s=1.0)) from None
+        w = self.workers[dev]
         try:
             reply: wm.Tokenized = await w.call(lambda seq: wm.Tokenize(seq, p.model, p.prompt, p.messages), 30.0)
         except WorkerError as e:
-            status = 400 if e.kind == "bad_request" else 503
-            raise ApiError(status, str(e), "invalid_request_error" if status == 400 else "server_error",
-                           param="messages" if p.chat and status == 400 else None) from None
+            if e.kind == "bad_request":
+                raise Refused(Failure(400, str(e), "invalid_request_error")) from None
+            raise Refused(Failure(503, str(e), retry_after_s=1.0)) from None
         except asyncio.TimeoutError:
-            raise ApiError(503, "tokenization timed out", "server_error") from None
+            raise Refused(Failure(503, "tokenization timed out", retry_after_s=1.0)) from None
         return reply.token_ids
 
+    def _serving(self, model: str) -> None:
+        ev, self._serving_changed = self._serving_changed, asyncio.Event()
+        ev.set()  # wakes every admission waiting for an Active instance; they re-check
+
     def cancel(self, req: Request) -> None:
-        """The client went away: abort on the worker (frees KV) and forget the request."""
-        if req.worker is not None:
-            req.worker.send(wm.Abort(req.rid))
-        self.requests.fail(req.rid, Failure(499, "client closed the request", code="cancelled"))
+        self.core.cancel(req, clock())
+        self.poke()
 
-    def _finished(self, req: Request) -> None:
-        self.handoff.on_finished(req)
-        if not req.prefill_seen:
-            self.sched.cancel(req.rid, clock())
-        if not req.failed:
-            outcome = "ok"
-        else:
-            f = req.failure
-            outcome = {499: "cancelled", 400: "bad_request"}.get(getattr(f, "status", 0), "failed")
-            if getattr(f, "code", None) == "slo_unattainable":
-                outcome = "rejected"
+    def _finished(self, req: Request, outcome: str) -> None:
         self.metrics.observe(req, outcome)
+        self.poke()
 
-    def _on_assign(self, rid: int, inst: Instance) -> None:
-        req = self.requests.by_id.get(rid)
-        if req is None:
-            self.sched.cancel(rid, clock())
-            return
-        w = self.workers[inst.device]
-        req.instance, req.worker = inst, w
-        try:
-            sent = w.send(wm.Generate(rid, req.model, req.prompt_ids, req.sampling))
-        except Exception as e:  # e.g. a frame over the limit: this request fails, dispatching goes on
-            _log(f"request {rid}: cannot send it to device {inst.device}: {type(e).__name__}: {e}")
-            self.requests.fail(rid, Failure(500, f"internal error sending the request to its worker: {e}"))
-            return
-        if not sent:
-            self.requests.fail(rid, Failure(503, f"the worker for device {inst.device} is not running"))
-
-    def _on_reject(self, rid: int) -> None:
-        req = self.requests.by_id.get(rid)
-        if req is not None:
-            self.metrics.reject(req.model, "slo")
-            self.requests.fail(rid, Failure(
-                503, f"request rejected: it cannot meet its TTFT SLO of {req.ttft_slo_s * 1000:g} ms "
-                     f"(dispatch policy {self.cfg.dispatch.policy}, requeue={self.cfg.dispatch.requeue})",
-                code="slo_unattainable"))
-
+    # ---- worker events (server/workers.py callbacks) ----
     def _on_batch(self, w: WorkerHandle, batch: wm.StepBatch) -> None:
-        now = clock()
-        for d in batch.outputs:
-            req = self.requests.by_id.get(d.req_id)
-            if req is not None and not req.prefill_seen and d.token_ids:
-                # before deliver(): a request whose first token is also its last ends inside
-                # deliver(), and its prefill time must still reach the estimator and EPDT
-                req.prefill_seen = True
-                self.sched.prefill_done(req.rid, now, len(req.prompt_ids), d.prefill_s)
-            self.requests.deliver(d, now)
+        self.core.on_batch(w.device_index, batch, clock())
 
     def _on_failed(self, w: WorkerHandle, f: wm.RequestFailed) -> None:
-        if not self.handoff.accept_failure(w, f.req_id):
-            return  # P/D: a stale report from the prefill worker after the handoff
-        status = {"bad_request": 400, "unavailable": 503}.get(f.kind, 500)
-        self.requests.fail(f.req_id, Failure(status, f.message, "invalid_request_error" if status == 400
-                                             else "server_error"))
+        self.core.on_failed(w.device_index, f, clock())
 
     def _on_kv(self, w: WorkerHandle, msg: wm.KVReady | wm.KVImported) -> None:
-        self.handoff.on_message(w, msg)
+        self.core.on_kv(w.device_index, msg, clock())
 
     def _on_death(self, w: WorkerHandle) -> None:
         dev = w.device_index
         _log(f"worker for device {dev} (pid {w.pid}) died; failing its requests and restarting it")
-        self.models.on_worker_death(dev)
-        for req in self.requests.on_worker(w):
-            self.requests.fail(req.rid, Failure(503, f"the worker for device {dev} died while serving this "
-                                                     "request", code="worker_died"))
+        self.core.on_worker_death(dev, clock())
+        self.poke()
         if self.state in ("running", "starting"):
             self._spawn(self._restart(w), f"restart{dev}")
 
@@ -364,18 +329,26 @@ class Daemon:
                 continue
             w.restarts += 1
             _log(f"worker for device {w.device_index} restarted (pid {w.pid}); reloading its models")
-            await self.models.reload_device(w.device_index)
+            await self.ops.reload_device(w.device_index)
+            self.poke()
             return
 
     # ---- config reload and admin operations (server/model_ops.py) ----
     async def reload(self) -> dict[str, Any]:
-        return await model_ops.reload(self)
+        out = await model_ops.reload(self.ops, self.config)
+        self.poke()
+        return out
 
     async def load_model(self, name: str, checkpoint: str | None, devices: list[int]) -> dict[int, str]:
-        return await model_ops.load_model(self, name, checkpoint, devices)
+        out = await model_ops.load_model(self.ops, self.config, name, checkpoint, devices)
+        self.poke()
+        return out
 
     async def unload_model(self, name: str) -> dict[str, Any]:
-        return await model_ops.unload_model(self, name)
+        return await model_ops.unload_model(self.ops, name)
+
+    async def remove_model(self, name: str) -> dict[str, Any]:
+        return await model_ops.remove_model(self.ops, self.config, name)
 
     # ---- views ----
     def health(self) -> dict[str, Any]:
@@ -384,20 +357,21 @@ class Daemon:
             "status": "ok" if ok else ("draining" if self.state == "draining" else "degraded"),
             "state": self.state,
             "workers": {str(w.device_index): w.state for w in self.workers},
-            "models": {n: len(e.active) for n, e in self.models.models.items()},
+            "models": {n: len(m.active) for n, m in self.core.registry.models.items()},
         }
 
     def snapshot(self) -> dict[str, Any]:
-        insts = [(p.model, p.device, p.state) for e in self.models.models.values() for p in e.placements.values()]
-        return {
-            "queues": {n: self.queue_length(n) for n in self.models.models},
-            "relaxed": {n: self.sched.relaxed_of(n) for n in self.models.models},
-            "in_flight": {n: self.requests.count(n) for n in self.models.models},
-            "dispatch": self.sched.stats(),
-            "instances": insts,
-            "workers": {w.device_index: (w.ready, w.restarts) for w in self.workers},
-            "pools": {w.device_index: w.last_stats.pool for w in self.workers if w.last_stats is not None},
-        }
+        s = self.core.snapshot(clock())
+        s["workers"] = {w.device_index: (w.ready, w.restarts) for w in self.workers}
+        s["pools"] = {w.device_index: w.last_stats.pool for w in self.workers if w.last_stats is not None}
+        return s
+
+    def models_view(self) -> list[dict[str, Any]]:
+        return [{"id": n, "max_model_len": m.max_model_len, "active_instances": len(m.active)}
+                for n, m in self.core.registry.models.items()]
+
+    def metrics_text(self) -> bytes:
+        return self.metrics.render()
 
     def config_toml(self) -> str:
         return dump_config(self.cfg)

@@ -15,21 +15,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from janusd.server.requests import Request
+from janusd.core.requests import Request
+from janusd.core.serving import request_slo
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2)
-
-
-def request_slo(req: Request) -> tuple[int, int]:
-    """(on-time tokens, counted tokens) of a finished request, per trace/slo.py."""
-    from janusd.trace.slo import request_attainment
-
-    times = [t - req.arrival for t in req.token_times]
-    expected = len(times) if not req.failed else max(len(times), 1)
-    a = request_attainment(times, expected, req.ttft_slo_s, req.tpot_slo_s, ok=not req.failed)
-    return a.on_time_tokens, a.total_tokens
 
 
 class _Live(Collector):
@@ -42,6 +33,11 @@ class _Live(Collector):
         for model, n in s["queues"].items():
             q.add_metric([model], n)
         yield q
+        held = GaugeMetricFamily("janusd_requests_held", "requests waiting for an Active instance of their model "
+                                 "(loading, restarting or unloaded)", labels=["model"])
+        for model, n in s.get("held", {}).items():
+            held.add_metric([model], n)
+        yield held
         inflight = GaugeMetricFamily("janusd_requests_in_flight", "admitted requests not yet finished",
                                      labels=["model"])
         for model, n in s["in_flight"].items():
@@ -57,7 +53,8 @@ class _Live(Collector):
             c = CounterMetricFamily(f"janusd_dispatch_{key}", f"dispatcher: requests {key}")
             c.add_metric([], d.get(key, 0))
             yield c
-        st = GaugeMetricFamily("janusd_instance_state", "1 for the state each (model, device) instance is in",
+        st = GaugeMetricFamily("janusd_instance_state", "1 for the one state each (model, device) instance is in "
+                               "(loading | active | draining | unloaded)",
                                labels=["model", "device", "state"])
         for model, device, state in s["instances"]:
             st.add_metric([model, str(device), state], 1)
@@ -112,6 +109,14 @@ class Metrics:
                                 registry=r)
         self.kv_seconds = Histogram("janusd_kv_transfer_seconds", "P/D KV transfer time on the decode worker",
                                     ["model"], buckets=_TPOT_BUCKETS, registry=r)
+        self.estimate_error = Histogram(
+            "janusd_prefill_estimate_error_seconds", "|observed - estimated| prefill time per request (the p_j "
+            "the dispatcher charged)", ["model"], buckets=_TPOT_BUCKETS, registry=r)
+        self.estimate_bias = Counter("janusd_prefill_estimate_undershoot_seconds", "sum of observed - estimated "
+                                     "prefill time where the estimate was too low", ["model"], registry=r)
+        self.estimate_overshoot = Counter("janusd_prefill_estimate_overshoot_seconds", "sum of estimated - "
+                                          "observed prefill time where the estimate was too high", ["model"],
+                                          registry=r)
         r.register(_Live(snapshot))
         self._tot: dict[str, tuple[int, int]] = {}
 
@@ -139,6 +144,12 @@ class Metrics:
             self.kv_bytes.labels(model).inc(nbytes)
         if seconds is not None:
             self.kv_seconds.labels(model).observe(seconds)
+
+    def prefill_estimate_error(self, model: str, error_s: float) -> None:
+        self.estimate_error.labels(model).observe(abs(error_s))
+        # a Counter cannot go down; keep the signed sum as two counters' difference
+        self.estimate_bias.labels(model).inc(max(error_s, 0.0))
+        self.estimate_overshoot.labels(model).inc(max(-error_s, 0.0))
 
     def reject(self, model: str, reason: str) -> None:
         self.rejected.labels(model, reason).inc()

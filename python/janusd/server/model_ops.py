@@ -1,56 +1,37 @@
-"""Changes to the set of served models: SIGHUP config reload and `janus ctl load|unload`.
+"""Changes to the set of served models, done against real workers: load, unload
+(drain), remove, SIGHUP reload, and reloading a restarted worker's instances.
 
-Kept apart from daemon.py (the life cycle and the request path): these only edit the
-daemon's config copy and ask ModelManager to load or unload, with drains bounded by
-server.drain_timeout_s. Every refusal is a ValueError naming what is wrong, which the
-admin socket turns into an error reply.
+The core owns the models and the one state per instance; this file only talks to
+workers (LoadModel / UnloadModel, one at a time per worker) and reports the outcome to
+the core (`loaded`, `load_failed`, `set_state`). Every refusal is a ValueError naming
+what is wrong, which the admin socket turns into an error reply. `unload` keeps the
+model (requests for it wait, bounded, and `load` brings it back with its full config);
+`remove` forgets it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
-from janusd.config import ConfigError, ModelConfig, load_config
-from janusd.server.models import place
+from janusd.config import ConfigError, EngineConfig, JanusConfig, ModelConfig, load_config
+from janusd.core.registry import Instance, Model
+from janusd.core.serving import ServingCore
+from janusd.lifecycle.states import InstanceState
+from janusd.policy.pinned import place
+from janusd.server.workers import WorkerError, WorkerHandle
+from janusd.wire import worker_msgs as wm
 
-if TYPE_CHECKING:
-    from janusd.server.daemon import Daemon
+S = InstanceState
 
 
 def _log(msg: str) -> None:
     print(f"janusd: {msg}", file=sys.stderr, flush=True)
-
-
-async def reload(d: Daemon) -> dict[str, Any]:
-    try:
-        new = load_config(d.config_path)
-    except ConfigError as e:
-        _log(f"reload refused: {e}")
-        return {"error": str(e)}
-    if d.server_overrides:
-        new = msgspec.structs.replace(new, server=msgspec.structs.replace(new.server, **d.server_overrides))
-    if new.server != d.cfg.server or new.devices != d.cfg.devices or new.engine != d.cfg.engine:
-        _log("reload: [server], [devices] and [engine] changes need a restart; applying [[models]] only")
-    old = {m.name: m for m in d.cfg.models}
-    fresh = {m.name: m for m in new.models}
-    retuned = [n for n in old if n in fresh and fresh[n] != old[n] and _same_instance(old[n], fresh[n])]
-    for name in retuned:
-        if name in d.models.models:
-            d.models.models[name].cfg = fresh[name]  # new requests get the new SLOs at once
-    removed = [n for n in old if n not in fresh or (fresh[n] != old[n] and n not in retuned)]
-    added = [m for m in new.models if m.name not in old or (old[m.name] != m and m.name not in retuned)]
-    for name in removed:
-        if name in d.models.models:
-            await d.models.unload(name, d.cfg.server.drain_timeout_s)
-    d.cfg = msgspec.structs.replace(d.cfg, models=list(new.models))
-    await load_new(d, added)
-    _log(f"reload: removed {removed or 'none'}, added {[m.name for m in added] or 'none'}, "
-         f"new SLOs {retuned or 'none'}")
-    return {"removed": removed, "added": [m.name for m in added], "retuned": retuned}
 
 
 # Fields that only steer requests (SLO targets, the app's name): changing them must not
@@ -62,47 +43,221 @@ def _same_instance(a: ModelConfig, b: ModelConfig) -> bool:
     return msgspec.structs.replace(a, **{f: getattr(b, f) for f in _REQUEST_ONLY_FIELDS}) == b
 
 
-async def load_new(d: Daemon, added: list[ModelConfig]) -> None:
-    placement = place(d.cfg.models, d.cfg.devices.count)
-    entries = [d.models.add(m, placement[m.name]) for m in added]
-    await asyncio.gather(*(d.models.load_all(e) for e in entries))
+class ModelOps:
+    def __init__(self, core: ServingCore, workers: list[WorkerHandle], engine: EngineConfig, cache_dir: str,
+                 load_timeout_s: float, drain_timeout_s: float, clock: Callable[[], float]) -> None:
+        self.core = core
+        self.workers = workers
+        self.engine = engine
+        self.cache_dir = cache_dir
+        self.load_timeout_s = load_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        self.clock = clock
+        self._locks = [asyncio.Lock() for _ in workers]  # one load/unload at a time per worker
+
+    # ---- one instance ----
+    async def load(self, inst: Instance) -> None:
+        """Load the instance's model on its worker; on success it becomes Active."""
+        m = self.core.registry.model(inst.model)
+        if m is None:
+            return
+        if inst.state is S.UNLOADED:
+            self.core.set_state(inst, S.LOADING, self.clock())
+        elif inst.state is not S.LOADING:
+            return
+        cfg = m.engine_cfg(inst.device)
+        w = self.workers[inst.device]
+        async with self._locks[inst.device]:
+            t0 = time.monotonic()
+            try:
+                reply: wm.ModelLoaded = await w.call(
+                    lambda seq: wm.LoadModel(seq, cfg, self.engine, self.cache_dir), self.load_timeout_s)
+            except (WorkerError, asyncio.TimeoutError) as e:
+                err = str(e) or "load timed out"
+                if inst.state is S.LOADING and w.ready:
+                    _log(f"loading {inst.model} on device {inst.device} failed: {err}")
+                    self.core.load_failed(inst, self.clock(), err)
+                return
+            if inst.state is not S.LOADING or self.core.registry.instances.get(inst.instance_id) is not inst:
+                # unloaded or removed while it loaded: free what the worker just loaded
+                await self._unload_on_worker(inst.model, inst.device, locked=True)
+                return
+        self.core.loaded(inst, self.clock(), reply.max_model_len, time.monotonic() - t0, reply.prefill_probe)
+        _log(f"{inst.model} active on device {inst.device} (loaded in {inst.load_s:.2f} s)")
+
+    async def _unload_on_worker(self, name: str, device: int, locked: bool = False) -> None:
+        w = self.workers[device]
+
+        async def go() -> None:
+            try:
+                await w.call(lambda seq: wm.UnloadModel(seq, name), 60.0)
+            except (WorkerError, asyncio.TimeoutError) as e:
+                _log(f"unloading {name} on device {device}: {e}")
+
+        if locked:
+            await go()
+        else:
+            async with self._locks[device]:
+                await go()
+
+    # ---- a model ----
+    async def add_and_load(self, cfgs: list[ModelConfig], all_models: list[ModelConfig], devices: int) -> None:
+        placement = place(all_models, devices)
+        insts = []
+        for cfg in cfgs:
+            m = self.core.add_model(cfg)
+            insts += [self.core.instance(m.name, d) for d in placement[cfg.name]]
+        await asyncio.gather(*(self.load(i) for i in insts))
+
+    async def load_model(self, m: Model, devices: list[int]) -> None:
+        insts = [self.core.instance(m.name, d) for d in devices]
+        await asyncio.gather(*(self.load(i) for i in insts))
+
+    async def unload(self, name: str) -> dict[str, Any]:
+        """Stop routing to `name`, let its running requests finish (bounded), free it on every
+        worker. The model stays: requests for it wait for `load`, bounded by
+        server.model_wait_timeout_s."""
+        m = self.core.registry.model(name)
+        if m is None:
+            raise ValueError(f"model {name!r} does not exist")
+        insts = list(m.instances.values())
+        for inst in insts:
+            if inst.state is S.ACTIVE:
+                self.core.set_state(inst, S.DRAINING, self.clock())
+            elif inst.state is S.LOADING:
+                self.core.set_state(inst, S.UNLOADED, self.clock(), error="unloaded while loading")
+        deadline = time.monotonic() + self.drain_timeout_s
+
+        def running() -> list[Any]:
+            return [r for r in self.core.requests.of_model(name) if r.device is not None]
+
+        while running() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        failed = 0
+        from janusd.core.requests import Failure
+
+        for req in running():
+            w = self.workers[req.device]
+            w.send(wm.Abort(req.rid))
+            self.core.requests.fail(req.rid, Failure(503, f"model {name!r} was unloaded"))
+            failed += 1
+        for inst in insts:
+            if inst.state is S.DRAINING:
+                self.core.set_state(inst, S.UNLOADED, self.clock())
+                await self._unload_on_worker(name, inst.device)
+        return {"failed_requests": failed}
+
+    async def remove(self, name: str) -> dict[str, Any]:
+        out = await self.unload(name)
+        self.core.remove_model(name, self.clock())
+        return out
+
+    async def reload_device(self, device: int) -> None:
+        """A restarted worker: load again every instance that was on it."""
+        insts = [i for i in self.core.registry.on_device(device) if i.state is S.LOADING]
+        await asyncio.gather(*(self.load(i) for i in insts))
 
 
-async def load_model(d: Daemon, name: str, checkpoint: str | None, devices: list[int]) -> dict[int, str]:
-    if name in d.models.models:
+# ---- the operations the admin socket and SIGHUP ask for (they edit the config copy) ----
+class ConfigHolder:
+    """The daemon's current config; the one owner of the model list a reload compares with."""
+
+    def __init__(self, cfg: JanusConfig, path: str | None, overrides: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.path = path
+        self.overrides = overrides
+
+
+async def reload(ops: ModelOps, holder: ConfigHolder) -> dict[str, Any]:
+    try:
+        new = load_config(holder.path)
+    except ConfigError as e:
+        _log(f"reload refused: {e}")
+        return {"error": str(e)}
+    cur = holder.cfg
+    if holder.overrides:
+        new = msgspec.structs.replace(new, server=msgspec.structs.replace(new.server, **holder.overrides))
+    if new.server != cur.server or new.devices != cur.devices or new.engine != cur.engine:
+        _log("reload: [server], [devices] and [engine] changes need a restart; applying [[models]] only")
+    old = {m.name: m for m in cur.models}
+    fresh = {m.name: m for m in new.models}
+    retuned = [n for n in old if n in fresh and fresh[n] != old[n] and _same_instance(old[n], fresh[n])]
+    for name in retuned:
+        if name in ops.core.registry.models:
+            ops.core.retune(fresh[name])  # new requests get the new SLOs at once
+    removed = [n for n in old if n not in fresh or (fresh[n] != old[n] and n not in retuned)]
+    added = [m for m in new.models if m.name not in old or (old[m.name] != m and m.name not in retuned)]
+    for name in removed:
+        if name in ops.core.registry.models:
+            await ops.remove(name)
+    holder.cfg = msgspec.structs.replace(cur, models=list(new.models))
+    await ops.add_and_load(added, holder.cfg.models, holder.cfg.devices.count)
+    _log(f"reload: removed {removed or 'none'}, added {[m.name for m in added] or 'none'}, "
+         f"new SLOs {retuned or 'none'}")
+    return {"removed": removed, "added": [m.name for m in added], "retuned": retuned}
+
+
+async def load_model(ops: ModelOps, holder: ConfigHolder, name: str, checkpoint: str | None,
+                     devices: list[int]) -> dict[int, str]:
+    """`ctl load NAME [--checkpoint C] [--devices ...]`: a known model (also one unloaded
+    by `ctl unload`) comes back with its full config; a new one needs a checkpoint."""
+    cfg = holder.cfg
+    kept = ops.core.registry.model(name)
+    if kept is not None and checkpoint is None:
+        if kept.active or any(i.state is S.LOADING for i in kept.instances.values()):
+            raise ValueError(f"model {name!r} is already loaded")
+        m = kept.cfg
+    elif kept is not None:
         raise ValueError(f"model {name!r} is already loaded")
-    if checkpoint is None:
+    elif checkpoint is None:
         try:
-            m = d.cfg.model(name)
+            m = cfg.model(name)
         except KeyError:
             raise ValueError(f"model {name!r} is not in the config; give --checkpoint to add it") from None
-        if devices:
-            m = msgspec.structs.replace(m, devices=devices)
-            pd = set(m.prefill_devices)
-            if pd and not (pd <= set(devices) and set(devices) - pd):
-                raise ValueError(f"devices: {name!r} is a P/D model with prefill_devices {m.prefill_devices}; "
-                                 f"{devices} must hold all of them and at least one device to decode")
     else:
         try:
             m = msgspec.convert({"name": name, "checkpoint": checkpoint, "devices": devices}, ModelConfig)
         except msgspec.ValidationError as e:
             raise ValueError(f"bad model: {e}") from None
-    if any(dev >= d.cfg.devices.count for dev in m.devices):
-        raise ValueError(f"devices: only {d.cfg.devices.count} devices exist")
-    others = [x for x in d.cfg.models if x.name != name]
-    d.cfg = msgspec.structs.replace(d.cfg, models=[*others, m])
-    await load_new(d, [m])
-    entry = d.models.models[name]
-    if not entry.active:
-        errors = "; ".join(f"device {p.device}: {p.error}" for p in entry.placements.values())
-        await unload_model(d, name)
+    if devices and checkpoint is None:
+        m = msgspec.structs.replace(m, devices=devices)
+        pd = set(m.prefill_devices)
+        if pd and not (pd <= set(devices) and set(devices) - pd):
+            raise ValueError(f"devices: {name!r} is a P/D model with prefill_devices {m.prefill_devices}; "
+                             f"{devices} must hold all of them and at least one device to decode")
+    if any(dev >= cfg.devices.count for dev in m.devices):
+        raise ValueError(f"devices: only {cfg.devices.count} devices exist")
+    others = [x for x in cfg.models if x.name != name]
+    holder.cfg = msgspec.structs.replace(cfg, models=[*others, m])
+    if kept is not None:
+        ops.core.retune(m)
+        target = place(holder.cfg.models, cfg.devices.count)[name]
+        await ops.load_model(kept, target)
+        model = kept
+    else:
+        await ops.add_and_load([m], holder.cfg.models, cfg.devices.count)
+        model = ops.core.registry.models[name]
+    if not model.active:
+        errors = "; ".join(f"device {i.device}: {i.error}" for i in model.instances.values())
+        if kept is None:
+            await remove_model(ops, holder, name)
         raise ValueError(f"model {name!r} failed to load: {errors}")
-    return {p.device: p.state + (f": {p.error}" if p.error else "") for p in entry.placements.values()}
+    return {i.device: i.state.value + (f": {i.error}" if i.error else "") for i in model.instances.values()
+            if i.state is not S.UNLOADED or i.device in (m.devices or [i.device])}
 
 
-async def unload_model(d: Daemon, name: str) -> dict[str, Any]:
-    if name not in d.models.models:
+async def unload_model(ops: ModelOps, name: str) -> dict[str, Any]:
+    m = ops.core.registry.model(name)
+    if m is None:
+        raise ValueError(f"model {name!r} does not exist")
+    if not any(i.state is not S.UNLOADED for i in m.instances.values()):
         raise ValueError(f"model {name!r} is not loaded")
-    out = await d.models.unload(name, d.cfg.server.drain_timeout_s)
-    d.cfg = msgspec.structs.replace(d.cfg, models=[x for x in d.cfg.models if x.name != name])
+    return await ops.unload(name)
+
+
+async def remove_model(ops: ModelOps, holder: ConfigHolder, name: str) -> dict[str, Any]:
+    if ops.core.registry.model(name) is None:
+        raise ValueError(f"model {name!r} does not exist")
+    out = await ops.remove(name)
+    holder.cfg = msgspec.structs.replace(holder.cfg, models=[x for x in holder.cfg.models if x.name != name])
     return out

@@ -40,6 +40,15 @@ class LoadReq(msgspec.Struct, **_OPTS):
 
 
 class UnloadReq(msgspec.Struct, **_OPTS):
+    """End the model's instances (drain, free the devices); the model and its config stay,
+    so requests for it wait (bounded) and `load NAME` brings it back."""
+
+    name: str
+
+
+class RemoveReq(msgspec.Struct, **_OPTS):
+    """Unload the model and forget it: its requests get 404 from then on."""
+
     name: str
 
 
@@ -53,7 +62,7 @@ class ConfigReq(msgspec.Struct, **_OPTS):
     pass
 
 
-AdminRequest = StatusReq | ModelsReq | InstancesReq | PoolsReq | LoadReq | UnloadReq | DrainReq | ConfigReq
+AdminRequest = StatusReq | ModelsReq | InstancesReq | PoolsReq | LoadReq | UnloadReq | RemoveReq | DrainReq | ConfigReq
 
 
 class AdminResult(msgspec.Struct, **_OPTS):

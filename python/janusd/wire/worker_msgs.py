@@ -145,6 +145,9 @@ class ModelLoaded(msgspec.Struct, **_OPTS):
     max_model_len: int
     load_s: float
     eos_token_ids: list[int] = []
+    # (prompt tokens, prefill seconds) measured on the new instance before it serves: the
+    # daemon's prefill estimate starts from the device's real speed, not a guess
+    prefill_probe: list[tuple[int, float]] = []
 
 
 class ModelUnloaded(msgspec.Struct, **_OPTS):

@@ -3,7 +3,7 @@
 //! `next_wakeup`) release the GIL; errors become ValueError via `errors::dispatch_err`.
 
 use janus_core::dispatch as core;
-use pyo3::exceptions::{PyOverflowError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList};
@@ -173,7 +173,8 @@ fn lst_imh<'py>(
     PyList::new(py, lists)
 }
 
-/// The online, clock-injected dispatcher (per-model queues, EPDT, pre-pull, requeue).
+/// The online, clock-injected dispatcher (per-model queues, one EPDT per device group,
+/// pre-pull, the global or window plan, requeue).
 #[pyclass(module = "janusd._native")]
 pub struct Dispatcher {
     inner: core::Dispatcher,
@@ -183,8 +184,8 @@ pub struct Dispatcher {
 impl Dispatcher {
     #[new]
     #[pyo3(
-        signature = (policy="lst_imh", prepull_window_s=Float(0.02), requeue="reject", relax_factor=Float(1.5), max_relax=Int(2)),
-        text_signature = "(policy='lst_imh', prepull_window_s=0.02, requeue='reject', relax_factor=1.5, max_relax=2)"
+        signature = (policy="lst_imh", prepull_window_s=Float(0.02), requeue="reject", relax_factor=Float(1.5), max_relax=Int(2), plan="global"),
+        text_signature = "(policy='lst_imh', prepull_window_s=0.02, requeue='reject', relax_factor=1.5, max_relax=2, plan='global')"
     )]
     fn new(
         policy: &str,
@@ -192,6 +193,7 @@ impl Dispatcher {
         requeue: &str,
         relax_factor: Float,
         max_relax: Int,
+        plan: &str,
     ) -> PyResult<Self> {
         let (prepull_window_s, relax_factor, max_relax) =
             (prepull_window_s.0, relax_factor.0, max_relax.0);
@@ -204,6 +206,7 @@ impl Dispatcher {
             requeue: core::Requeue::parse(requeue).map_err(dispatch_err)?,
             relax_factor,
             max_relax,
+            plan: core::Plan::parse(plan).map_err(dispatch_err)?,
         };
         Ok(Dispatcher {
             inner: core::Dispatcher::new(cfg).map_err(dispatch_err)?,
@@ -224,9 +227,19 @@ impl Dispatcher {
         self.inner.config().prepull_window_s
     }
 
-    fn add_instance(&mut self, instance_id: Int, model: &str) -> PyResult<()> {
+    #[getter]
+    fn plan(&self) -> &'static str {
+        self.inner.config().plan.name()
+    }
+
+    /// Registers a ready instance of `model` in device group `group` (None: the
+    /// instance's own id, a group of its own); the instances of a group share one EPDT.
+    #[pyo3(signature = (instance_id, model, group=None))]
+    fn add_instance(&mut self, instance_id: Int, model: &str, group: Option<Int>) -> PyResult<()> {
+        let id = instance_id.0;
+        let group = group.map_or(id, |g| g.0);
         self.inner
-            .add_instance(instance_id.0, model)
+            .add_instance(id, model, group)
             .map_err(dispatch_err)
     }
 
@@ -298,6 +311,13 @@ impl Dispatcher {
         self.inner.relaxed(model)
     }
 
+    /// None, or RuntimeError naming the first broken bookkeeping rule.
+    fn check_integrity(&self) -> PyResult<()> {
+        self.inner
+            .check_integrity()
+            .map_err(PyRuntimeError::new_err)
+    }
+
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.inner.stats();
         let d = PyDict::new(py);
@@ -321,8 +341,9 @@ impl Dispatcher {
     fn __repr__(&self) -> String {
         let s = self.inner.stats();
         format!(
-            "Dispatcher(policy='{}', pending={}, in_flight={})",
+            "Dispatcher(policy='{}', plan='{}', pending={}, in_flight={})",
             self.policy(),
+            self.plan(),
             s.pending,
             s.in_flight
         )

@@ -47,6 +47,40 @@ impl Requeue {
     }
 }
 
+/// Which instances LST-IMH plans over and what a tick commits (policy `lst_imh` only;
+/// the one-job-per-tick baselines ignore it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// Plan over all the model's ready instances (each at its group's EPDT), balance the
+    /// selected jobs across them when that keeps every one on time, and commit only the
+    /// jobs whose planned start is inside the pre-pull window; the rest stay queued and
+    /// are planned again at the next tick.
+    Global,
+    /// Plan over the instances inside the pre-pull window only; each takes its whole
+    /// Moore-Hodgson subset at once (the behaviour before `Global` existed).
+    Window,
+}
+
+impl Plan {
+    pub fn parse(s: &str) -> Result<Self, DispatchError> {
+        match s {
+            "global" => Ok(Plan::Global),
+            "window" => Ok(Plan::Window),
+            _ => Err(DispatchError::InvalidInput(format!(
+                "plan must be 'global' or 'window', got {s:?}"
+            ))),
+        }
+    }
+
+    /// The name `parse` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Plan::Global => "global",
+            Plan::Window => "window",
+        }
+    }
+}
+
 /// Mirrors `janusd.config.DispatchConfig` (the window in seconds here, ms there).
 #[derive(Debug, Clone)]
 pub struct DispatcherConfig {
@@ -55,6 +89,7 @@ pub struct DispatcherConfig {
     pub requeue: Requeue,
     pub relax_factor: f64,
     pub max_relax: u32,
+    pub plan: Plan,
 }
 
 impl Default for DispatcherConfig {
@@ -65,6 +100,7 @@ impl Default for DispatcherConfig {
             requeue: Requeue::Reject,
             relax_factor: 1.5,
             max_relax: 2,
+            plan: Plan::Global,
         }
     }
 }

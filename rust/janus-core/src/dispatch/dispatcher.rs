@@ -1,27 +1,47 @@
-//! The online dispatcher: per-model FIFO queues, per-instance EPDT, pre-pull window.
+//! The online dispatcher: per-model FIFO queues, per-group EPDT, pre-pull window.
 //!
 //! Clock-injected: every method that needs a time takes `now`, so the daemon (real clock)
 //! and the simulator (virtual clock) drive the same object. Nothing here reads a clock.
 //!
-//! `tick(now)`, per model with queued work:
-//! 1. requeue: a queued job past its latest start (`now > deadline - est`) cannot be on
-//!    time even on an idle instance. `reject` drops it (reported by `take_rejected`);
-//!    `relax` gives it `deadline = now + (original deadline - arrival) * relax_factor^k`
-//!    on its k-th relaxation (a fresh, growing budget from now), at most `max_relax`
-//!    times, then rejects it.
-//! 2. candidates: the model's ready instances with `EPDT - prepull_window <= now`.
-//! 3. `lst_imh`: LST-IMH over the model's whole backlog (FIFO order = job index, so equal
-//!    deadlines go first-come first) with avail = each candidate's EPDT (candidates in
-//!    ascending instance id, so equal EPDTs go to the lower id first); each candidate takes
-//!    its selected jobs in execution order. Jobs not selected stay queued.
-//!    `round_robin` / `least_load`: each candidate takes one job, oldest first, candidates
-//!    in rotating id order / by (outstanding work, id).
+//! Groups: every instance belongs to a device group (`add_instance(id, model, group)`;
+//! the binding's default is the instance's own id). One worker steps the models of a
+//! group one after another, so the group has one `Load` (epdt.rs): assign, complete and
+//! cancel charge it, and every instance of the group has the group's EPDT and busy time.
+//! `remove_instance` takes the instance's outstanding jobs out of the group's load (and
+//! hands them back); the group goes when its last instance does.
+//!
+//! `tick(now)`:
+//! 1. requeue, per model with queued work: a queued job past its latest start
+//!    (`now > deadline - est`) cannot be on time even on an idle instance. `reject`
+//!    drops it (reported by `take_rejected`); `relax` gives it `deadline = now +
+//!    (original deadline - arrival) * relax_factor^k` on its k-th relaxation (a fresh,
+//!    growing budget from now), at most `max_relax` times, then rejects it.
+//! 2. fair order: models are served by their earliest live deadline (equal: lower model
+//!    index), so one model's urgent job gets a shared group before another's lax ones.
+//! 3. `lst_imh`: machines = the model's ready instances, ascending id, one per group (two
+//!    instances of one model in one group are one machine), avail = the group's
+//!    EPDT(now); LST-IMH over the whole live backlog (FIFO order = job index, so equal
+//!    deadlines go first-come first). `plan = global` (default) plans over all machines,
+//!    balances the selected jobs (plan.rs) when that keeps all on time, and commits on
+//!    each machine only the prefix whose planned start is inside the pre-pull window
+//!    (`busy_until - window <= now`, busy_until the group's after the jobs committed
+//!    before it); the rest stays queued (FIFO order kept) and is planned again next tick.
+//!    `plan = window` plans over the machines inside the window only, and each takes its
+//!    whole selected subset.
+//! 4. `round_robin` / `least_load` (`plan` unused): each ready instance inside the window
+//!    takes one job, oldest first, in rotating id order / by (outstanding work, id).
+//!
+//! `next_wakeup` (dispatcher_tick.rs) wakes at each ready instance's window edge
+//! (`busy_until - window`) after the last tick: exactly when a job the global plan
+//! deferred there can be committed. complete/cancel/submit/instance changes mark the
+//! state dirty (tick now), so a group's EPDT moving earlier is seen at once.
+//! `check_integrity` (dispatcher_integrity.rs): every request is in exactly one place.
 
 use std::collections::HashMap;
 
-use super::config::{DispatcherConfig, Policy, Stats};
+use super::config::{DispatcherConfig, Stats};
 use super::epdt::Load;
-use super::{check_time, next_up, DispatchError};
+use super::{check_time, DispatchError};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Place {
@@ -58,10 +78,18 @@ struct Model {
 #[derive(Debug)]
 struct Instance {
     model: usize,
+    group: i64,
     ready: bool,
-    load: Load,
     /// Request id -> assignment counter, to hand them back in order on removal.
     assigned: HashMap<i64, u64>,
+}
+
+/// Instances stepped one after another by one worker: one EPDT for all of them.
+#[derive(Debug, Default)]
+struct Group {
+    load: Load,
+    /// Instance ids, ascending.
+    members: Vec<i64>,
 }
 
 #[derive(Debug)]
@@ -70,6 +98,7 @@ pub struct Dispatcher {
     models: Vec<Model>,
     model_ids: HashMap<String, usize>,
     instances: HashMap<i64, Instance>,
+    groups: HashMap<i64, Group>,
     requests: HashMap<i64, Request>,
     rejected: Vec<i64>,
     stats: Stats,
@@ -93,6 +122,7 @@ impl Dispatcher {
             models: Vec::new(),
             model_ids: HashMap::new(),
             instances: HashMap::new(),
+            groups: HashMap::new(),
             requests: HashMap::new(),
             rejected: Vec::new(),
             stats: Stats::default(),
@@ -122,7 +152,16 @@ impl Dispatcher {
             .ok_or_else(|| DispatchError::Instance(format!("unknown instance {id}")))
     }
 
-    pub fn add_instance(&mut self, id: i64, model: &str) -> Result<(), DispatchError> {
+    /// The load of `group`; a group with no load is idle (cannot happen: a group lives
+    /// as long as one of its instances).
+    fn load(&self, group: i64) -> &Load {
+        static IDLE: Load = Load::IDLE;
+        self.groups.get(&group).map_or(&IDLE, |g| &g.load)
+    }
+
+    /// Registers a ready instance of `model` in device group `group` (any id; a group
+    /// that does not exist yet starts idle). The instances of a group share one EPDT.
+    pub fn add_instance(&mut self, id: i64, model: &str, group: i64) -> Result<(), DispatchError> {
         if self.instances.contains_key(&id) {
             return Err(DispatchError::Instance(format!(
                 "instance {id} already exists"
@@ -132,10 +171,13 @@ impl Dispatcher {
         let list = &mut self.models[m].instances;
         let pos = list.partition_point(|&x| x < id);
         list.insert(pos, id);
+        let members = &mut self.groups.entry(group).or_default().members;
+        let pos = members.partition_point(|&x| x < id);
+        members.insert(pos, id);
         let inst = Instance {
             model: m,
+            group,
             ready: true,
-            load: Load::default(),
             assigned: HashMap::new(),
         };
         self.instances.insert(id, inst);
@@ -145,7 +187,8 @@ impl Dispatcher {
 
     /// Removes the instance and returns, in assignment order, the requests it had been
     /// given and not completed. The dispatcher forgets them (the caller may resubmit
-    /// them under the same ids); queued requests of its model stay queued.
+    /// them under the same ids) and takes their work still ahead out of the group's load;
+    /// queued requests of its model stay queued.
     pub fn remove_instance(&mut self, id: i64) -> Result<Vec<i64>, DispatchError> {
         let inst = self
             .instances
@@ -156,6 +199,15 @@ impl Dispatcher {
         orphans.sort_unstable();
         for &(_, r) in &orphans {
             self.requests.remove(&r);
+        }
+        if let Some(g) = self.groups.get_mut(&inst.group) {
+            for &(_, r) in &orphans {
+                g.load.remove(r, None);
+            }
+            g.members.retain(|&x| x != id);
+            if g.members.is_empty() {
+                self.groups.remove(&inst.group);
+            }
         }
         self.stats.orphaned += orphans.len() as u64;
         self.stats.in_flight -= orphans.len() as u64;
@@ -223,10 +275,7 @@ impl Dispatcher {
             Some(Place::Assigned(i)) => i,
         };
         self.requests.remove(&id);
-        if let Some(inst) = self.instances.get_mut(&inst_id) {
-            inst.load.remove(id, Some(now));
-            inst.assigned.remove(&id);
-        }
+        self.unassign(inst_id, id, Some(now));
         self.stats.completed += 1;
         self.stats.in_flight -= 1;
         self.dirty = true;
@@ -258,10 +307,7 @@ impl Dispatcher {
                 self.stats.pending -= 1;
             }
             Place::Assigned(i) => {
-                if let Some(inst) = self.instances.get_mut(&i) {
-                    inst.load.remove(id, now);
-                    inst.assigned.remove(&id);
-                }
+                self.unassign(i, id, now);
                 self.stats.in_flight -= 1;
             }
         }
@@ -270,13 +316,25 @@ impl Dispatcher {
         true
     }
 
+    /// Takes request `id` off instance `inst` and its work still ahead off the group load.
+    fn unassign(&mut self, inst: i64, id: i64, now: Option<f64>) {
+        if let Some(instance) = self.instances.get_mut(&inst) {
+            instance.assigned.remove(&id);
+            if let Some(g) = self.groups.get_mut(&instance.group) {
+                g.load.remove(id, now);
+            }
+        }
+    }
+
     pub fn take_rejected(&mut self) -> Vec<i64> {
         std::mem::take(&mut self.rejected)
     }
 
+    /// The EPDT of the instance's group: when all the work given to the group so far is
+    /// estimated done (never before `now`).
     pub fn epdt(&self, instance: i64, now: f64) -> Result<f64, DispatchError> {
         let now = check_time("now", now)?;
-        Ok(self.instance(instance)?.load.epdt(now))
+        Ok(self.load(self.instance(instance)?.group).epdt(now))
     }
 
     /// Queued requests of `model` (0 for a model never seen).
@@ -297,56 +355,20 @@ impl Dispatcher {
     pub fn stats(&self) -> Stats {
         self.stats.clone()
     }
-
-    /// When `tick` should next run: the earliest of (a) an instance of a model with queued
-    /// work reaching its pre-pull window (EPDT - window) after the last tick, (b) a queued
-    /// job passing its latest start (reject/relax is due), (c) `now` when the state
-    /// changed since the last tick or, for the one-job-per-tick policies, while a
-    /// candidate is still inside its window. A result `<= now` means "tick now".
-    /// `None` when nothing is queued.
-    pub fn next_wakeup(&self, now: f64) -> Result<Option<f64>, DispatchError> {
-        let now = check_time("now", now)?;
-        if self.stats.pending == 0 {
-            return Ok(None);
-        }
-        if self.dirty {
-            return Ok(Some(now));
-        }
-        let mut best = f64::INFINITY;
-        for model in self.models.iter().filter(|m| m.queued > 0) {
-            for inst in model
-                .instances
-                .iter()
-                .filter_map(|i| self.instances.get(i))
-                .filter(|i| i.ready)
-            {
-                // An instance idle since before the last tick has nothing new to offer.
-                // Same expression as the candidate test in `tick` (see `candidates`).
-                let at = inst.load.busy_until() - self.cfg.prepull_window_s;
-                if at > self.last_tick {
-                    best = best.min(at);
-                } else if self.cfg.policy != Policy::LstImh {
-                    best = best.min(now);
-                }
-            }
-            for &(seq, id) in &model.queue {
-                if let Some(r) = self
-                    .requests
-                    .get(&id)
-                    .filter(|r| r.seq == seq && r.place == Place::Queued)
-                {
-                    best = best.min(next_up(r.deadline - r.est));
-                }
-            }
-        }
-        Ok(Some(best))
-    }
 }
 
-// The tick itself (requeue, candidates, the assignment policies) lives in its own file.
+// The tick itself (requeue, fair order, the assignment policies, the commit of a global
+// plan) and next_wakeup live in their own file; so does check_integrity.
 #[path = "dispatcher_tick.rs"]
 mod tick;
+
+#[path = "dispatcher_integrity.rs"]
+mod integrity;
 
 #[cfg(test)]
 #[path = "dispatcher_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "dispatcher_group_tests.rs"]
+mod group_tests;

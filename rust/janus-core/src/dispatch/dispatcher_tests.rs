@@ -1,18 +1,24 @@
 //! Tests of the online dispatcher: EPDT numbers, pre-pull, requeue, conservation.
 
-use super::super::config::Requeue;
+use super::super::config::{Assignment, Plan, Policy, Requeue};
 use super::super::next_up;
 use super::*;
 use proptest::prelude::*;
 use std::collections::HashSet;
 
-fn disp(policy: Policy, requeue: Requeue, window: f64) -> Dispatcher {
+/// A dispatcher with the default plan (`Plan::Global`).
+pub(super) fn disp(policy: Policy, requeue: Requeue, window: f64) -> Dispatcher {
+    disp_plan(policy, requeue, window, Plan::Global)
+}
+
+pub(super) fn disp_plan(policy: Policy, requeue: Requeue, window: f64, plan: Plan) -> Dispatcher {
     Dispatcher::new(DispatcherConfig {
         policy,
         prepull_window_s: window,
         requeue,
         relax_factor: 1.5,
         max_relax: 2,
+        plan,
     })
     .unwrap()
 }
@@ -23,8 +29,10 @@ fn close(a: f64, b: f64) -> bool {
 
 #[test]
 fn epdt_tracks_work_given_minus_work_done() {
-    let mut d = disp(Policy::LstImh, Requeue::Reject, 0.02);
-    d.add_instance(7, "m").unwrap();
+    // plan = window: both jobs are given at once (the global plan would commit only the
+    // first, whose start is inside the window; see dispatcher_group_tests.rs).
+    let mut d = disp_plan(Policy::LstImh, Requeue::Reject, 0.02, Plan::Window);
+    d.add_instance(7, "m", 7).unwrap();
     d.submit(1, "m", 0.0, 1.0, 0.1).unwrap();
     d.submit(2, "m", 0.0, 1.0, 0.2).unwrap();
     let got = d.tick(0.0).unwrap();
@@ -42,12 +50,12 @@ fn epdt_tracks_work_given_minus_work_done() {
     );
 }
 
-#[test]
-fn worked_example_through_the_dispatcher() {
-    // Instance 1 busy until 3, instance 2 idle at 0; a window wide enough for both.
-    let mut d = disp(Policy::LstImh, Requeue::Reject, 5.0);
-    d.add_instance(1, "m").unwrap();
-    d.add_instance(2, "m").unwrap();
+/// Instance 1 busy until 3, instance 2 idle at 0, a window wide enough for both; then
+/// A (4, 5), B (2, 6), C (2, 7) arrive.
+fn worked_example(plan: Plan) -> Vec<Assignment> {
+    let mut d = disp_plan(Policy::LstImh, Requeue::Reject, 5.0, plan);
+    d.add_instance(1, "m", 1).unwrap();
+    d.add_instance(2, "m", 2).unwrap();
     d.submit(100, "m", 0.0, 10.0, 3.0).unwrap();
     d.set_instance_ready(2, false).unwrap();
     assert_eq!(d.tick(0.0).unwrap(), vec![(100, 1)]);
@@ -56,13 +64,29 @@ fn worked_example_through_the_dispatcher() {
     d.submit(11, "m", 0.0, 6.0, 2.0).unwrap(); // B
     d.submit(12, "m", 0.0, 7.0, 2.0).unwrap(); // C
     let got = d.tick(0.0).unwrap();
-    assert_eq!(got, vec![(11, 1), (12, 1), (10, 2)]);
+    d.check_integrity().unwrap();
+    got
+}
+
+#[test]
+fn worked_example_through_the_dispatcher() {
+    // plan = window: LST-IMH's partition, instance 1 (free at 3) takes B and C.
+    assert_eq!(
+        worked_example(Plan::Window),
+        vec![(11, 1), (12, 1), (10, 2)]
+    );
+    // plan = global: the balanced plan keeps all three on time (A on 2 ends 4, B on 1
+    // ends 5, C on 2 ends 6) and every start is inside the 5 s window.
+    assert_eq!(
+        worked_example(Plan::Global),
+        vec![(11, 1), (10, 2), (12, 2)]
+    );
 }
 
 #[test]
 fn prepull_window_gates_candidates() {
     let mut d = disp(Policy::LstImh, Requeue::Reject, 0.020);
-    d.add_instance(1, "m").unwrap();
+    d.add_instance(1, "m", 1).unwrap();
     d.submit(1, "m", 0.0, 10.0, 0.030).unwrap();
     assert_eq!(d.tick(0.0).unwrap(), vec![(1, 1)]);
     d.submit(2, "m", 0.0, 10.0, 0.010).unwrap();
@@ -78,8 +102,14 @@ fn prepull_window_gates_candidates() {
 /// The tick at `next_wakeup`'s pre-pull instant must find the instance inside the window
 /// for any busy time and window, not only where `busy - window` happens to round up.
 fn wakeup_finds_the_instance_in_its_window(busy: f64, window: f64) {
-    let mut d = disp(Policy::LstImh, Requeue::Reject, window);
-    d.add_instance(1, "m").unwrap();
+    for plan in [Plan::Global, Plan::Window] {
+        wakeup_finds_the_instance_in_its_window_with(busy, window, plan);
+    }
+}
+
+fn wakeup_finds_the_instance_in_its_window_with(busy: f64, window: f64, plan: Plan) {
+    let mut d = disp_plan(Policy::LstImh, Requeue::Reject, window, plan);
+    d.add_instance(1, "m", 1).unwrap();
     d.submit(1, "m", 0.0, 1e6, busy).unwrap();
     assert_eq!(d.tick(0.0).unwrap(), vec![(1, 1)]);
     d.submit(2, "m", 0.0, 1e6, 0.001).unwrap();
@@ -89,8 +119,9 @@ fn wakeup_finds_the_instance_in_its_window(busy: f64, window: f64) {
     assert_eq!(
         d.tick(wake).unwrap(),
         vec![(2, 1)],
-        "busy {busy}, window {window}"
+        "busy {busy}, window {window}, plan {plan:?}"
     );
+    d.check_integrity().unwrap();
 }
 
 #[test]
@@ -146,7 +177,7 @@ fn relax_extends_then_rejects() {
 #[test]
 fn not_ready_instances_get_nothing() {
     let mut d = disp(Policy::RoundRobin, Requeue::Reject, 0.02);
-    d.add_instance(1, "m").unwrap();
+    d.add_instance(1, "m", 1).unwrap();
     d.set_instance_ready(1, false).unwrap();
     d.submit(1, "m", 0.0, 10.0, 0.1).unwrap();
     assert!(d.tick(0.0).unwrap().is_empty());
@@ -158,7 +189,7 @@ fn not_ready_instances_get_nothing() {
 fn round_robin_rotates_and_least_load_prefers_the_idle() {
     let mut d = disp(Policy::RoundRobin, Requeue::Reject, 1.0);
     for i in [1, 2, 3] {
-        d.add_instance(i, "m").unwrap();
+        d.add_instance(i, "m", i).unwrap();
     }
     for r in 0..5 {
         d.submit(r, "m", 0.0, 100.0, 0.1).unwrap();
@@ -167,8 +198,8 @@ fn round_robin_rotates_and_least_load_prefers_the_idle() {
     assert_eq!(d.tick(0.0).unwrap(), vec![(3, 1), (4, 2)]);
 
     let mut d = disp(Policy::LeastLoad, Requeue::Reject, 1.0);
-    d.add_instance(1, "m").unwrap();
-    d.add_instance(2, "m").unwrap();
+    d.add_instance(1, "m", 1).unwrap();
+    d.add_instance(2, "m", 2).unwrap();
     d.submit(0, "m", 0.0, 100.0, 0.5).unwrap();
     d.tick(0.0).unwrap();
     d.submit(1, "m", 0.0, 100.0, 0.1).unwrap();
@@ -177,8 +208,9 @@ fn round_robin_rotates_and_least_load_prefers_the_idle() {
 
 #[test]
 fn remove_instance_hands_back_in_flight_work() {
-    let mut d = disp(Policy::LstImh, Requeue::Reject, 0.02);
-    d.add_instance(1, "m").unwrap();
+    // plan = window: all three jobs are given at the first tick.
+    let mut d = disp_plan(Policy::LstImh, Requeue::Reject, 0.02, Plan::Window);
+    d.add_instance(1, "m", 1).unwrap();
     for r in [5, 3, 9] {
         d.submit(r, "m", 0.0, 100.0, 0.1).unwrap();
     }
@@ -198,9 +230,9 @@ fn remove_instance_hands_back_in_flight_work() {
 fn cancel_at_charges_the_time_the_job_ran() {
     // Jobs 1 and 2 (1 s each) given at 0; job 1 is cancelled at 0.5 after running half.
     // Job 2 starts at 0.5 and is done at 1.5; `cancel` without a time would take all of
-    // job 1's estimate away and say 1.0.
-    let mut d = disp(Policy::LstImh, Requeue::Reject, 0.02);
-    d.add_instance(1, "m").unwrap();
+    // job 1's estimate away and say 1.0. (plan = window: both are given at once.)
+    let mut d = disp_plan(Policy::LstImh, Requeue::Reject, 0.02, Plan::Window);
+    d.add_instance(1, "m", 1).unwrap();
     d.submit(1, "m", 0.0, 10.0, 1.0).unwrap();
     d.submit(2, "m", 0.0, 10.0, 1.0).unwrap();
     assert_eq!(d.tick(0.0).unwrap(), vec![(1, 1), (2, 1)]);
@@ -224,8 +256,8 @@ fn bad_input_is_an_error() {
     assert!(d.tick(f64::NAN).is_err());
     assert!(d.epdt(3, 0.0).is_err());
     assert!(d.set_instance_ready(3, true).is_err());
-    d.add_instance(3, "m").unwrap();
-    assert!(d.add_instance(3, "other").is_err());
+    d.add_instance(3, "m", 3).unwrap();
+    assert!(d.add_instance(3, "other", 3).is_err());
     assert!(!d.cancel(42));
     assert!(Dispatcher::new(DispatcherConfig {
         relax_factor: f64::NAN,
@@ -271,9 +303,10 @@ proptest! {
         ops in prop::collection::vec(op(), 1..80),
         policy in prop_oneof![Just(Policy::LstImh), Just(Policy::RoundRobin), Just(Policy::LeastLoad)],
         relax in any::<bool>(),
+        plan in prop_oneof![Just(Plan::Global), Just(Plan::Window)],
     ) {
         let requeue = if relax { Requeue::Relax } else { Requeue::Reject };
-        let mut d = disp(policy, requeue, 0.02);
+        let mut d = disp_plan(policy, requeue, 0.02, plan);
         let models = ["a", "b"];
         let mut now = 0.0;
         let mut next_id = 0i64;
@@ -286,7 +319,7 @@ proptest! {
         for o in ops {
             match o {
                 Op::Add(i, m) => {
-                    let ok = d.add_instance(i, models[m as usize]).is_ok();
+                    let ok = d.add_instance(i, models[m as usize], i).is_ok();
                     prop_assert_eq!(ok, !inst_model.contains_key(&i));
                     if ok { inst_model.insert(i, m as usize); ready.insert(i, true); }
                 }
@@ -366,6 +399,9 @@ proptest! {
                     prop_assert_eq!(got, known);
                     if known { ended.insert(target); }
                 }
+            }
+            if let Err(e) = d.check_integrity() {
+                prop_assert!(false, "integrity: {}", e);
             }
             let s = d.stats();
             prop_assert_eq!(s.pending as usize, queued.len());

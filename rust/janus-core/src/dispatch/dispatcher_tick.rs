@@ -1,12 +1,17 @@
-//! `Dispatcher::tick`: requeue, candidate instances and the assignment policies.
+//! `Dispatcher::tick` and `next_wakeup`: requeue, fair model order, the machines, the
+//! assignment policies and the commit of a global plan.
 //!
 //! A child module of `dispatcher`, so it sees the dispatcher's private state; see the
 //! module docs of `dispatcher.rs` for the semantics.
 
-use super::super::config::{Assignment, Policy, Requeue};
+use super::super::config::{Assignment, Plan, Policy, Requeue};
 use super::super::lst_imh::lst_imh_trusted;
-use super::super::{check_time, DispatchError};
+use super::super::plan::plan_global;
+use super::super::{check_time, next_up, DispatchError};
 use super::{Dispatcher, Place};
+
+/// (submission seq, request id) entries of a model's queue, FIFO.
+type Queue = Vec<(u64, i64)>;
 
 impl Dispatcher {
     /// Applies the requeue policy and makes this tick's assignments (see module docs).
@@ -15,13 +20,27 @@ impl Dispatcher {
         self.stats.ticks += 1;
         self.dirty = false;
         self.last_tick = now;
-        let mut out = Vec::new();
+        // Requeue every model (model order), then serve them by earliest live deadline.
+        let mut work: Vec<(f64, usize, Queue)> = Vec::new();
         for m in 0..self.models.len() {
             if self.models[m].queued == 0 {
                 self.models[m].queue.clear();
                 continue;
             }
             let backlog = self.requeue(m, now);
+            if backlog.is_empty() {
+                continue;
+            }
+            let first = backlog
+                .iter()
+                .filter_map(|(_, id)| self.requests.get(id))
+                .map(|r| r.deadline)
+                .fold(f64::INFINITY, f64::min);
+            work.push((first, m, backlog));
+        }
+        work.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let mut out = Vec::new();
+        for (_, m, backlog) in work {
             let left = match self.cfg.policy {
                 Policy::LstImh => self.assign_lst_imh(m, backlog, now, &mut out),
                 Policy::RoundRobin | Policy::LeastLoad => {
@@ -66,21 +85,42 @@ impl Dispatcher {
         live
     }
 
-    /// Ready instances of model `m` inside the pre-pull window, ascending id.
+    /// Whether instance `i`'s group is inside the pre-pull window at `now`.
     ///
     /// Inside means `busy_until - window <= now`: the very expression `next_wakeup`
-    /// schedules the wake-up at, so a tick at that instant finds the instance a candidate.
+    /// schedules the wake-up at, so a tick at that instant finds the instance inside.
     /// (`epdt - now <= window` rounds differently and could miss by an ulp, leaving the
-    /// backlog asleep until some job's latest start passed.)
-    fn candidates(&self, m: usize, now: f64) -> Vec<(i64, f64)> {
-        let window = self.cfg.prepull_window_s;
-        self.models[m]
-            .instances
-            .iter()
-            .filter_map(|&i| self.instances.get(&i).map(|inst| (i, inst)))
-            .filter(|(_, inst)| inst.ready && inst.load.busy_until() - window <= now)
-            .map(|(i, inst)| (i, inst.load.epdt(now)))
-            .collect()
+    /// backlog asleep until some job's latest start passed.) For the global plan's commit
+    /// the group's busy time already includes the jobs committed before, so "planned start
+    /// inside the window" is this same test.
+    fn inside_window(&self, i: i64, now: f64) -> bool {
+        self.instances.get(&i).is_some_and(|inst| {
+            self.load(inst.group).busy_until() - self.cfg.prepull_window_s <= now
+        })
+    }
+
+    /// Ready instances of model `m`, ascending id, with their group's EPDT(now): all of
+    /// them, or (`in_window`) those inside the pre-pull window; `per_group` keeps only the
+    /// lowest id of each group (instances of one group are one machine to plan over).
+    fn machines(&self, m: usize, now: f64, in_window: bool, per_group: bool) -> Vec<(i64, f64)> {
+        let mut seen: Vec<i64> = Vec::new();
+        let mut out = Vec::new();
+        for &i in &self.models[m].instances {
+            let Some(inst) = self.instances.get(&i) else {
+                continue;
+            };
+            if !inst.ready || (in_window && !self.inside_window(i, now)) {
+                continue;
+            }
+            if per_group {
+                if seen.contains(&inst.group) {
+                    continue;
+                }
+                seen.push(inst.group);
+            }
+            out.push((i, self.load(inst.group).epdt(now)));
+        }
+        out
     }
 
     fn give(&mut self, req: i64, inst: i64, now: f64, out: &mut Vec<Assignment>) {
@@ -90,8 +130,11 @@ impl Dispatcher {
         let Some(instance) = self.instances.get_mut(&inst) else {
             return;
         };
+        let Some(group) = self.groups.get_mut(&instance.group) else {
+            return;
+        };
         r.place = Place::Assigned(inst);
-        instance.load.assign(req, r.est, now);
+        group.load.assign(req, r.est, now);
         instance.assigned.insert(req, self.stats.assigned);
         self.models[r.model].queued -= 1;
         self.stats.pending -= 1;
@@ -107,8 +150,10 @@ impl Dispatcher {
         now: f64,
         out: &mut Vec<Assignment>,
     ) -> Vec<(u64, i64)> {
-        let cands = self.candidates(m, now);
-        if cands.is_empty() || backlog.is_empty() {
+        let global = self.cfg.plan == Plan::Global;
+        let machines = self.machines(m, now, !global, true);
+        // Global: nothing can be committed while no machine is inside its window.
+        if backlog.is_empty() || !machines.iter().any(|c| self.inside_window(c.0, now)) {
             return backlog;
         }
         let (proc, deadline): (Vec<f64>, Vec<f64>) = backlog
@@ -119,11 +164,19 @@ impl Dispatcher {
                     .map_or((0.0, 0.0), |r| (r.est, r.deadline))
             })
             .unzip();
-        let avail: Vec<f64> = cands.iter().map(|c| c.1).collect();
-        let plan = lst_imh_trusted(&proc, &deadline, &avail);
+        let avail: Vec<f64> = machines.iter().map(|c| c.1).collect();
+        let plan = if global {
+            plan_global(&proc, &deadline, &avail)
+        } else {
+            lst_imh_trusted(&proc, &deadline, &avail)
+        };
         let mut taken = vec![false; backlog.len()];
-        for (c, jobs) in cands.iter().zip(plan) {
+        for (c, jobs) in machines.iter().zip(plan) {
             for j in jobs {
+                // Global: commit the prefix that starts inside the window; the rest waits.
+                if global && !self.inside_window(c.0, now) {
+                    break;
+                }
                 taken[j] = true;
                 self.give(backlog[j].1, c.0, now, out);
             }
@@ -143,7 +196,7 @@ impl Dispatcher {
         now: f64,
         out: &mut Vec<Assignment>,
     ) -> Vec<(u64, i64)> {
-        let mut cands = self.candidates(m, now);
+        let mut cands = self.machines(m, now, true, false);
         if self.cfg.policy == Policy::LeastLoad {
             // By outstanding work (EPDT - now), then id.
             cands.sort_by(|a, b| (a.1 - now).total_cmp(&(b.1 - now)).then(a.0.cmp(&b.0)));
@@ -160,5 +213,51 @@ impl Dispatcher {
             }
         }
         backlog[n..].to_vec()
+    }
+
+    /// When `tick` should next run: the earliest of (a) an instance of a model with queued
+    /// work reaching its pre-pull window (its group's EPDT - window) after the last tick
+    /// (with `plan = global` that is when a job planned there and deferred can be
+    /// committed: the commit test is the same expression), (b) a queued
+    /// job passing its latest start (reject/relax is due), (c) `now` when the state
+    /// changed since the last tick or, for the one-job-per-tick policies, while a
+    /// candidate is still inside its window. A result `<= now` means "tick now".
+    /// `None` when nothing is queued.
+    pub fn next_wakeup(&self, now: f64) -> Result<Option<f64>, DispatchError> {
+        let now = check_time("now", now)?;
+        if self.stats.pending == 0 {
+            return Ok(None);
+        }
+        if self.dirty {
+            return Ok(Some(now));
+        }
+        let mut best = f64::INFINITY;
+        for model in self.models.iter().filter(|m| m.queued > 0) {
+            for inst in model
+                .instances
+                .iter()
+                .filter_map(|i| self.instances.get(i))
+                .filter(|i| i.ready)
+            {
+                // An instance idle since before the last tick has nothing new to offer.
+                // Same expression as the window test in `tick` (see `inside_window`).
+                let at = self.load(inst.group).busy_until() - self.cfg.prepull_window_s;
+                if at > self.last_tick {
+                    best = best.min(at);
+                } else if self.cfg.policy != Policy::LstImh {
+                    best = best.min(now);
+                }
+            }
+            for &(seq, id) in &model.queue {
+                if let Some(r) = self
+                    .requests
+                    .get(&id)
+                    .filter(|r| r.seq == seq && r.place == Place::Queued)
+                {
+                    best = best.min(next_up(r.deadline - r.est));
+                }
+            }
+        }
+        Ok(Some(best))
     }
 }

@@ -1,8 +1,12 @@
-//! EPDT bookkeeping of one instance: the estimated time its given prefill work is done.
+//! EPDT bookkeeping of one device group: the estimated time its given prefill work is done.
 //!
-//! Model: the instance works through its jobs one after another in the order they were
+//! A group is the instances one worker steps one after another (co-located models on one
+//! device); the dispatcher keeps one `Load` per group and charges it every job given to
+//! any of the group's instances, so they all share one EPDT.
+//!
+//! Model: the group works through its jobs one after another in the order they were
 //! given, at the estimated speed. Assigning a job of estimate `p` at `now` makes the
-//! instance busy until `max(now, busy_until) + p`; `complete` takes that job's work that
+//! group busy until `max(now, busy_until) + p`; `complete` takes that job's work that
 //! is still ahead of `now` out again (a job that finishes early pulls everything behind
 //! it forward; one that overruns its estimate has nothing left to remove). So
 //! `EPDT(now) = max(now, clock + outstanding)`: work given minus work done, where time
@@ -25,13 +29,20 @@ pub(crate) struct Load {
 }
 
 impl Load {
+    /// A group with nothing given yet.
+    pub(crate) const IDLE: Load = Load {
+        clock: 0.0,
+        ahead: VecDeque::new(),
+        outstanding: 0.0,
+    };
+
     /// Estimated prefill done time of the work given so far, never before `now`.
     pub(crate) fn epdt(&self, now: f64) -> f64 {
         now.max(self.clock + self.outstanding)
     }
 
     /// When the given work is estimated done if nothing else changes; unlike [`epdt`]
-    /// this does not move with time once the instance is idle.
+    /// this does not move with time once the group is idle.
     ///
     /// [`epdt`]: Load::epdt
     pub(crate) fn busy_until(&self) -> f64 {
@@ -65,7 +76,12 @@ impl Load {
         }
     }
 
-    /// Gives job `id` with estimated work `p` to the instance at `now`.
+    /// Ids of the jobs whose estimated work is not used up yet (assignment order).
+    pub(crate) fn ids(&self) -> impl Iterator<Item = i64> + '_ {
+        self.ahead.iter().map(|j| j.0)
+    }
+
+    /// Gives job `id` with estimated work `p` to the group at `now`.
     pub(crate) fn assign(&mut self, id: i64, p: f64, now: f64) {
         self.advance(now);
         if p > 0.0 {

@@ -4,9 +4,14 @@
 //!   their deadlines (optimal, O(n log n)).
 //! - [`lst_imh`]: machines free at different times; latest-free machine first, each takes
 //!   the whole Moore-Hodgson subset of the jobs still unassigned (a 2-approximation).
-//! - [`Dispatcher`]: per-model FIFO queues, per-instance EPDT, pre-pull window, requeue
-//!   policies; time only ever comes in as an argument (the daemon and the simulator
-//!   drive the same object with a real and a virtual clock).
+//! - [`Dispatcher`]: per-model FIFO queues, one EPDT per device group (co-located
+//!   instances share it), pre-pull window, requeue policies; models served by earliest
+//!   deadline; with [`Plan::Global`] (default) LST-IMH plans over all ready instances,
+//!   balances the selected jobs when that keeps them on time (`plan.rs`) and commits only
+//!   what starts inside the window, with [`Plan::Window`] only the instances inside the
+//!   window are planned over and take their whole subsets. Time only ever comes in as an
+//!   argument (the daemon and the simulator drive the same object with a real and a
+//!   virtual clock).
 //!
 //! Every time is an `f64` in seconds. Inputs are validated up front (finite, `>= 0`,
 //! equal lengths) and errors come back as [`DispatchError`]; nothing here panics on user
@@ -15,7 +20,11 @@
 //! Tie-breaking (identical in the pure-Python reference `janusd.policy.dispatch`):
 //! - jobs are taken in earliest-deadline order, equal deadlines by lower job index;
 //! - when a job must be dropped, the longest one goes, equal lengths the higher index;
-//! - LST-IMH visits machines by descending free time, equal free times by lower index.
+//! - LST-IMH visits machines by descending free time, equal free times by lower index;
+//! - the global plan's balance step takes jobs in earliest-deadline order (equal: lower
+//!   index) onto the machine free earliest (equal: lower index = lower instance id);
+//! - a tick serves models by earliest live deadline, equal deadlines by lower model index
+//!   (order of first appearance).
 
 mod backlog;
 mod config;
@@ -23,10 +32,11 @@ mod dispatcher;
 mod epdt;
 mod lst_imh;
 mod moore_hodgson;
+mod plan;
 #[cfg(test)]
 mod shortcut_tests;
 
-pub use config::{Assignment, DispatcherConfig, Policy, Requeue, Stats};
+pub use config::{Assignment, DispatcherConfig, Plan, Policy, Requeue, Stats};
 pub use dispatcher::Dispatcher;
 pub use lst_imh::lst_imh;
 pub use moore_hodgson::moore_hodgson;

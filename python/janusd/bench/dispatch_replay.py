@@ -1,0 +1,661 @@
+"""`janus bench dispatch-replay`: the dispatch policies compared end to end on a real daemon.
+
+Setup: one model (`--model`, default demo:llama-small) with an instance on each of two
+CPU devices (devices = [0, 1]), served by a real `janus serve` (bench/daemon_proc.py),
+TTFT SLO 500 ms and TPOT SLO 50 ms (`--ttft-slo-ms`, `--tpot-slo-ms`; in the model's
+config and on every trace row, so the dispatcher schedules by exactly the SLO the
+accounting checks). Each policy of `--policies` is one `dispatch.policy`; each plan of
+`--plans` other than "global" is written as `dispatch.plan` for lst_imh (the plan only
+changes how LST-IMH plans, so the baselines run without the key). With `--plans` left at
+"global" no `plan` key is written at all, so the bench runs against a daemon that does
+not know the key yet.
+
+1. Capacity. A fresh daemon (least_load, SLOs of 600 s so nothing is rejected) serves a
+   closed loop of `--capacity-concurrency` clients for `--capacity-s` seconds; each client
+   sends requests drawn in turn from the trace's length mix (the same synthesizer
+   parameters and seed, a longer span: other draws of the same per-app length
+   distributions) and sends the next as soon as one completes. Capacity is the
+   number of requests completed after `--capacity-warmup-s` divided by the rest of the
+   window. Why this definition: in a closed loop every completion is replaced by a fresh
+   draw from the mix, so in steady state the completion rate *is* the sustained request
+   rate at that mix, prefill and decode work included, with no tokens-to-requests
+   conversion to assume; the bounded client count keeps both instances busy (two full
+   batches' worth at the default 32) without the ever-growing queue of an over-driven
+   open loop, and the warm-up drops the start, when only short requests have completed.
+   It is a saturation throughput, not an SLO-bounded one: 1.0x is the most the two
+   instances complete, whatever the latency. The load generator shares the machine (as
+   in the replays), so on a small box the figure includes the client's cost.
+   `--capacity-rps R` skips the phase and uses R.
+2. Traces. For each load x of `--loads` (default 0.7 and 1.5), trace/synth.py (the code
+   behind `janus trace synth`) makes `--apps` apps with its skewed, per-app length mix and
+   its bursts: it synthesizes `--compress` x the run's duration at rate x * capacity /
+   compress, with `--bursts-per-app` expected bursts per app over that span, and the
+   time axis is then compressed by `--compress` (trace/transform.py), so a burst's 1-5 s
+   ramp and 20-120 s decay become sharper, as when the paper compresses its day. Every
+   app is mapped onto the one model, lengths are capped by the synthesizer's own clip
+   (`--max-input`, `--max-output`) and every row carries the bench's SLO. The trace of a
+   load is the same for every policy and every run (seeded by `--seed`): the runs of a
+   policy differ by the system's own noise only, and the comparison is paired.
+3. Runs. `--runs` repetitions in interleaved order (run 1 of every load and policy, then
+   run 2, ...), a fresh daemon per run. Before each replay a few sequential requests of
+   lengths spanning the mix (`--warmup-requests`, generous SLO) warm both workers and
+   the prefill estimator; then trace/replay.py replays the trace open loop. From the
+   per-request results (trace/slo.py): per-token attainment, TTFT attainment, requests
+   rejected with 503 slo_unattainable, other failures, p50/p99 TTFT of the requests that
+   produced tokens (rejected requests have none; their cost shows in the attainments).
+   /metrics is scraped before and after the replay (prometheus_client's parser): the
+   difference gives `janusd_rejected_total{reason="slo"}` and, when the daemon exports
+   `janusd_prefill_estimate_error_seconds` (histogram or summary of absolute errors),
+   the replay's mean absolute prefill estimate error (sum / count; null when absent).
+   A run whose replayer fell behind schedule by more than `--max-lag-ms` is marked
+   invalid (its figures describe the client) and still reported.
+4. Output. Per load and policy: mean, min and max over runs of token attainment, TTFT
+   attainment, rejections, p99 TTFT and the prefill estimate error; per load a verdict
+   on token attainment for each lst_imh variant against every other variant:
+   "beyond_spread" (its worst run >= the other's best run), "mean_above", "tie" (equal
+   means) or "not_better"; "overall" is the weakest of those, "missing" names any variant
+   without a successful run to compare with. Last line: one JSON object.
+
+Default cost: 2 loads x 3 policies x 3 runs = 18 runs of `--duration-s` (25 s) plus, per
+run, a daemon start (~5 s on a busy 2-core VM), the warm-up (~1 s), the drain of what is
+still in flight when the trace ends (seconds at 1.5x) and the stop (~2 s); with the
+capacity phase (~35 s) about 12 minutes on that VM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from janusd.bench import daemon_proc
+
+if TYPE_CHECKING:  # numpy and the trace modules load inside the functions (`janus --help` stays light)
+    import numpy as np
+
+    from janusd.trace.formats import Trace
+    from janusd.trace.synth import SynthParams
+
+POLICIES = ("lst_imh", "round_robin", "least_load")
+PLANS = ("global", "window")
+DEFAULT_PLAN = "global"
+MODEL_NAME = "llm"
+RELAXED_SLO_MS = 600_000.0  # capacity and warm-up requests: never rejected, never late
+VERDICT_RANK = {"not_better": 0, "tie": 1, "mean_above": 2, "beyond_spread": 3}
+PREFILL_ERROR = "janusd_prefill_estimate_error_seconds"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="demo:llama-small",
+                   help="checkpoint spec of the one model (default demo:llama-small)")
+    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated dispatch.policy values")
+    p.add_argument("--plans", default=DEFAULT_PLAN,
+                   help="comma-separated dispatch.plan values for lst_imh (global|window); a plan other than "
+                        "global is written into [dispatch], the default writes no plan key")
+    p.add_argument("--loads", default="0.7,1.5", help="comma-separated loads as multiples of the measured capacity")
+    p.add_argument("--runs", type=int, default=3, help="runs per load and policy (interleaved, fresh daemon each)")
+    p.add_argument("--duration-s", type=float, default=25.0, help="trace span per run in seconds")
+    p.add_argument("--ttft-slo-ms", type=float, default=500.0)
+    p.add_argument("--tpot-slo-ms", type=float, default=50.0)
+    p.add_argument("--seed", type=int, default=0, help="trace seed (the same trace for every policy and run)")
+    p.add_argument("--apps", type=int, default=8, help="synthesized apps, all mapped onto the one model")
+    p.add_argument("--bursts-per-app", type=float, default=1.0,
+                   help="expected bursts per app over the synthesized span")
+    p.add_argument("--compress", type=float, default=4.0,
+                   help="synthesize this many times the duration, then compress the time axis by it")
+    p.add_argument("--base-length", type=float, default=600.0, help="synthesizer: mean tokens of the top app")
+    p.add_argument("--max-input", type=int, default=1024, help="cap on input tokens")
+    p.add_argument("--max-output", type=int, default=256, help="cap on output tokens")
+    p.add_argument("--capacity-rps", type=float, default=None, help="skip the capacity phase and use this rate")
+    p.add_argument("--capacity-s", type=float, default=25.0, help="closed-loop capacity phase length")
+    p.add_argument("--capacity-warmup-s", type=float, default=8.0, help="first seconds of the phase not counted")
+    p.add_argument("--capacity-concurrency", type=int, default=32, help="closed-loop clients in the capacity phase")
+    p.add_argument("--warmup-requests", type=int, default=8, help="sequential warm-up requests before each replay")
+    p.add_argument("--max-lag-ms", type=float, default=100.0, help="replayer lag bound; beyond it a run is invalid")
+    p.add_argument("--memory-mib", type=int, default=1024, help="page pool per device")
+    p.add_argument("--kv-cache-mib", type=int, default=256, help="KV cache per instance")
+    p.add_argument("--torch-threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--cache-dir", default=None, help="checkpoint cache dir (default: the config default)")
+    p.add_argument("--out-dir", default=None, help="keep traces, results and daemon logs here (default: a temp dir)")
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def parse_list(text: str, allowed: Sequence[str] | None = None, what: str = "value") -> list[str]:
+    """'a, b,a' -> ['a', 'b'] (order kept, duplicates dropped); checked against `allowed`."""
+    out = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    if not out:
+        raise ValueError(f"give at least one {what}")
+    bad = [x for x in out if allowed is not None and x not in allowed]
+    if bad:
+        raise ValueError(f"unknown {what} {bad}; choose from {list(allowed or [])}")
+    return out
+
+
+def parse_loads(text: str) -> list[float]:
+    loads = [float(x) for x in parse_list(text, what="load")]
+    if any(not (math.isfinite(x) and x > 0) for x in loads):
+        raise ValueError(f"loads must be > 0, got {loads}")
+    return loads
+
+
+def variants(policies: Sequence[str], plans: Sequence[str]) -> list[dict[str, str | None]]:
+    """(label, policy, plan) of each daemon configuration to compare.
+
+    The plan only changes LST-IMH, so it multiplies lst_imh alone; `plan` is None where
+    no key is to be written (the default plan). Labels: the policy, or policy/plan when
+    more than one plan is asked.
+    """
+    out: list[dict[str, str | None]] = []
+    for pol in policies:
+        for plan in (plans if pol == "lst_imh" else [DEFAULT_PLAN]):
+            label = pol if (len(plans) == 1 or pol != "lst_imh") else f"{pol}/{plan}"
+            out.append({"label": label, "policy": pol, "plan": None if plan == DEFAULT_PLAN else plan})
+    return out
+
+
+def schedule(loads: Sequence[float], labels: Sequence[str], runs: int) -> list[tuple[int, float, str]]:
+    """Interleaved order: run 1 of every load and variant, then run 2, ... (run numbers from 1)."""
+    return [(r, load, v) for r in range(1, runs + 1) for load in loads for v in labels]
+
+
+def capacity_rps(done_s: Sequence[float], warmup_s: float, end_s: float) -> float:
+    """Completions per second within [warmup_s, end_s) of a closed loop (times from its start)."""
+    if not end_s > warmup_s >= 0:
+        raise ValueError(f"need 0 <= warmup ({warmup_s}) < end ({end_s})")
+    return sum(1 for t in done_s if warmup_s <= t < end_s) / (end_s - warmup_s)
+
+
+def synth_params(rate_rps: float, duration_s: float, *, apps: int, seed: int, compress: float,
+                 bursts_per_app: float, base_length: float, max_input: int, max_output: int) -> SynthParams:
+    """SynthParams for `compress` x duration_s seconds whose compression to duration_s has
+    mean rate rate_rps and about bursts_per_app bursts per app."""
+    from janusd.trace.synth import SynthParams
+
+    if not (rate_rps > 0 and duration_s > 0 and compress >= 1 and bursts_per_app >= 0):
+        raise ValueError("need rate > 0, duration > 0, compress >= 1, bursts_per_app >= 0")
+    span = duration_s * compress
+    return SynthParams(
+        apps=apps, hours=span / 3600.0, seed=seed, rate=rate_rps / compress,
+        bursts_per_app_hour=bursts_per_app * 3600.0 / span, base_length=base_length,
+        max_input=max_input, max_output=max_output,
+    )  # fmt: skip
+
+
+def make_trace(rate_rps: float, duration_s: float, model: str, ttft_slo_ms: float, tpot_slo_ms: float,
+               **kw: Any) -> Trace:
+    """The bursty trace of one load: synthesized, compressed to ~duration_s, every app on
+    `model`, every row with the given SLO. kw: the rest of synth_params'."""
+    import numpy as np
+
+    from janusd.trace.formats import Trace
+    from janusd.trace.synth import synthesize
+    from janusd.trace.transform import compress, remap_models
+
+    compress_by = kw.get("compress", 1.0)
+    t = synthesize(synth_params(rate_rps, duration_s, **kw))
+    if len(t) < 2:
+        raise ValueError(f"the trace at {rate_rps:.3g} req/s over {duration_s} s has {len(t)} requests")
+    t = remap_models(compress(t, factor=compress_by), [model])
+    n = len(t)
+    return Trace(t.arrival_s, t.app_id, t.model_id, t.input_tokens, t.output_tokens,
+                 np.full(n, float(ttft_slo_ms)), np.full(n, float(tpot_slo_ms)), t.apps, t.models)
+
+
+def peak_to_mean(arrival_s: Sequence[float] | np.ndarray, window_s: float = 2.0) -> float | None:
+    """Burstiness of the aggregate: the busiest window's rate over the mean rate."""
+    import numpy as np
+
+    a = np.asarray(arrival_s, dtype=np.float64)
+    if len(a) < 2 or a[-1] - a[0] < window_s:
+        return None
+    counts = np.bincount(((a - a[0]) // window_s).astype(np.int64))
+    return float(counts.max() / window_s / (len(a) / (a[-1] - a[0])))
+
+
+def is_slo_rejection(status: str, http_status: int | None, error: str | None) -> bool:
+    """A 503 slo_unattainable refusal (the daemon's reply to a request it rejected)."""
+    e = error or ""
+    return status == "error" and http_status == 503 and ("slo_unattainable" in e or "cannot meet its TTFT SLO" in e)
+
+
+def _pct(xs: Sequence[float], q: float) -> float | None:
+    import numpy as np
+
+    return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if len(xs) else None
+
+
+def run_figures(rows: Sequence[Any], span_s: float) -> dict[str, Any]:
+    """SLO figures of one replay from its RequestResults (trace/slo.py definitions)."""
+    from janusd.trace import slo
+    from janusd.trace.results import results_from
+
+    res = results_from(list(rows))
+    fig = slo.summarize(res.outcomes(), res.app_id, len(res.apps), span_s)
+    rejected = sum(is_slo_rejection(r.status, r.http_status, r.error) for r in rows)
+    failed = sum(r.status != "ok" for r in rows)
+    ttft = [r.token_times_s[0] * 1e3 for r in rows if r.status == "ok" and r.token_times_s]
+    return {
+        "requests": fig["requests"],
+        "token_attainment": fig["token_attainment"],
+        "ttft_attainment": fig["ttft_attainment"],
+        "tpot_attainment": fig["tpot_attainment"],
+        "rejected": int(rejected),
+        "other_failures": int(failed - rejected),
+        "ttft_p50_ms": _pct(ttft, 50),
+        "ttft_p99_ms": _pct(ttft, 99),
+    }
+
+
+def metrics_figures(text: str) -> dict[str, float | None]:
+    """From one /metrics scrape: janusd_rejected_total{reason="slo"} summed over models
+    (None when the family is absent) and the prefill estimate error's sum and count
+    (None when the daemon does not export it)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rejected: float | None = None
+    err_sum: float | None = None
+    err_count: float | None = None
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "janusd_rejected":
+            rejected = rejected or 0.0
+            rejected += sum(s.value for s in fam.samples
+                            if s.name == "janusd_rejected_total" and s.labels.get("reason") == "slo")
+        elif fam.name == PREFILL_ERROR:
+            for s in fam.samples:
+                if s.name == PREFILL_ERROR + "_sum":
+                    err_sum = (err_sum or 0.0) + s.value
+                elif s.name == PREFILL_ERROR + "_count":
+                    err_count = (err_count or 0.0) + s.value
+    return {"rejected_slo": rejected, "prefill_error_sum_s": err_sum, "prefill_error_count": err_count}
+
+
+def metrics_delta(before: dict[str, float | None], after: dict[str, float | None]) -> dict[str, float | None]:
+    """What one replay added: rejections (metric) and the mean absolute prefill estimate
+    error in ms over the estimates made during it (None when absent or none made)."""
+
+    def diff(key: str) -> float | None:
+        a, b = after.get(key), before.get(key)
+        return None if a is None else a - (b or 0.0)
+
+    rej = diff("rejected_slo")
+    s, c = diff("prefill_error_sum_s"), diff("prefill_error_count")
+    return {
+        "rejected_metric": rej,
+        "prefill_estimate_mae_ms": s / c * 1e3 if s is not None and c else None,
+        "prefill_estimates": c,
+    }
+
+
+def spread(values: Sequence[float | None]) -> dict[str, float | int | None]:
+    """mean, min, max (and how many) over the runs' non-null, finite values."""
+    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not xs:
+        return {"mean": None, "min": None, "max": None, "n": 0}
+    return {"mean": sum(xs) / len(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+AGG_KEYS = ("token_attainment", "ttft_attainment", "tpot_attainment", "rejected", "rejected_metric",
+            "ttft_p50_ms", "ttft_p99_ms", "prefill_estimate_mae_ms")
+
+
+def aggregate(records: Sequence[dict[str, Any]], loads: Sequence[float], labels: Sequence[str]) -> dict[str, Any]:
+    """Per load (key str(load)) and variant label: spread of each figure over the runs.
+
+    A record: {"load", "variant", "run", "error"?, "valid"?, and the run's figures}. Runs
+    that failed (an "error") are counted, not averaged; invalid runs (replayer lag) are
+    averaged and counted.
+    """
+    out: dict[str, Any] = {}
+    for load in loads:
+        per: dict[str, Any] = {}
+        for label in labels:
+            mine = [r for r in records if r["load"] == load and r["variant"] == label]
+            good = [r for r in mine if not r.get("error")]
+            entry: dict[str, Any] = {"runs": len(good), "failed_runs": len(mine) - len(good),
+                                     "invalid_runs": sum(1 for r in good if r.get("valid") is False)}
+            for key in AGG_KEYS:
+                entry[key] = spread([r.get(key) for r in good])
+            per[label] = entry
+        out[str(load)] = per
+    return out
+
+
+def compare(mine: dict[str, Any], other: dict[str, Any]) -> str | None:
+    """One verdict of `mine` against `other` from their spreads (higher is better)."""
+    if not (mine["n"] and other["n"]):
+        return None
+    if mine["mean"] == other["mean"] and mine["min"] == other["max"]:
+        return "tie"  # e.g. every run of both at 1.0
+    if mine["min"] >= other["max"]:
+        return "beyond_spread"
+    if mine["mean"] > other["mean"]:
+        return "mean_above"
+    if mine["mean"] == other["mean"]:
+        return "tie"
+    return "not_better"
+
+
+def verdicts(per_variant: dict[str, dict[str, Any]], variant_policy: dict[str, str],
+             key: str = "token_attainment") -> dict[str, Any]:
+    """For each lst_imh variant: its verdict on `key` against every other variant (None
+    where either side has no successful run), "overall", the weakest of the known ones
+    (None when none is known), and "missing", the variants it could not be compared to."""
+    out: dict[str, Any] = {}
+    for label, pol in variant_policy.items():
+        if pol != "lst_imh":
+            continue
+        vs = {o: compare(per_variant[label][key], per_variant[o][key]) for o in variant_policy if o != label}
+        known = [v for v in vs.values() if v is not None]
+        overall = min(known, key=VERDICT_RANK.__getitem__) if known else None
+        out[label] = {"metric": key, "vs": vs, "overall": overall, "missing": [o for o, v in vs.items() if v is None]}
+    return out
+
+
+def daemon_config(*, run_dir: Path, cache: str, checkpoint: str, policy: str, plan: str | None,
+                  ttft_slo_ms: float, tpot_slo_ms: float, memory_mib: int, kv_cache_mib: int) -> str:
+    """The daemon's TOML: one model on devices [0, 1]; `plan` None writes no plan key."""
+    plan_line = f'plan = "{plan}"\n' if plan is not None else ""
+    return (
+        f'[server]\nport = 0\nadmin_socket = "{run_dir / "admin.sock"}"\ncache_dir = "{cache}"\n'
+        f"queue_limit = 100000\n"
+        f"[devices]\nkind = \"cpu\"\ncount = 2\nmemory_mib = {memory_mib}\n"
+        f'[dispatch]\npolicy = "{policy}"\n{plan_line}'
+        f'[[models]]\nname = "{MODEL_NAME}"\ncheckpoint = "{checkpoint}"\ndevices = [0, 1]\n'
+        f"ttft_slo_ms = {float(ttft_slo_ms)}\ntpot_slo_ms = {float(tpot_slo_ms)}\nkv_cache_mib = {kv_cache_mib}\n"
+    )
+
+
+# ---------------------------------------------------------------- the real thing
+
+
+def _arun(coro: Any) -> Any:
+    try:
+        import uvloop  # the replayer's own lag stays lower on uvloop (as in `janus replay`)
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def _scrape(port: int) -> dict[str, float | None]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/metrics")
+        return metrics_figures(conn.getresponse().read().decode())
+    finally:
+        conn.close()
+
+
+def _body(prompt: str, n_out: int, slo_ms: float | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": n_out, "min_tokens": n_out,
+                            "ignore_eos": True, "stream": True, "temperature": 0.0}
+    if slo_ms is not None:
+        body["slo"] = {"ttft_ms": slo_ms, "tpot_ms": slo_ms}
+    return body
+
+
+async def _complete(session: Any, url: str, body: dict[str, Any]) -> bool:
+    """Send one streaming request and read it to the end; True when it completed."""
+    async with session.post(url, json=body) as resp:
+        if resp.status != 200:
+            await resp.read()
+            return False
+        done = failed = False
+        async for line in resp.content:
+            if line.startswith(b"data: [DONE]"):
+                done = True
+            elif line.startswith(b'data: {"error"'):
+                failed = True
+        return done and not failed
+
+
+async def _closed_loop(port: int, pairs: list[tuple[int, int]], concurrency: int, seconds: float) -> dict[str, Any]:
+    import aiohttp
+
+    from janusd.trace.replay import PromptMaker
+
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    prompts = PromptMaker()
+    done_s: list[float] = []
+    failures = 0
+    nxt = 0
+    t0 = time.monotonic()
+
+    async def client(session: Any) -> None:
+        nonlocal failures, nxt
+        while time.monotonic() - t0 < seconds:
+            n_in, n_out = pairs[nxt % len(pairs)]
+            nxt += 1
+            try:
+                ok = await _complete(session, url, _body(prompts(n_in), n_out, RELAXED_SLO_MS))
+            except (aiohttp.ClientError, OSError):
+                ok = False
+            if ok:
+                done_s.append(time.monotonic() - t0)
+            else:
+                failures += 1
+
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        tasks = [asyncio.create_task(client(session)) for _ in range(concurrency)]
+        await asyncio.sleep(seconds)
+        for t in tasks:  # the requests still running at the end are not counted
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return {"done_s": done_s, "failures": failures, "sent": nxt}
+
+
+async def _warmup(port: int, lengths: list[tuple[int, int]]) -> None:
+    import aiohttp
+
+    from janusd.trace.replay import PromptMaker
+
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    prompts = PromptMaker()
+    async with aiohttp.ClientSession() as session:
+        for n_in, n_out in lengths:
+            await _complete(session, url, _body(prompts(n_in), n_out, RELAXED_SLO_MS))
+
+
+def _log(msg: str) -> None:
+    print(f"dispatch-replay: {msg}", file=sys.stderr, flush=True)
+
+
+def _measure_capacity(args: argparse.Namespace, cache: str, out: Path, kw: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+
+    # the same seed: the synthesizer's app profiles (kinds, length means) come from it, so
+    # another seed would be another length mix; the other span and rate give other draws
+    mix_trace = make_trace(20.0, 300.0, MODEL_NAME, RELAXED_SLO_MS, RELAXED_SLO_MS, **kw)
+    order = np.random.default_rng(kw["seed"]).permutation(len(mix_trace))
+    pairs = [(int(mix_trace.input_tokens[i]), int(mix_trace.output_tokens[i])) for i in order]
+    run_dir = out / "capacity"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = daemon_config(run_dir=run_dir, cache=cache, checkpoint=args.model, policy="least_load", plan=None,
+                        ttft_slo_ms=RELAXED_SLO_MS, tpot_slo_ms=RELAXED_SLO_MS, memory_mib=args.memory_mib,
+                        kv_cache_mib=args.kv_cache_mib)
+    proc, port = daemon_proc.start(cfg, run_dir, args.torch_threads, {MODEL_NAME: 2})
+    try:
+        _arun(_warmup(port, _warmup_lengths(pairs, args.warmup_requests)))
+        loop = _arun(_closed_loop(port, pairs, args.capacity_concurrency, args.capacity_s))
+    finally:
+        daemon_proc.stop(proc)
+    rps = capacity_rps(loop["done_s"], args.capacity_warmup_s, args.capacity_s)
+    counted = sum(1 for t in loop["done_s"] if t >= args.capacity_warmup_s)
+    if loop["failures"] > 0.05 * max(1, loop["sent"]) or counted < 10:
+        raise RuntimeError(f"capacity phase unusable: {counted} completions counted, {loop['failures']} failures "
+                           f"of {loop['sent']} sent (daemon log: {run_dir / 'daemon.log'})")
+    return {"capacity_rps": round(rps, 3), "method": "closed_loop", "concurrency": args.capacity_concurrency,
+            "seconds": args.capacity_s, "warmup_s": args.capacity_warmup_s, "completed_counted": counted,
+            "failures": loop["failures"], "mix_mean_input": round(float(mix_trace.input_tokens.mean()), 1),
+            "mix_mean_output": round(float(mix_trace.output_tokens.mean()), 1)}
+
+
+def _warmup_lengths(pairs: Sequence[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    """n (input, 2) lengths spread over the mix's input lengths (sorted quantiles)."""
+    if n <= 0 or not pairs:
+        return []
+    ins = sorted(p[0] for p in pairs)
+    return [(ins[min(len(ins) - 1, (2 * k + 1) * len(ins) // (2 * n))], 2) for k in range(n)]
+
+
+def _one_run(args: argparse.Namespace, cache: str, run_dir: Path, variant: dict[str, str | None], trace: Any,
+             warm: list[tuple[int, int]]) -> dict[str, Any]:
+    import msgspec
+
+    from janusd.trace.replay import ReplayConfig, replay
+    from janusd.trace.results import RequestResult
+
+    cfg = daemon_config(run_dir=run_dir, cache=cache, checkpoint=args.model, policy=str(variant["policy"]),
+                        plan=variant["plan"], ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms,
+                        memory_mib=args.memory_mib, kv_cache_mib=args.kv_cache_mib)
+    marks = [time.monotonic()]
+    proc, port = daemon_proc.start(cfg, run_dir, args.torch_threads, {MODEL_NAME: 2})
+    try:
+        marks.append(time.monotonic())
+        _arun(_warmup(port, warm))
+        before = _scrape(port)
+        marks.append(time.monotonic())
+        rcfg = ReplayConfig(url=f"http://127.0.0.1:{port}", max_lag_ms=args.max_lag_ms, timeout_s=300.0,
+                            ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms, devices_poll_s=0.0)
+        summary = _arun(replay(trace, rcfg, run_dir))
+        after = _scrape(port)
+        marks.append(time.monotonic())
+    finally:
+        exit_code = daemon_proc.stop(proc)
+    marks.append(time.monotonic())
+    steps = (round(b - a, 1) for a, b in zip(marks, marks[1:], strict=False))
+    phases = dict(zip(("start_s", "warmup_s", "replay_s", "stop_s"), steps, strict=False))
+    dec = msgspec.json.Decoder(RequestResult)
+    rows = [dec.decode(line) for line in (run_dir / "results.jsonl").read_bytes().splitlines() if line.strip()]
+    return {**run_figures(rows, trace.duration_s), **metrics_delta(before, after), "valid": summary["valid"],
+            "lag_max_ms": summary["lag_max_ms"], "daemon_exit": exit_code, "wall_s": round(marks[-1] - marks[0], 1),
+            **phases}
+
+
+def rounded(obj: Any, nd: int = 4) -> Any:
+    """Floats rounded to nd decimals, recursively (the JSON stays readable)."""
+    if isinstance(obj, float):
+        return round(obj, nd) if math.isfinite(obj) else obj
+    if isinstance(obj, dict):
+        return {k: rounded(v, nd) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [rounded(v, nd) for v in obj]
+    return obj
+
+
+def _fmt(x: Any, nd: int = 3) -> str:
+    return "-" if x is None else f"{x:.{nd}f}" if isinstance(x, float) else str(x)
+
+
+def _table(agg: dict[str, Any], verdict: dict[str, Any]) -> list[str]:
+    lines = []
+    for load, per in agg.items():
+        lines.append(f"load {load}x: variant  runs  token_att mean [min, max]  ttft_att mean  rejected mean  "
+                     f"p99_ttft_ms mean  prefill_err_ms")
+        for label, e in per.items():
+            t = e["token_attainment"]
+            lines.append(f"  {label:<16} {e['runs']:>2}  {_fmt(t['mean'])} [{_fmt(t['min'])}, {_fmt(t['max'])}]  "
+                         f"{_fmt(e['ttft_attainment']['mean'])}  {_fmt(e['rejected']['mean'], 1)}  "
+                         f"{_fmt(e['ttft_p99_ms']['mean'], 1)}  {_fmt(e['prefill_estimate_mae_ms']['mean'], 2)}")
+        for label, v in verdict.get(load, {}).items():
+            lines.append(f"  verdict {label}: {v['overall']} ({', '.join(f'{k}: {x}' for k, x in v['vs'].items())})")
+    return lines
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from janusd.config import ServerConfig, cache_dir
+    from janusd.trace.results import jsonable
+
+    policies = parse_list(args.policies, POLICIES, "policy")
+    plans = parse_list(args.plans, PLANS, "plan")
+    loads = parse_loads(args.loads)
+    if args.runs < 1 or not args.duration_s > 0:
+        raise ValueError("--runs must be >= 1 and --duration-s > 0")
+    vs = variants(policies, plans)
+    labels = [str(v["label"]) for v in vs]
+    by_label = {str(v["label"]): v for v in vs}
+    cache = args.cache_dir or str(cache_dir(ServerConfig()))
+    out = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="janus-bench-dispatch-replay-"))
+    out.mkdir(parents=True, exist_ok=True)
+    kw = dict(apps=args.apps, seed=args.seed, compress=args.compress, bursts_per_app=args.bursts_per_app,
+              base_length=args.base_length, max_input=args.max_input, max_output=args.max_output)
+    t_start = time.monotonic()
+
+    if args.capacity_rps is not None:
+        if not args.capacity_rps > 0:
+            raise ValueError("--capacity-rps must be > 0")
+        capacity: dict[str, Any] = {"capacity_rps": args.capacity_rps, "method": "given"}
+    else:
+        _log(f"measuring capacity: closed loop of {args.capacity_concurrency} clients for {args.capacity_s} s")
+        capacity = _measure_capacity(args, cache, out, kw)
+    cap = float(capacity["capacity_rps"])
+    _log(f"capacity {cap:.2f} req/s")
+
+    traces: dict[float, Any] = {}
+    trace_info: dict[str, Any] = {}
+    for load in loads:
+        from janusd.trace.formats import write_trace
+
+        t = make_trace(load * cap, args.duration_s, MODEL_NAME, args.ttft_slo_ms, args.tpot_slo_ms, **kw)
+        traces[load] = t
+        write_trace(t, out / f"trace-{load}.csv")
+        trace_info[str(load)] = {"rate_rps": round(load * cap, 3), "requests": len(t),
+                                 "span_s": round(t.duration_s, 2), "peak_to_mean_2s": peak_to_mean(t.arrival_s),
+                                 "mean_input": round(float(t.input_tokens.mean()), 1),
+                                 "mean_output": round(float(t.output_tokens.mean()), 1)}
+    import numpy as np
+
+    all_pairs = [(int(i), 1) for t in traces.values() for i in np.asarray(t.input_tokens)]
+    warm = _warmup_lengths(all_pairs, args.warmup_requests)
+
+    records: list[dict[str, Any]] = []
+    plan = schedule(loads, labels, args.runs)
+    for k, (r, load, label) in enumerate(plan, start=1):
+        run_dir = out / f"load{load}" / label.replace("/", "-") / f"run{r}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        rec: dict[str, Any] = {"load": load, "variant": label, "run": r}
+        try:
+            rec.update(_one_run(args, cache, run_dir, by_label[label], traces[load], warm))
+            _log(f"[{k}/{len(plan)}] load {load} {label} run {r}: token att {_fmt(rec['token_attainment'])}, "
+                 f"ttft att {_fmt(rec['ttft_attainment'])}, rejected {rec['rejected']}, "
+                 f"p99 ttft {_fmt(rec['ttft_p99_ms'], 1)} ms, valid {rec['valid']} ({rec['wall_s']} s)")
+        except (RuntimeError, OSError, ValueError) as e:
+            rec["error"] = f"{type(e).__name__}: {e}"[-2000:]
+            _log(f"[{k}/{len(plan)}] load {load} {label} run {r} FAILED: {rec['error'][-600:]}")
+        records.append(rec)
+
+    agg = aggregate(records, loads, labels)
+    pol = {str(v["label"]): str(v["policy"]) for v in vs}
+    verdict = {load: verdicts(per, pol) for load, per in agg.items()}
+    for line in _table(agg, verdict):
+        print(line)
+    return jsonable(rounded({  # type: ignore[return-value]
+        "bench": "dispatch-replay",
+        "model": args.model,
+        "devices": [0, 1],
+        "ttft_slo_ms": args.ttft_slo_ms,
+        "tpot_slo_ms": args.tpot_slo_ms,
+        "policies": policies,
+        "plans": plans,
+        "runs": args.runs,
+        "duration_s": args.duration_s,
+        "seed": args.seed,
+        "capacity": capacity,
+        "traces": trace_info,
+        "results": agg,
+        "verdict": verdict,
+        "failed_runs": sum(1 for r in records if r.get("error")),
+        "invalid_runs": sum(1 for r in records if r.get("valid") is False),
+        "per_run": [{k: v for k, v in r.items()} for r in records],
+        "out_dir": str(out),
+        "wall_s": round(time.monotonic() - t_start, 1),
+    }))

@@ -1,0 +1,1 @@
+"""The request path as a clock-injected core: admission, queues, assignment, token batches, request end, failures. No asyncio, no sockets, no clock reads; the daemon (server/) and the simulator drive it."""

@@ -1,0 +1,118 @@
+"""What is served: models, and their instances with one state each.
+
+A Model exists independently of its instances: it owns its config (SLOs, checkpoint,
+roles) and the facts learnt from its instances (context length). An Instance is a model
+on a device; its `state` (lifecycle/states.py) is the single record of whether it
+serves. The registry only stores; core/serving.py changes states (so the Dispatcher and
+the telemetry follow every change) and server/model_ops.py talks to workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from janusd.config import ModelConfig
+from janusd.lifecycle.states import InstanceState, takes_new_work
+
+
+@dataclass
+class Instance:
+    """A model on a device. `role`: mixed (whole requests), or prefill / decode for a P/D model."""
+
+    instance_id: int
+    model: str
+    device: int
+    role: str = "mixed"
+    state: InstanceState = InstanceState.UNLOADED
+    error: str = ""  # why the last load failed or the worker went away
+    load_s: float = 0.0
+    max_model_len: int = 0
+    served: int = 0  # requests ever assigned to this instance
+    decoding: dict[int, int] = field(default_factory=dict)  # P/D decode: request -> tokens still to come
+
+    @property
+    def dispatched(self) -> bool:
+        """Takes prefill work from the Dispatcher (every role but a P/D decode instance)."""
+        return self.role != "decode"
+
+    @property
+    def active(self) -> bool:
+        return takes_new_work(self.state)
+
+
+@dataclass
+class Model:
+    cfg: ModelConfig
+    instances: dict[int, Instance] = field(default_factory=dict)  # device -> instance
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+    def role_on(self, device: int) -> str:
+        if not self.cfg.prefill_devices:
+            return "mixed"
+        return "prefill" if device in self.cfg.prefill_devices else "decode"
+
+    def engine_cfg(self, device: int) -> ModelConfig:
+        """The ModelConfig sent to the worker: its role is this instance's engine role."""
+        role = self.role_on(device)
+        return self.cfg if role == "mixed" else msgspec.structs.replace(self.cfg, role=role)
+
+    @property
+    def active(self) -> list[Instance]:
+        return [i for i in self.instances.values() if i.active]
+
+    @property
+    def serving(self) -> bool:
+        """Some instance takes new prefill work: queued requests can be dispatched."""
+        return any(i.active and i.dispatched for i in self.instances.values())
+
+    @property
+    def max_model_len(self) -> int:
+        lens = [i.max_model_len for i in self.active if i.max_model_len]
+        return min(lens) if lens else self.cfg.max_model_len
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.models: dict[str, Model] = {}
+        self.instances: dict[int, Instance] = {}
+        self._next_id = 1
+
+    def add_model(self, cfg: ModelConfig) -> Model:
+        if cfg.name in self.models:
+            raise ValueError(f"model {cfg.name!r} exists already")
+        m = Model(cfg)
+        self.models[cfg.name] = m
+        return m
+
+    def model(self, name: str) -> Model | None:
+        return self.models.get(name)
+
+    def new_instance(self, model: Model, device: int) -> Instance:
+        if device in model.instances:
+            raise ValueError(f"model {model.name!r} has an instance on device {device} already")
+        inst = Instance(self._next_id, model.name, device, role=model.role_on(device))
+        self._next_id += 1
+        model.instances[device] = inst
+        self.instances[inst.instance_id] = inst
+        return inst
+
+    def drop_instance(self, inst: Instance) -> None:
+        self.instances.pop(inst.instance_id, None)
+        m = self.models.get(inst.model)
+        if m is not None and m.instances.get(inst.device) is inst:
+            del m.instances[inst.device]
+
+    def drop_model(self, name: str) -> Model | None:
+        m = self.models.pop(name, None)
+        if m is not None:
+            for inst in list(m.instances.values()):
+                self.instances.pop(inst.instance_id, None)
+        return m
+
+    def on_device(self, device: int) -> list[Instance]:
+        return [i for i in self.instances.values() if i.device == device]

@@ -1,0 +1,470 @@
+"""ServingCore: the daemon's request path without asyncio, sockets or a clock.
+
+Every entry point takes `now` (seconds, the shell's clock) and returns at once; workers
+are reached through the Worker protocol (core/worker_edge.py) and heard from through
+on_batch / on_failed / on_kv / on_worker_death. The daemon (server/daemon.py) is one
+shell around it (HTTP, admin, signals, real worker processes, the real clock); the
+simulator will be another (virtual clock, simulated workers). What the core decides:
+- admission: unknown model (404), queue full (429), context too long (400);
+- queueing: a request for a model with an instance taking prefill work goes to the Rust
+  Dispatcher; otherwise it is *held* (the model is loading, restarting or unloaded) for
+  up to `model_wait_timeout_s`, then fails with 503 and Retry-After. Held requests go to
+  the Dispatcher the moment an instance becomes Active, with a fresh TTFT budget (their
+  SLO is already lost; serving them late beats refusing them);
+- assignment: Dispatcher ticks turn into Generate messages; rejections into 503s;
+- instance states: every change goes through `set_state` (lifecycle/states.py's table),
+  which keeps the Dispatcher's ready flags and the held queues in step;
+- request end: RequestTable.fail / deliver, then `_finished` tidies the Dispatcher, the
+  P/D handoff, telemetry and the shell's observers.
+Order of events on a worker's death: its instances leave the Dispatcher (their assigned
+but not prefilled requests fail with worker_died), every request whose tokens come from
+that worker fails, the instances go Loading (the shell restarts the worker and reloads),
+and a model left with no Active instance has its queued requests held.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from janusd.config import DispatchConfig, ModelConfig
+from janusd.core.dispatch import DispatchCore
+from janusd.core.kv_handoff import KVHandoff
+from janusd.core.registry import Instance, Model, Registry
+from janusd.core.requests import Failure, Refused, Request, RequestTable
+from janusd.core.worker_edge import Worker
+from janusd.lifecycle.states import InstanceState, check_transition
+from janusd.telemetry import Telemetry
+from janusd.wire import worker_msgs as wm
+
+S = InstanceState
+
+
+def _log(msg: str) -> None:
+    print(f"janusd: {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Limits:
+    queue_limit: int = 256
+    model_wait_timeout_s: float = 30.0
+
+
+def _nothing(*_: Any) -> None:
+    return None
+
+
+@dataclass
+class Observers:
+    """What the shell wants to hear; each default does nothing (tests, the simulator)."""
+
+    finished: Callable[[Request, str], None] = _nothing  # (request, outcome)
+    rejected: Callable[[str, str], None] = _nothing  # (model, reason)
+    kv_transfer: Callable[[str, str, int, float | None], None] = _nothing
+    estimate_error: Callable[[str, float], None] = _nothing  # (model, observed - estimated prefill s)
+    serving: Callable[[str], None] = _nothing  # a model got an Active instance
+    idle: Callable[[], None] = _nothing  # the last in-flight request ended
+
+
+class ServingCore:
+    def __init__(self, dispatch: DispatchConfig, workers: Mapping[int, Worker], limits: Limits = Limits(),
+                 observers: Observers | None = None, telemetry: Telemetry | None = None) -> None:
+        self.limits = limits
+        self.workers = workers
+        self.obs = observers or Observers()
+        self.registry = Registry()
+        self.requests = RequestTable(on_finish=self._finished)
+        self.dispatch = DispatchCore(dispatch, on_estimate_error=lambda m, e: self.obs.estimate_error(m, e))
+        self.handoff = KVHandoff(self.requests, workers, self._decode_target,
+                                 lambda *a: self.obs.kv_transfer(*a))
+        self.telemetry = telemetry or Telemetry()
+        self.held: dict[str, deque[Request]] = {}
+        self._admitting: dict[str, int] = {}
+        self._tok_rr = 0
+        self._now = 0.0  # the time of the event being handled (for paths that end requests)
+
+    def _at(self, now: float) -> float:
+        self._now = max(self._now, now)
+        return self._now
+
+    # ---------------------------------------------------------------- models
+    def add_model(self, cfg: ModelConfig) -> Model:
+        return self.registry.add_model(cfg)
+
+    def retune(self, cfg: ModelConfig) -> None:
+        """New request-only settings (SLOs, app) for a served model: new requests get them."""
+        m = self.registry.models[cfg.name]
+        m.cfg = cfg
+
+    def remove_model(self, name: str, now: float) -> None:
+        """Forget a model whose instances are all Unloaded; its waiting requests end (404)."""
+        self._at(now)
+        m = self.registry.model(name)
+        if m is None:
+            raise KeyError(name)
+        busy = [i for i in m.instances.values() if i.state is not S.UNLOADED]
+        if busy:
+            raise ValueError(f"model {name!r} still has instances on devices {sorted(i.device for i in busy)}")
+        for req in list(self.held.pop(name, ())):
+            req.held_since = None
+            self.requests.fail(req.rid, Failure(404, f"model {name!r} was removed", "invalid_request_error",
+                                                code="model_not_found"))
+        for req in self.requests.of_model(name):
+            self.requests.fail(req.rid, Failure(404, f"model {name!r} was removed", "invalid_request_error",
+                                                code="model_not_found"))
+        for inst in list(m.instances.values()):
+            self.dispatch.leave(inst)
+        self.registry.drop_model(name)
+
+    # ------------------------------------------------------------- instances
+    def instance(self, model: str, device: int) -> Instance:
+        """The instance of `model` on `device`, made (Unloaded) when there is none."""
+        m = self.registry.models[model]
+        inst = m.instances.get(device)
+        if inst is None:
+            inst = self.registry.new_instance(m, device)
+        return inst
+
+    def set_state(self, inst: Instance, target: InstanceState, now: float, error: str = "") -> None:
+        """The one place an instance changes state; raises IllegalTransition per the table."""
+        self._at(now)
+        check_transition(inst.state, target, f"{inst.model} on device {inst.device}")
+        inst.state = target
+        inst.error = error
+        if target is S.LOADING:
+            self._leave_dispatch(inst, f"the worker for device {inst.device} died", "worker_died")
+            self.dispatch.join(inst)
+        elif target is S.ACTIVE:
+            self.dispatch.join(inst)
+            self.dispatch.set_ready(inst, True)
+            self._release_held(inst.model, now)
+            self.obs.serving(inst.model)
+        elif target is S.DRAINING:
+            self.dispatch.set_ready(inst, False)
+        elif target is S.UNLOADED:
+            self._leave_dispatch(inst, f"model {inst.model!r} was unloaded", None)
+            inst.decoding.clear()
+        m = self.registry.model(inst.model)
+        if m is not None and target is not S.ACTIVE and not m.serving:
+            self._hold_queued(m.name, now)
+
+    def _leave_dispatch(self, inst: Instance, message: str, code: str | None) -> None:
+        for rid in self.dispatch.leave(inst):
+            self.requests.fail(rid, Failure(503, message, code=code))
+
+    def loaded(self, inst: Instance, now: float, max_model_len: int, load_s: float,
+               prefill_probe: list[tuple[int, float]] | None = None) -> None:
+        """The worker answered ModelLoaded: Active, unless the instance left Loading meanwhile.
+        `prefill_probe` (tokens, seconds) pairs the worker timed seed the prefill estimate."""
+        if inst.state is not S.LOADING:
+            return
+        inst.max_model_len = max_model_len
+        inst.load_s = load_s
+        self.dispatch.seed(inst, prefill_probe or [])
+        self.set_state(inst, S.ACTIVE, now)
+
+    def load_failed(self, inst: Instance, now: float, error: str) -> None:
+        if inst.state is S.LOADING:
+            self.set_state(inst, S.UNLOADED, now, error=error)
+
+    def on_worker_death(self, device: int, now: float) -> None:
+        self._at(now)
+        for inst in self.registry.on_device(device):
+            if inst.state is S.ACTIVE:
+                self.set_state(inst, S.LOADING, now, error="worker died; restarting")
+            elif inst.state is S.DRAINING:
+                self.set_state(inst, S.UNLOADED, now, error="worker died while draining")
+            elif inst.state is S.LOADING:
+                inst.error = "worker died; restarting"
+        for req in self.requests.on_device(device):
+            self.requests.fail(req.rid, Failure(503, f"the worker for device {device} died while serving this "
+                                                     "request", code="worker_died"))
+
+    def _decode_target(self, model: str) -> Instance | None:
+        m = self.registry.model(model)
+        if m is None:
+            return None
+        dec = [i for i in m.instances.values() if i.role == "decode" and i.state is S.ACTIVE]
+        if not dec:  # the whole model drains: a request still prefilling may finish on a draining one
+            dec = [i for i in m.instances.values() if i.role == "decode" and i.state is S.DRAINING]
+        return self.dispatch.decode_target(dec)
+
+    # ------------------------------------------------------------- admission
+    def begin_admission(self, name: str) -> Model:
+        """First check before tokenizing; counts the request as queued until end_admission."""
+        m = self.registry.model(name)
+        if m is None:
+            raise Refused(Failure(404, f"model {name!r} does not exist", "invalid_request_error",
+                                  code="model_not_found"))
+        if self.queue_length(name) >= self.limits.queue_limit:
+            self.obs.rejected(name, "queue_full")
+            raise Refused(Failure(429, f"too many requests queued for model {name!r}; retry later",
+                                  "rate_limit_error", code="queue_full", retry_after_s=1.0))
+        self._admitting[name] = self._admitting.get(name, 0) + 1
+        return m
+
+    def end_admission(self, name: str) -> None:
+        n = self._admitting.get(name, 0) - 1
+        if n > 0:
+            self._admitting[name] = n
+        else:
+            self._admitting.pop(name, None)
+
+    def tokenizer_device(self, name: str) -> int | None:
+        """A device whose worker can tokenize for `name` (round robin over Active instances)."""
+        m = self.registry.model(name)
+        if m is None:
+            return None
+        devs = sorted(i.device for i in m.active)
+        if not devs:
+            return None
+        self._tok_rr += 1
+        return devs[self._tok_rr % len(devs)]
+
+    def admit(self, m: Model, ids: list[int], sampling: wm.SamplingSpec, max_tokens_given: bool, chat: bool,
+              ttft_ms: float | None, tpot_ms: float | None, arrival: float, now: float,
+              sink: Callable[[Any], None]) -> Request:
+        """Queue a tokenized request (its clock started at `arrival`); raises Refused."""
+        self._at(now)
+        if self.registry.model(m.name) is not m:
+            # removed (or replaced by a reload) while it was tokenized
+            raise Refused(Failure(404, f"model {m.name!r} was removed", "invalid_request_error",
+                                  code="model_not_found"))
+        max_len = m.max_model_len
+        where = "messages" if chat else "prompt"
+        if len(ids) >= max_len:
+            raise Refused(Failure(400, f"{where}: the prompt has {len(ids)} tokens; this model's context is "
+                                       f"{max_len}", "invalid_request_error", code="context_length_exceeded"))
+        if not max_tokens_given:
+            sampling = msgspec.structs.replace(sampling, max_tokens=max_len - len(ids))
+        elif len(ids) + sampling.max_tokens > max_len:
+            raise Refused(Failure(400, f"max_tokens: {len(ids)} prompt tokens + max_tokens {sampling.max_tokens} "
+                                       f"exceed this model's context of {max_len}", "invalid_request_error",
+                                  code="context_length_exceeded"))
+        ttft = (ttft_ms or m.cfg.ttft_slo_ms) / 1000.0
+        tpot = (tpot_ms or m.cfg.tpot_slo_ms) / 1000.0
+        req = Request(self.requests.new_id(), m.name, ids, sampling, arrival, ttft, tpot, sink=sink)
+        self.requests.add(req)
+        self.telemetry.on_arrival(req.rid, m.name, now, len(ids), sampling.max_tokens)
+        if m.serving:
+            self._submit(req, now)
+        else:
+            self._hold(req, now)
+        return req
+
+    def _submit(self, req: Request, now: float) -> None:
+        req.est_prefill_s = self.dispatch.estimate(req.model, len(req.prompt_ids))
+        deadline = req.arrival + req.ttft_slo_s
+        if req.held_since is not None:
+            deadline = max(deadline, now + req.ttft_slo_s)
+            req.held_since = None
+        self.dispatch.submit(req.rid, req.model, req.arrival, deadline, req.est_prefill_s)
+
+    def _hold(self, req: Request, now: float) -> None:
+        req.held_since = now
+        self.held.setdefault(req.model, deque()).append(req)
+
+    def _release_held(self, model: str, now: float) -> None:
+        q = self.held.pop(model, None)
+        for req in q or ():
+            if not req.done:
+                self._submit(req, now)
+
+    def _hold_queued(self, model: str, now: float) -> None:
+        """The model stopped taking prefill work: its queued requests wait for an instance
+        (bounded) instead of being rejected against an SLO no instance can meet now."""
+        for req in self.requests.of_model(model):
+            if req.instance is None and req.held_since is None and not req.done:
+                self.dispatch.cancel(req.rid, now)
+                self._hold(req, now)
+
+    def queue_length(self, model: str) -> int:
+        return self.dispatch.pending(model) + len(self.held.get(model, ())) + self._admitting.get(model, 0)
+
+    def cancel(self, req: Request, now: float) -> None:
+        """The client went away: abort on the worker (frees KV) and forget the request."""
+        self._at(now)
+        if req.device is not None:
+            w = self.workers.get(req.device)
+            if w is not None:
+                w.send(wm.Abort(req.rid))
+        self.requests.fail(req.rid, Failure(499, "client closed the request", code="cancelled"))
+
+    def fail_all(self, failure: Failure, now: float) -> int:
+        """End every request (shutdown past its drain bound); aborts them on their workers."""
+        self._at(now)
+        n = 0
+        for req in list(self.requests.by_id.values()):
+            if req.device is not None and (w := self.workers.get(req.device)) is not None:
+                w.send(wm.Abort(req.rid))
+            self.requests.fail(req.rid, failure)
+            n += 1
+        return n
+
+    # ----------------------------------------------------------------- time
+    def tick(self, now: float) -> float | None:
+        """Expire held requests, dispatch; returns when to tick next (None: on the next event)."""
+        self._at(now)
+        wake: float | None = None
+        timeout = self.limits.model_wait_timeout_s
+        for model, q in list(self.held.items()):
+            while q and (q[0].done or q[0].held_since is None or q[0].held_since + timeout <= now):
+                req = q.popleft()
+                if req.done or req.held_since is None:
+                    continue
+                self.obs.rejected(model, "no_instance")
+                self.requests.fail(req.rid, Failure(
+                    503, f"no instance of model {model!r} became ready within {timeout:g} s "
+                         "(loading, restarting or unloaded); retry later", code="model_not_ready",
+                    retry_after_s=1.0))
+            if q:
+                at = q[0].held_since + timeout  # type: ignore[operator]
+                wake = at if wake is None else min(wake, at)
+            else:
+                del self.held[model]
+        assigned, rejected = self.dispatch.tick(now)
+        for rid, iid in assigned:
+            self._assign(rid, iid, now)
+        for rid in rejected:
+            self._reject(rid)
+        nxt = self.dispatch.next_wakeup(now)
+        if nxt is not None:
+            wake = nxt if wake is None else min(wake, nxt)
+        return wake
+
+    def _assign(self, rid: int, iid: int, now: float) -> None:
+        req = self.requests.by_id.get(rid)
+        inst = self.dispatch.member(iid)
+        if req is None or inst is None:
+            self.dispatch.cancel(rid, now)
+            return
+        inst.served += 1
+        req.instance, req.device = inst, inst.device
+        w = self.workers.get(inst.device)
+        try:
+            sent = w is not None and w.send(wm.Generate(rid, req.model, req.prompt_ids, req.sampling))
+        except Exception as e:  # e.g. a frame over the limit: this request fails, dispatching goes on
+            _log(f"request {rid}: cannot send it to device {inst.device}: {type(e).__name__}: {e}")
+            self.requests.fail(rid, Failure(500, f"internal error sending the request to its worker: {e}"))
+            return
+        if not sent:
+            self.requests.fail(rid, Failure(503, f"the worker for device {inst.device} is not running"))
+
+    def _reject(self, rid: int) -> None:
+        req = self.requests.by_id.get(rid)
+        if req is None:
+            return
+        self.obs.rejected(req.model, "slo")
+        cfg = self.dispatch.cfg
+        self.requests.fail(rid, Failure(
+            503, f"request rejected: it cannot meet its TTFT SLO of {req.ttft_slo_s * 1000:g} ms "
+                 f"(dispatch policy {cfg.policy}, requeue={cfg.requeue})", code="slo_unattainable",
+            retry_after_s=1.0))
+
+    # ------------------------------------------------------- worker events
+    def on_batch(self, device: int, batch: wm.StepBatch, now: float) -> None:
+        self._at(now)
+        for d in batch.outputs:
+            req = self.requests.by_id.get(d.req_id)
+            if req is None:
+                continue
+            if not req.prefill_seen and d.token_ids:
+                # before deliver(): a request whose first token is also its last ends inside
+                # deliver(), and its prefill time must still reach the estimator and EPDT
+                req.prefill_seen = True
+                self.telemetry.on_first_token(req.rid, now)
+                if req.instance is not None:
+                    self.dispatch.prefill_done(req.rid, req.instance, now, len(req.prompt_ids), d.prefill_s,
+                                               req.est_prefill_s)
+            if d.token_ids:
+                self.telemetry.on_tokens(req.rid, now, len(d.token_ids))
+            self.requests.deliver(d, now)
+
+    def on_failed(self, device: int, f: wm.RequestFailed, now: float) -> None:
+        self._at(now)
+        if not self.handoff.accept_failure(device, f.req_id):
+            return  # P/D: a stale report from the prefill worker after the handoff
+        status = {"bad_request": 400, "unavailable": 503}.get(f.kind, 500)
+        self.requests.fail(f.req_id, Failure(status, f.message, "invalid_request_error" if status == 400
+                                             else "server_error"))
+
+    def on_kv(self, device: int, msg: wm.KVReady | wm.KVImported, now: float) -> None:
+        self._at(now)
+        self.handoff.on_message(device, msg)
+
+    # ---------------------------------------------------------- request end
+    def _finished(self, req: Request) -> None:
+        now = self._now
+        self.handoff.on_finished(req)
+        if req.held_since is not None:
+            q = self.held.get(req.model)
+            if q is not None:
+                try:
+                    q.remove(req)
+                except ValueError:
+                    pass
+                if not q:
+                    del self.held[req.model]
+            req.held_since = None
+        elif not req.prefill_seen:
+            self.dispatch.cancel(req.rid, now)
+        if not req.failed:
+            outcome = "ok"
+        else:
+            f = req.failure
+            outcome = {499: "cancelled", 400: "bad_request"}.get(getattr(f, "status", 0), "failed")
+            if getattr(f, "code", None) == "slo_unattainable":
+                outcome = "rejected"
+        counted = on_time = 0
+        if outcome != "cancelled":
+            on_time, counted = request_slo(req)
+        self.telemetry.on_end(req.rid, now, not req.failed, req.num_output_tokens, on_time, counted)
+        self.obs.finished(req, outcome)
+        if not self.requests.by_id:
+            self.obs.idle()
+
+    # ---------------------------------------------------------------- views
+    def snapshot(self, now: float) -> dict[str, Any]:
+        models = self.registry.models
+        return {
+            "queues": {n: self.queue_length(n) for n in models},
+            "held": {n: len(self.held.get(n, ())) for n in models},
+            "relaxed": {n: self.dispatch.relaxed(n) for n in models},
+            "in_flight": {n: self.requests.count(n) for n in models},
+            "dispatch": self.dispatch.stats(),
+            "instances": [(i.model, i.device, i.state.value) for m in models.values()
+                          for i in m.instances.values()],
+            "telemetry": self.telemetry.snapshot(now),
+        }
+
+    def check_integrity(self) -> None:
+        """Every request in exactly one place; raises RuntimeError naming the first breach."""
+        self.dispatch.check_integrity()
+        held_ids = {r.rid for q in self.held.values() for r in q}
+        for rid in held_ids:
+            if rid not in self.requests.by_id:
+                raise RuntimeError(f"request {rid} is held but has ended")
+        for req in self.requests.by_id.values():
+            if req.held_since is not None and req.rid not in held_ids:
+                raise RuntimeError(f"request {req.rid} says it is held but no held queue has it")
+            if req.rid in held_ids and req.instance is not None:
+                raise RuntimeError(f"request {req.rid} is both held and assigned")
+        for inst in self.registry.instances.values():
+            m = self.registry.model(inst.model)
+            if m is None or m.instances.get(inst.device) is not inst:
+                raise RuntimeError(f"instance {inst.instance_id} is not its model's instance on its device")
+
+
+def request_slo(req: Request) -> tuple[int, int]:
+    """(on-time tokens, counted tokens) of a finished request, per trace/slo.py."""
+    from janusd.trace.slo import request_attainment
+
+    times = [t - req.arrival for t in req.token_times]
+    expected = len(times) if not req.failed else max(len(times), 1)
+    a = request_attainment(times, expected, req.ttft_slo_s, req.tpot_slo_s, ok=not req.failed)
+    return a.on_time_tokens, a.total_tokens
