@@ -150,6 +150,10 @@ def test_load_and_unload_a_model_on_two_devices(daemon):
     probes = len(PROBE_TOKENS) - 1  # timed at load (the first run warms up)
     assert sorted(i["prefill_samples"] - probes for i in fits) == sorted(served.values())
     assert all(i["prefill_a_ms"] >= 0 and i["prefill_b_us_per_token"] >= 0 for i in fits)
+    rows = {m["name"]: m for m in daemon.ctl(am.ModelsReq()).data["models"]}
+    assert rows["extra"]["rate_rps"] > 0 and rows["extra"]["in_len_mean"] > 0  # telemetry's window
+    assert _metric(daemon, 'janusd_window_request_rate{model="extra"}') == rows["extra"]["rate_rps"] or \
+        _metric(daemon, 'janusd_window_request_rate{model="extra"}') > 0
     pools = daemon.ctl(am.PoolsReq()).data["pools"]
     assert sorted(pools[0]["models"]) == ["demo-llama", "extra"]
     assert sorted(pools[1]["models"]) == ["demo-qwen2", "extra"]
@@ -160,6 +164,10 @@ def test_load_and_unload_a_model_on_two_devices(daemon):
         waiting = ex.submit(daemon.http, "POST", "/v1/completions", body)
         time.sleep(0.5)
         assert not waiting.done()
+        states = {i["device"]: i["state"] for i in daemon.ctl(am.InstancesReq()).data["instances"]
+                  if i["model"] == "extra"}
+        assert states == {0: "unloaded", 1: "unloaded"}
+        assert _metric(daemon, 'janusd_requests_held{model="extra"}') == 0  # it waits for a tokenizer
         r = daemon.ctl(am.LoadReq("extra"))
         assert isinstance(r, am.AdminResult) and r.data["devices"] == {0: "active", 1: "active"}, r
         st, _, out = waiting.result(60)

@@ -189,7 +189,7 @@ def test_unload_lets_a_request_still_prefilling_finish_on_its_decode_instance():
         assert wait_until(assigned, 10.0), d.http("GET", "/metrics")[2]
         t_unl = threading.Thread(target=lambda: out.setdefault("unload", d.ctl(am.UnloadReq("pd"))))
         t_unl.start()
-        assert wait_until(lambda: ("pd", 0) not in _instances(d), 10.0)  # the unload is draining
+        assert wait_until(lambda: _instances(d)[("pd", 0)]["state"] == "draining", 10.0)  # the unload drains
         os.kill(prefill_pid, signal.SIGCONT)
         t_req.join(30.0)
         t_unl.join(30.0)

@@ -34,6 +34,7 @@ class Failure:
     type: str = "server_error"
     code: str | None = None
     retry_after_s: float | None = None  # sent as Retry-After when set
+    param: str | None = None  # the request field at fault (OpenAI error bodies name it)
 
 
 class Refused(Exception):

@@ -200,7 +200,7 @@ class ServingCore:
         m = self.registry.model(name)
         if m is None:
             raise Refused(Failure(404, f"model {name!r} does not exist", "invalid_request_error",
-                                  code="model_not_found"))
+                                  code="model_not_found", param="model"))
         if self.queue_length(name) >= self.limits.queue_limit:
             self.obs.rejected(name, "queue_full")
             raise Refused(Failure(429, f"too many requests queued for model {name!r}; retry later",
@@ -234,18 +234,19 @@ class ServingCore:
         if self.registry.model(m.name) is not m:
             # removed (or replaced by a reload) while it was tokenized
             raise Refused(Failure(404, f"model {m.name!r} was removed", "invalid_request_error",
-                                  code="model_not_found"))
+                                  code="model_not_found", param="model"))
         max_len = m.max_model_len
         where = "messages" if chat else "prompt"
         if len(ids) >= max_len:
             raise Refused(Failure(400, f"{where}: the prompt has {len(ids)} tokens; this model's context is "
-                                       f"{max_len}", "invalid_request_error", code="context_length_exceeded"))
+                                       f"{max_len}", "invalid_request_error", code="context_length_exceeded",
+                                  param=where))
         if not max_tokens_given:
             sampling = msgspec.structs.replace(sampling, max_tokens=max_len - len(ids))
         elif len(ids) + sampling.max_tokens > max_len:
             raise Refused(Failure(400, f"max_tokens: {len(ids)} prompt tokens + max_tokens {sampling.max_tokens} "
                                        f"exceed this model's context of {max_len}", "invalid_request_error",
-                                  code="context_length_exceeded"))
+                                  code="context_length_exceeded", param="max_tokens"))
         ttft = (ttft_ms or m.cfg.ttft_slo_ms) / 1000.0
         tpot = (tpot_ms or m.cfg.tpot_slo_ms) / 1000.0
         req = Request(self.requests.new_id(), m.name, ids, sampling, arrival, ttft, tpot, sink=sink)
@@ -317,6 +318,7 @@ class ServingCore:
                 req = q.popleft()
                 if req.done or req.held_since is None:
                     continue
+                req.held_since = None  # out of the held queue already
                 self.obs.rejected(model, "no_instance")
                 self.requests.fail(req.rid, Failure(
                     503, f"no instance of model {model!r} became ready within {timeout:g} s "
@@ -326,7 +328,7 @@ class ServingCore:
                 at = q[0].held_since + timeout  # type: ignore[operator]
                 wake = at if wake is None else min(wake, at)
             else:
-                del self.held[model]
+                self.held.pop(model, None)
         assigned, rejected = self.dispatch.tick(now)
         for rid, iid in assigned:
             self._assign(rid, iid, now)

@@ -162,12 +162,15 @@ async def handle(daemon: AdminBackend, req: Any) -> dict[str, Any]:
     if isinstance(req, am.ModelsReq):
         rows = []
         for name, m in core.registry.models.items():
+            win = core.telemetry.model(name, now)  # the last minute of traffic (telemetry/)
             rows.append({
                 "name": name, "checkpoint": m.cfg.checkpoint, "app": m.cfg.app_name,
                 "devices": sorted(d for d, i in m.instances.items() if i.state.value != "unloaded"),
                 "active": len(m.active), "ttft_slo_ms": m.cfg.ttft_slo_ms,
                 "tpot_slo_ms": m.cfg.tpot_slo_ms, "queued": core.queue_length(name),
                 "in_flight": core.requests.count(name), "max_model_len": m.max_model_len,
+                "rate_rps": round(win.request_rate, 3), "out_tok_s": round(win.output_token_rate, 1),
+                "in_len_mean": round(win.input_len_mean, 1), "out_len_mean": round(win.output_len_mean, 1),
             })
         return {"models": rows}
     if isinstance(req, am.InstancesReq):

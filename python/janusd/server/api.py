@@ -136,7 +136,7 @@ class _Shape:
 
 def _failure_error(f: Failure) -> ApiError:
     headers = {"Retry-After": str(max(1, round(f.retry_after_s)))} if f.retry_after_s is not None else None
-    return ApiError(f.status, f.message, f.type, code=f.code, headers=headers)
+    return ApiError(f.status, f.message, f.type, param=f.param, code=f.code, headers=headers)
 
 
 async def _generate(request: web.Request, parse: Callable[[bytes], Parsed]) -> web.StreamResponse:

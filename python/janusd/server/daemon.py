@@ -281,7 +281,8 @@ class Daemon:
             reply: wm.Tokenized = await w.call(lambda seq: wm.Tokenize(seq, p.model, p.prompt, p.messages), 30.0)
         except WorkerError as e:
             if e.kind == "bad_request":
-                raise Refused(Failure(400, str(e), "invalid_request_error")) from None
+                raise Refused(Failure(400, str(e), "invalid_request_error",
+                                      param="messages" if p.chat else None)) from None
             raise Refused(Failure(503, str(e), retry_after_s=1.0)) from None
         except asyncio.TimeoutError:
             raise Refused(Failure(503, "tokenization timed out", retry_after_s=1.0)) from None

@@ -23,6 +23,18 @@ _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2)
 
 
+_WINDOW_FIELDS = (
+    ("request_rate", "arrivals per second"),
+    ("input_token_rate", "prompt tokens of arrivals per second"),
+    ("output_token_rate", "output tokens delivered per second"),
+    ("input_len_mean", "mean prompt length"),
+    ("input_len_var", "prompt length variance"),
+    ("output_len_mean", "mean output length (in-flight requests count at max_tokens)"),
+    ("output_len_var", "output length variance"),
+    ("ttft_mean_s", "mean time to first token"),
+)
+
+
 class _Live(Collector):
     def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
         self.snapshot = snapshot
@@ -48,6 +60,13 @@ class _Live(Collector):
         for model, n in s.get("relaxed", {}).items():
             rel.add_metric([model], n)
         yield rel
+        tel = s.get("telemetry")
+        if tel is not None:  # telemetry/: the sliding window the oracle and controller read
+            for field, help_text in _WINDOW_FIELDS:
+                g = GaugeMetricFamily(f"janusd_window_{field}", f"{help_text} (sliding window)", labels=["model"])
+                for model, w in tel.models.items():
+                    g.add_metric([model], getattr(w, field))
+                yield g
         d = s["dispatch"]
         for key in ("submitted", "assigned", "completed", "rejected", "relaxed", "cancelled"):
             c = CounterMetricFamily(f"janusd_dispatch_{key}", f"dispatcher: requests {key}")
