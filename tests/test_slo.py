@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from janusd.trace import slo
@@ -156,3 +156,20 @@ def test_windows_partition_the_requests(reqs, arrivals, window):
     if tok.sum() > 0:
         overall = np.nansum(np.where(tok > 0, w["token_attainment"], 0) * tok) / tok.sum()
         assert overall == pytest.approx(o.on_time.sum() / o.total.sum())
+
+
+@settings(max_examples=200)
+@given(
+    st.lists(st.floats(0.0, 5.0, allow_nan=False), max_size=12).map(sorted),
+    st.integers(0, 14), st.floats(0.01, 2.0), st.floats(0.001, 0.5), st.booleans(),
+)
+def test_request_attainment_agrees_with_the_vectorised_evaluate(times, expected, ttft, tpot, ok):
+    import numpy as np
+
+    from janusd.trace.slo import evaluate
+
+    one = request_attainment(times, expected, ttft, tpot, ok)
+    o = evaluate(np.array(times, dtype=np.float64), np.array([len(times)]), np.array([expected]), np.array([ok]),
+                 np.array([ttft]), np.array([tpot]))
+    assert one == (int(o.on_time[0]), int(o.total[0]), bool(o.ttft_met[0]), bool(o.tpot_met[0]),
+                   bool(o.e2e_met[0]))

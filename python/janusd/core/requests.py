@@ -68,6 +68,7 @@ class Request:
     failed: bool = False
     failure: Failure | None = None
     finish_reason: str | None = None
+    slo_tokens: tuple[int, int] = (0, 0)  # (on time, counted) per trace/slo.py, set when it ends
 
     @property
     def ttft_s(self) -> float | None:

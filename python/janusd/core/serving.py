@@ -425,6 +425,7 @@ class ServingCore:
         counted = on_time = 0
         if outcome != "cancelled":
             on_time, counted = request_slo(req)
+        req.slo_tokens = (on_time, counted)
         self.telemetry.on_end(req.rid, now, not req.failed, req.num_output_tokens, on_time, counted)
         self.obs.finished(req, outcome)
         if not self.requests.by_id:

@@ -16,7 +16,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from janusd.core.requests import Request
-from janusd.core.serving import request_slo
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
@@ -148,7 +147,7 @@ class Metrics:
             self.ttft.labels(m).observe(req.ttft_s)
         if len(req.token_times) > 1:
             self.tpot.labels(m).observe((req.token_times[-1] - req.token_times[0]) / (len(req.token_times) - 1))
-        on, tot = request_slo(req)
+        on, tot = req.slo_tokens  # computed once, by the core, when the request ended
         self.tokens.labels(m).inc(tot)
         self.on_time.labels(m).inc(on)
         a, b = self._tot.get(m, (0, 0))
