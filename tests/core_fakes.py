@@ -48,7 +48,7 @@ class Rig:
         inst = self.core.instance(name, device)
         if inst.state is InstanceState.UNLOADED:
             self.core.set_state(inst, InstanceState.LOADING, self.now)
-        self.core.loaded(inst, self.now, 2048, 0.1)
+        self.core.loaded(inst, self.now, self.core.registry.models[name].cfg.max_model_len, 0.1)
 
     def submit(self, name: str, tokens: int = 10, max_tokens: int = 4, ttft_ms: float | None = None) -> int:
         m = self.core.begin_admission(name)

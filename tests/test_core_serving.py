@@ -192,3 +192,32 @@ def test_telemetry_sees_arrivals_tokens_and_ends():
     assert w.in_flight == 0 and w.finished == 1 and w.input_len_mean == 20 and w.output_len_mean == 3
     assert w.tokens_counted == 3 and w.tokens_on_time == 3
     assert w.ttft_mean_s == pytest.approx(0.05)
+
+
+def test_a_request_no_instance_can_start_in_time_is_refused_at_admission_with_retry_after():
+    rig = Rig(devices=1)
+    rig.model("m", [0], max_model_len=8192)
+    rig.activate("m", 0)
+    long = rig.submit("m", tokens=3980, ttft_ms=10_000)  # 10 ms + 0.5 ms * 3980 = 2.0 s of prefill
+    rig.tick()
+    assert rig.workers[0].generates() == [long]
+    rid = rig.submit("m", tokens=10, ttft_ms=500)  # the device is busy for 2 s: hopeless now
+    (f,) = rig.events[rid]
+    assert f.status == 503 and f.code == "slo_unattainable" and f.retry_after_s == 2.0
+    assert rig.core.queue_length("m") == 0 and rig.core.dispatch.stats()["in_flight"] == 1
+    rig.core.check_integrity()
+
+
+def test_admission_queue_keeps_a_hopeless_request_until_its_latest_start():
+    rig = Rig(devices=1, dispatch=DispatchConfig(admission="queue"))
+    rig.model("m", [0], max_model_len=8192)
+    rig.activate("m", 0)
+    rig.submit("m", tokens=3980, ttft_ms=10_000)
+    rig.tick()
+    rid = rig.submit("m", tokens=10, ttft_ms=500)
+    rig.tick()
+    assert rig.events[rid] == [] and rig.core.queue_length("m") == 1
+    rig.now += 0.6
+    rig.tick()
+    (f,) = rig.events[rid]
+    assert f.status == 503 and f.code == "slo_unattainable"

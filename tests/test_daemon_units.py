@@ -298,3 +298,41 @@ def test_a_client_that_leaves_while_queued_leaves_nothing_behind():
     assert isinstance(rig.events[rid][0], Failure) and req.failure.code == "cancelled"
     rig.core.check_integrity()
 
+
+
+def test_server_modules_import_each_other_without_a_circle():
+    """DESIGN.md: api.py and admin.py name what they need of the daemon as Protocols; only
+    daemon.py sees the whole daemon, so the import graph of server/ has no cycle."""
+    import ast
+    from pathlib import Path
+
+    import janusd.server
+
+    root = Path(janusd.server.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for f in root.glob("*.py"):
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module.startswith("janusd.server."):
+                    deps.add(node.module.split(".")[2])
+                elif node.module == "janusd.server":
+                    deps.update(a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name.split(".")[2] for a in node.names if a.name.startswith("janusd.server."))
+        graph[f.stem] = deps - {f.stem}
+    assert "daemon" not in set().union(*(d for m, d in graph.items() if m != "daemon"))
+    seen: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        if seen.get(m) == 1:
+            raise AssertionError(f"import circle: {' -> '.join(path + [m])}")
+        if seen.get(m) == 2:
+            return
+        seen[m] = 1
+        for d in graph.get(m, ()):
+            visit(d, path + [m])
+        seen[m] = 2
+
+    for m in graph:
+        visit(m, [])

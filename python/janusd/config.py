@@ -26,6 +26,7 @@ Role = Literal["mixed", "prefill", "decode"]
 DispatchPolicy = Literal["lst_imh", "round_robin", "least_load"]
 RequeuePolicy = Literal["reject", "relax"]
 DispatchPlan = Literal["global", "window"]
+AdmissionPolicy = Literal["reject_early", "queue"]
 
 
 class ConfigError(ValueError):
@@ -121,6 +122,10 @@ class DispatchConfig(_Section):
     # the pre-pull window (the rest are re-planned); window: only instances inside the
     # window plan, each taking its whole selection (the behaviour before 2026-12-03)
     plan: DispatchPlan = "global"
+    # reject_early: with requeue = "reject", refuse a request at admission (503 +
+    # Retry-After) when even the earliest-free instance cannot start it in time by the
+    # estimate; queue: it waits until its latest start passes, in case work ends early
+    admission: AdmissionPolicy = "reject_early"
     relax_factor: Annotated[float, Meta(gt=1.0)] = 1.5
     max_relax: NonNegInt = 2
 
@@ -182,6 +187,8 @@ prepull_window_ms = 20.0    # wake an instance this long before its EPDT
 requeue = "reject"          # a queued request past its latest start: reject (503) | relax
 plan = "global"             # global: LST-IMH over all ready instances, commit what starts within
                             # the window, re-plan the rest | window: only instances in the window
+admission = "reject_early"  # with requeue = "reject": refuse at once (503 + Retry-After) a request no
+                            # instance can start in time by the estimate | queue: wait for its latest start
 relax_factor = 1.5          # relax: new deadline = now + original budget * factor^n
 max_relax = 2               # relax: at most this many extensions
 

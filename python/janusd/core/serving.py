@@ -24,6 +24,7 @@ and a model left with no Active instance has its queued requests held.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -252,11 +253,29 @@ class ServingCore:
         req = Request(self.requests.new_id(), m.name, ids, sampling, arrival, ttft, tpot, sink=sink)
         self.requests.add(req)
         self.telemetry.on_arrival(req.rid, m.name, now, len(ids), sampling.max_tokens)
-        if m.serving:
-            self._submit(req, now)
-        else:
+        if not m.serving:
             self._hold(req, now)
+            return req
+        self._submit(req, now)
+        late_by = self._hopeless(req, now)
+        if late_by is not None:
+            self.dispatch.cancel(req.rid, now)
+            self._reject(req.rid, retry_after_s=max(1.0, float(math.ceil(late_by))))
         return req
+
+    def _hopeless(self, req: Request, now: float) -> float | None:
+        """With admission = reject_early (and requeue = reject): when even the earliest-free
+        instance of the model cannot finish the prefill by the deadline by the estimate,
+        how long until it frees up (the Retry-After); None when the request may be on time."""
+        cfg = self.dispatch.cfg
+        if cfg.admission != "reject_early" or cfg.requeue != "reject":
+            return None
+        m = self.registry.models[req.model]
+        free = [self.dispatch.epdt(i, now) for i in m.instances.values() if i.active and i.dispatched]
+        earliest = min((f for f in free if f is not None), default=None)
+        if earliest is None or earliest + req.est_prefill_s <= req.arrival + req.ttft_slo_s:
+            return None
+        return earliest - now
 
     def _submit(self, req: Request, now: float) -> None:
         req.est_prefill_s = self.dispatch.estimate(req.model, len(req.prompt_ids))
@@ -357,7 +376,7 @@ class ServingCore:
         if not sent:
             self.requests.fail(rid, Failure(503, f"the worker for device {inst.device} is not running"))
 
-    def _reject(self, rid: int) -> None:
+    def _reject(self, rid: int, retry_after_s: float = 1.0) -> None:
         req = self.requests.by_id.get(rid)
         if req is None:
             return
@@ -366,7 +385,7 @@ class ServingCore:
         self.requests.fail(rid, Failure(
             503, f"request rejected: it cannot meet its TTFT SLO of {req.ttft_slo_s * 1000:g} ms "
                  f"(dispatch policy {cfg.policy}, requeue={cfg.requeue})", code="slo_unattainable",
-            retry_after_s=1.0))
+            retry_after_s=retry_after_s))
 
     # ------------------------------------------------------- worker events
     def on_batch(self, device: int, batch: wm.StepBatch, now: float) -> None:

@@ -32,6 +32,8 @@ from janusd.config import JanusConfig, cache_dir, dump_config
 from janusd.core.requests import Failure, Refused, Request
 from janusd.core.serving import Limits, Observers, ServingCore
 from janusd.server import model_ops, sdnotify
+from janusd.server.admin import AdminSocketError, check_admin_socket_free, start_admin
+from janusd.server.api import start_http
 from janusd.server.metrics import Metrics
 from janusd.server.model_ops import ConfigHolder, ModelOps
 from janusd.server.openai_types import Parsed
@@ -92,7 +94,7 @@ class Daemon:
             Limits(cfg.server.queue_limit, cfg.server.model_wait_timeout_s),
             Observers(finished=self._finished, rejected=self.metrics.reject, kv_transfer=self.metrics.kv_transfer,
                       estimate_error=self.metrics.prefill_estimate_error, serving=self._serving,
-                      idle=self._idle.set),
+                      idle=self._on_idle),
             Telemetry(),
         )
         self.ops = ModelOps(self.core, self.workers, cfg.engine, str(cache_dir(cfg.server)),
@@ -122,9 +124,6 @@ class Daemon:
 
     # ---- main ----
     async def run(self) -> int:
-        from janusd.server.admin import AdminSocketError, check_admin_socket_free, start_admin
-        from janusd.server.api import start_http
-
         try:
             _check_port_free(self.cfg.server.host, self.cfg.server.port)
             check_admin_socket_free(self.cfg.server.admin_socket)
@@ -291,6 +290,15 @@ class Daemon:
     def _serving(self, model: str) -> None:
         ev, self._serving_changed = self._serving_changed, asyncio.Event()
         ev.set()  # wakes every admission waiting for an Active instance; they re-check
+
+    def _on_idle(self) -> None:
+        """The last in-flight request ended: a cheap moment to check every request is in
+        exactly one place (STYLE.md #9); a breach is logged, never fatal."""
+        self._idle.set()
+        try:
+            self.core.check_integrity()
+        except RuntimeError as e:
+            _log(f"integrity check failed: {e}")
 
     def cancel(self, req: Request) -> None:
         self.core.cancel(req, clock())
