@@ -221,3 +221,25 @@ def test_admission_queue_keeps_a_hopeless_request_until_its_latest_start():
     rig.tick()
     (f,) = rig.events[rid]
     assert f.status == 503 and f.code == "slo_unattainable"
+
+
+def test_between_equally_free_instances_the_one_decoding_less_gets_the_request():
+    """At light load every instance is free 'now': without the decode load as the tie-break
+    every request went to the lowest id and one device decoded everything."""
+    rig = Rig()
+    rig.model("m", [0, 1])
+    rig.activate("m", 0)
+    rig.activate("m", 1)
+    r1 = rig.submit("m", max_tokens=50)
+    rig.tick()
+    assert rig.workers[0].generates() == [r1]
+    rig.token(0, r1)  # r1 is past its prefill: both instances are free again, device 0 decodes
+    rig.now += 0.01
+    r2 = rig.submit("m", max_tokens=50)
+    rig.tick()
+    assert rig.workers[1].generates() == [r2]
+    rig.token(1, r2)
+    rig.token(0, r1, finished=True)  # device 0 decodes nothing now, device 1 one sequence
+    r3 = rig.submit("m", max_tokens=50)
+    rig.tick()
+    assert rig.workers[0].generates() == [r1, r3]

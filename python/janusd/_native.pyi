@@ -90,6 +90,10 @@ class Dispatcher:
         off the group's EPDT. Queued jobs stay queued."""
     def set_instance_ready(self, instance_id: int, ready: bool) -> None:
         """Only ready instances get work."""
+    def set_group_decode_load(self, group: int, load: float) -> None:
+        """The decode load of a group's worker (sequences decoding there): breaks ties
+        between equally free instances in the global plan. ValueError for a negative or
+        non-finite load; an unknown group is ignored. Does not wake the dispatcher."""
     def submit(self, request_id: int, model: str, arrival_s: float, deadline_s: float, est_proc_s: float) -> None:
         """Queues a request (an unknown model waits for an instance); ValueError for an id
         already queued or in flight, or a time that is NaN, infinite or negative."""

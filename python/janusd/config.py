@@ -50,6 +50,16 @@ class ServerConfig(_Section):
     # a request for a model with no Active instance waits this long for one, then 503
     model_wait_timeout_s: Annotated[float, Meta(ge=0)] = 30.0
     worker_ready_timeout_s: PositiveFloat = 300.0
+    # liveness: a Ping every worker_heartbeat_s (0: off); no answer within
+    # worker_heartbeat_timeout_s, or one engine step running past worker_step_timeout_s,
+    # and the worker is declared hung, killed and restarted
+    worker_heartbeat_s: Annotated[float, Meta(ge=0)] = 1.0
+    worker_heartbeat_timeout_s: PositiveFloat = 5.0
+    worker_step_timeout_s: PositiveFloat = 60.0
+    # crash loops: at most worker_restart_budget restarts per worker_restart_window_s
+    # (back-off 0.2 s doubling to 10 s), then the device is marked failed
+    worker_restart_budget: NonNegInt = 5
+    worker_restart_window_s: PositiveFloat = 60.0
     cache_dir: str = "~/.cache/janusd"
 
 
@@ -161,6 +171,11 @@ drain_timeout_s = 30.0      # SIGTERM: how long in-flight requests may finish
 model_wait_timeout_s = 30.0 # a request for a model with no Active instance (loading, restarting,
                             # unloaded) waits this long for one, then 503 with Retry-After
 worker_ready_timeout_s = 300.0
+worker_heartbeat_s = 1.0    # liveness Ping to each worker this often (0: off)
+worker_heartbeat_timeout_s = 5.0   # no answer this long: the worker is hung (killed, restarted)
+worker_step_timeout_s = 60.0       # one engine step running longer: the worker is hung
+worker_restart_budget = 5   # restarts per worker_restart_window_s (back-off 0.2 s doubling to 10 s);
+worker_restart_window_s = 60.0     # one more and the device is marked failed (ctl, /health, /metrics)
 cache_dir = "~/.cache/janusd"   # demo checkpoints are made here on first start
 
 [devices]

@@ -58,6 +58,10 @@ class DispatchCore:
                 est.observe(tokens, seconds)
         self.estimators[(inst.model, inst.device)] = est
 
+    def set_decode_load(self, device: int, sequences: int) -> None:
+        """Sequences decoding on `device`: the tie-break between equally free instances."""
+        self.dispatcher.set_group_decode_load(device, float(sequences))
+
     def set_ready(self, inst: Instance, ready: bool) -> None:
         if inst.instance_id in self._members:
             self.dispatcher.set_instance_ready(inst.instance_id, ready)

@@ -59,6 +59,7 @@ class Request:
     device: int | None = None  # the worker that holds it now (the decode worker after a handoff)
     kv_source: int | None = None  # P/D: the prefill worker's device still holding its KV blocks
     decode_inst: Any = None  # P/D: the decode instance it was handed to
+    decode_device: int | None = None  # counted as decoding on this device's worker (tie-breaks dispatch)
     est_prefill_s: float = 0.0  # the prefill estimate the dispatcher charged
     held_since: float | None = None  # waiting for an Active instance of its model since
     token_times: list[float] = field(default_factory=list)

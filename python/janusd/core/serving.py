@@ -87,6 +87,7 @@ class ServingCore:
         self.held: dict[str, deque[Request]] = {}
         self._admitting: dict[str, int] = {}
         self._tok_rr = 0
+        self._decoding: dict[int, int] = {}  # device -> requests past their first token there
         self._now = 0.0  # the time of the event being handled (for paths that end requests)
 
     def _at(self, now: float) -> float:
@@ -173,18 +174,30 @@ class ServingCore:
         if inst.state is S.LOADING:
             self.set_state(inst, S.UNLOADED, now, error=error)
 
-    def on_worker_death(self, device: int, now: float) -> None:
+    def on_worker_death(self, device: int, now: float, code: str = "worker_died", why: str = "died") -> None:
+        """The worker of `device` is gone (`why`: died, or hung and was killed)."""
         self._at(now)
         for inst in self.registry.on_device(device):
             if inst.state is S.ACTIVE:
-                self.set_state(inst, S.LOADING, now, error="worker died; restarting")
+                self._leave_dispatch(inst, f"the worker for device {device} {why}", code)
+                self.set_state(inst, S.LOADING, now, error=f"worker {why}; restarting")
             elif inst.state is S.DRAINING:
-                self.set_state(inst, S.UNLOADED, now, error="worker died while draining")
+                self.set_state(inst, S.UNLOADED, now, error=f"worker {why} while draining")
             elif inst.state is S.LOADING:
-                inst.error = "worker died; restarting"
+                inst.error = f"worker {why}; restarting"
         for req in self.requests.on_device(device):
-            self.requests.fail(req.rid, Failure(503, f"the worker for device {device} died while serving this "
-                                                     "request", code="worker_died"))
+            self.requests.fail(req.rid, Failure(503, f"the worker for device {device} {why} while serving this "
+                                                     "request", code=code))
+
+    def on_device_failed(self, device: int, now: float) -> None:
+        """The device is given up (its restart budget is spent): its instances hold nothing
+        and serve nothing; requests for models left without an instance wait, bounded."""
+        self._at(now)
+        for inst in self.registry.on_device(device):
+            if inst.state is S.ACTIVE:
+                self.set_state(inst, S.DRAINING, now)
+            if inst.state in (S.DRAINING, S.LOADING):
+                self.set_state(inst, S.UNLOADED, now, error=f"device {device} failed")
 
     def _decode_target(self, model: str) -> Instance | None:
         m = self.registry.model(model)
@@ -398,6 +411,9 @@ class ServingCore:
                 # before deliver(): a request whose first token is also its last ends inside
                 # deliver(), and its prefill time must still reach the estimator and EPDT
                 req.prefill_seen = True
+                if req.device is not None:
+                    req.decode_device = req.device
+                    self._count_decoding(req.device, +1)
                 self.telemetry.on_first_token(req.rid, now)
                 if req.instance is not None:
                     self.dispatch.prefill_done(req.rid, req.instance, now, len(req.prompt_ids), d.prefill_s,
@@ -419,9 +435,17 @@ class ServingCore:
         self.handoff.on_message(device, msg)
 
     # ---------------------------------------------------------- request end
+    def _count_decoding(self, device: int, delta: int) -> None:
+        n = max(0, self._decoding.get(device, 0) + delta)
+        self._decoding[device] = n
+        self.dispatch.set_decode_load(device, n)
+
     def _finished(self, req: Request) -> None:
         now = self._now
         self.handoff.on_finished(req)
+        if req.decode_device is not None:
+            self._count_decoding(req.decode_device, -1)
+            req.decode_device = None
         if req.held_since is not None:
             q = self.held.get(req.model)
             if q is not None:

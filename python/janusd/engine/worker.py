@@ -89,6 +89,7 @@ class WorkerProc:
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.req_model: dict[int, str] = {}
         self.running = True
+        self.busy_since: float | None = None  # the main thread is in a step or command since (monotonic)
         self.pd = PDLink(engine.pool, kind, self.inbox)
 
     # ---- reader thread ----
@@ -110,6 +111,9 @@ class WorkerProc:
                 continue
             if isinstance(msg, wm.Tokenize):
                 self._send(self._tokenize(msg))
+            elif isinstance(msg, wm.Ping):
+                since = self.busy_since
+                self._send(wm.Pong(msg.seq, time.monotonic() - since if since is not None else 0.0))
             else:
                 self.inbox.put(msg)
 
@@ -144,7 +148,9 @@ class WorkerProc:
             except queue.Empty:
                 msg = None
             while msg is not None:
+                self.busy_since = time.monotonic()
                 self._handle(msg)
+                self.busy_since = None
                 if not self.running:
                     return
                 try:
@@ -157,12 +163,15 @@ class WorkerProc:
                 self._step()
 
     def _step(self) -> None:
+        self.busy_since = time.monotonic()  # the reader thread's Pong reports how long a step runs
         try:
             outs = self.de.step()
         except Exception:
             _log("engine step failed:\n" + traceback.format_exc())
             self._fail_all("the engine failed during a step (see the worker log)")
             return
+        finally:
+            self.busy_since = None
         batch = []
         failed = []
         ready = []
@@ -234,8 +243,9 @@ class WorkerProc:
             self._unload(msg)
         elif isinstance(msg, wm.GetStats):
             held = sum(me.num_requests() for me in self.de.models.values())
+            usage = {name: _kv_usage(me) for name, me in self.de.models.items()}
             self._send(wm.Stats(msg.seq, _int_dict(self.de.pool.stats()), sorted(self.de.models), len(self.req_model),
-                                held))
+                                held, usage))
         elif isinstance(msg, wm.Shutdown):
             self.running = False
 
@@ -355,6 +365,14 @@ def tokenize_prompt(tokenizer: Any, prompt: str | None, messages: list[wm.ChatMe
     if prompt is None:
         raise ValueError("neither a prompt nor messages were given")
     return list(tokenizer.encode(prompt, add_special_tokens=True))
+
+
+def _kv_usage(me: Any) -> float:
+    """Fraction of the model's KV region (its most blocks) that requests hold now."""
+    kv = getattr(me, "kv", None)
+    if kv is None or not kv.max_blocks:
+        return 0.0
+    return round(kv.alloc.num_used / kv.max_blocks, 6)
 
 
 def _int_dict(d: Any) -> dict[str, int]:

@@ -37,7 +37,8 @@ from janusd.server.api import start_http
 from janusd.server.metrics import Metrics
 from janusd.server.model_ops import ConfigHolder, ModelOps
 from janusd.server.openai_types import Parsed
-from janusd.server.workers import WorkerError, WorkerHandle
+from janusd.server.restart_policy import RestartBudget
+from janusd.server.workers import Liveness, WorkerError, WorkerHandle
 from janusd.telemetry import Telemetry
 from janusd.wire import worker_msgs as wm
 
@@ -84,10 +85,14 @@ class Daemon:
         self._idle = asyncio.Event()
         self._idle.set()
         self._serving_changed = asyncio.Event()
+        sv = cfg.server
+        live = Liveness(sv.worker_heartbeat_s, sv.worker_heartbeat_timeout_s, sv.worker_step_timeout_s)
         self.workers = [
-            WorkerHandle(i, cfg.devices, self._on_batch, self._on_failed, self._on_death, self._on_kv)
+            WorkerHandle(i, cfg.devices, self._on_batch, self._on_failed, self._on_death, self._on_kv, live)
             for i in range(cfg.devices.count)
         ]
+        self.restarts = {w.device_index: RestartBudget(sv.worker_restart_budget, sv.worker_restart_window_s)
+                         for w in self.workers}
         self.metrics = Metrics(self.snapshot)
         self.core = ServingCore(
             cfg.dispatch, {w.device_index: w for w in self.workers},
@@ -320,21 +325,31 @@ class Daemon:
 
     def _on_death(self, w: WorkerHandle) -> None:
         dev = w.device_index
-        _log(f"worker for device {dev} (pid {w.pid}) died; failing its requests and restarting it")
-        self.core.on_worker_death(dev, clock())
+        how = "hung" if w.hung else "died"
+        _log(f"worker for device {dev} (pid {w.pid}) {how}; failing its requests and restarting it")
+        self.core.on_worker_death(dev, clock(), code="worker_hung" if w.hung else "worker_died",
+                                  why=f"hung ({w.hung})" if w.hung else "died")
         self.poke()
         if self.state in ("running", "starting"):
             self._spawn(self._restart(w), f"restart{dev}")
 
     async def _restart(self, w: WorkerHandle) -> None:
-        delay = 0.2
+        """Restart a dead worker after its back-off; give the device up (failed) once its
+        restart budget is spent (server/restart_policy.py)."""
+        budget = self.restarts[w.device_index]
         while self.state in ("running", "starting"):
+            delay = budget.on_death(time.monotonic())
+            if delay is None:
+                w.state = "failed"
+                _log(f"device {w.device_index} failed: its worker died {budget.budget} times within "
+                     f"{budget.window_s:g} s; not restarting it (see the worker log above)")
+                self.core.on_device_failed(w.device_index, clock())
+                return
             await asyncio.sleep(delay)
             try:
                 await w.start(self.cfg.server.worker_ready_timeout_s)
             except (WorkerError, OSError) as e:
                 _log(f"restarting worker {w.device_index} failed: {e}")
-                delay = min(delay * 2, 10.0)
                 continue
             w.restarts += 1
             _log(f"worker for device {w.device_index} restarted (pid {w.pid}); reloading its models")
@@ -366,12 +381,17 @@ class Daemon:
             "status": "ok" if ok else ("draining" if self.state == "draining" else "degraded"),
             "state": self.state,
             "workers": {str(w.device_index): w.state for w in self.workers},
+            # devices not serving and why: restarting after a death or a hang, or failed
+            "degraded_devices": {str(w.device_index): (w.hung and f"hung: {w.hung}") or w.state
+                                 for w in self.workers if not w.ready},
             "models": {n: len(m.active) for n, m in self.core.registry.models.items()},
         }
 
     def snapshot(self) -> dict[str, Any]:
         s = self.core.snapshot(clock())
         s["workers"] = {w.device_index: (w.ready, w.restarts) for w in self.workers}
+        s["worker_hangs"] = {w.device_index: w.hangs for w in self.workers}
+        s["worker_failed"] = {w.device_index: w.state == "failed" for w in self.workers}
         s["pools"] = {w.device_index: w.last_stats.pool for w in self.workers if w.last_stats is not None}
         return s
 

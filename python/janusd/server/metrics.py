@@ -84,6 +84,16 @@ class _Live(Collector):
             rs.add_metric([str(dev)], restarts)
         yield up
         yield rs
+        hangs = CounterMetricFamily("janusd_worker_hangs", "worker processes declared hung (no heartbeat answer, "
+                                    "or a step past worker_step_timeout_s) and killed", labels=["device"])
+        failed = GaugeMetricFamily("janusd_device_failed", "1 when the device was given up after its restart "
+                                   "budget was spent", labels=["device"])
+        for dev, n in s.get("worker_hangs", {}).items():
+            hangs.add_metric([str(dev)], n)
+        for dev, f in s.get("worker_failed", {}).items():
+            failed.add_metric([str(dev)], 1 if f else 0)
+        yield hangs
+        yield failed
         pages = GaugeMetricFamily("janusd_pool_pages", "xTensor page pool of each device in pages (last poll)",
                                   labels=["device", "kind"])
         other = GaugeMetricFamily("janusd_pool_stat", "other xTensor pool figures (bytes, counts, percent)",

@@ -15,6 +15,13 @@ schedules a restart. Two orderings matter:
   reports the death, so those frames count and a death is still reported within 1 s;
 - each signal names the process it is about, and one about a previous process (a late
   watcher after a restart began) is ignored instead of killing the new worker's state.
+Hangs: a worker that stops without dying (SIGSTOP, a deadlocked step, a stuck driver
+call) is found by a heartbeat: every `heartbeat_s` a Ping goes out, answered by the
+worker's reader thread with how long its main thread has been inside one step or
+command. No answer within `heartbeat_timeout_s`, or a step running past
+`step_timeout_s`, and the worker is declared hung (`hung` says why): it is killed with
+SIGKILL (which also ends a stopped process) and its death then takes the usual path, so
+the owner fails its requests (as worker_hung) and restarts it.
 This file knows processes and frames, nothing about requests.
 """
 
@@ -26,8 +33,10 @@ import itertools
 import os
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -39,6 +48,16 @@ from janusd.wire.framing import FrameError, encode_frame, read_frame
 # How long the exit watcher lets the reader drain frames the dead worker had already
 # written before it reports the death itself (EOF normally follows within milliseconds).
 READER_DRAIN_S = 0.5
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """Heartbeat bounds (config [server] worker_heartbeat_s, worker_heartbeat_timeout_s,
+    worker_step_timeout_s); heartbeat_s = 0 turns the heartbeat off."""
+
+    heartbeat_s: float = 1.0
+    heartbeat_timeout_s: float = 5.0
+    step_timeout_s: float = 60.0
 
 
 class WorkerError(RuntimeError):
@@ -60,6 +79,7 @@ class WorkerHandle:
         on_failed: Callable[[WorkerHandle, wm.RequestFailed], None],
         on_death: Callable[[WorkerHandle], None],
         on_kv: Callable[[WorkerHandle, wm.KVReady | wm.KVImported], None] | None = None,
+        liveness: Liveness | None = None,
     ) -> None:
         self.device_index = device_index
         self.devices = devices
@@ -79,6 +99,11 @@ class WorkerHandle:
         self._enc = msgspec.msgpack.Encoder()
         self._dec = wm.from_worker_decoder()
         self.last_stats: wm.Stats | None = None
+        self.liveness = liveness or Liveness(heartbeat_s=0.0)
+        self.hung: str | None = None  # why the current process was declared hung
+        self.hangs = 0  # processes declared hung, ever
+        self.last_pong: float | None = None  # monotonic time of the last heartbeat answer
+        self._beat_task: asyncio.Task[None] | None = None
 
     @property
     def ready(self) -> bool:
@@ -91,6 +116,7 @@ class WorkerHandle:
         # start awaits (its EOF and its exit are seen separately) must find it stale
         self.proc = None
         self.pid = None
+        self.hung = None
         self.state = "starting"
         cmd = [
             sys.executable, "-m", "janusd.engine.worker",
@@ -129,6 +155,39 @@ class WorkerHandle:
         self._wait_task = asyncio.create_task(
             self._wait_exit(proc, self._reader_task), name=f"worker{self.device_index}-wait"
         )
+        if self.liveness.heartbeat_s > 0:
+            self._beat_task = asyncio.create_task(self._heartbeat(proc), name=f"worker{self.device_index}-beat")
+
+    async def _heartbeat(self, proc: asyncio.subprocess.Process) -> None:
+        """Ping the worker until it is gone; declare it hung when it stops answering or a
+        step never ends (see the module docs)."""
+        lv = self.liveness
+        while proc is self.proc and self.state == "ready":
+            await asyncio.sleep(lv.heartbeat_s)
+            if proc is not self.proc or self.state != "ready":
+                return
+            try:
+                pong: wm.Pong = await self.call(lambda seq: wm.Ping(seq), lv.heartbeat_timeout_s)
+            except asyncio.TimeoutError:
+                self._declare_hung(proc, f"no heartbeat answer within {lv.heartbeat_timeout_s:g} s")
+                return
+            except WorkerError:
+                return  # died or stopping: the death path reports it
+            self.last_pong = time.monotonic()
+            if pong.busy_s > lv.step_timeout_s:
+                self._declare_hung(proc, f"one engine step has run for {pong.busy_s:.1f} s "
+                                         f"(worker_step_timeout_s = {lv.step_timeout_s:g})")
+                return
+
+    def _declare_hung(self, proc: asyncio.subprocess.Process, why: str) -> None:
+        if proc is not self.proc or self.state != "ready":
+            return
+        self.hung = why
+        self.hangs += 1
+        print(f"janusd: worker for device {self.device_index} (pid {proc.pid}) is hung: {why}; killing it",
+              file=sys.stderr, flush=True)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()  # SIGKILL ends a stopped process too; its exit takes the usual death path
 
     async def _read_loop(self, reader: asyncio.StreamReader, proc: asyncio.subprocess.Process) -> None:
         try:
@@ -216,7 +275,7 @@ class WorkerHandle:
         self.state = "stopped"
         if self._writer is not None:
             self._writer.close()
-        for t in (self._reader_task, self._wait_task):
+        for t in (self._reader_task, self._wait_task, self._beat_task):
             if t is not None and not t.done():
                 t.cancel()
 

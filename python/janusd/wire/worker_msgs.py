@@ -111,6 +111,12 @@ class Shutdown(msgspec.Struct, **_OPTS):
     pass
 
 
+class Ping(msgspec.Struct, **_OPTS):
+    """Liveness: answered by the worker's reader thread, even while the main thread steps."""
+
+    seq: int
+
+
 class ImportKV(msgspec.Struct, **_OPTS):
     """P/D: continue request `req_id` on this (decode-role) worker. It reserves blocks,
     reads the prefill worker's KV bytes from `peer` (its transfer session) at
@@ -125,7 +131,7 @@ class ImportKV(msgspec.Struct, **_OPTS):
     peer_base: int
 
 
-ToWorker = LoadModel | UnloadModel | Tokenize | Generate | Abort | GetStats | Shutdown | ImportKV
+ToWorker = LoadModel | UnloadModel | Tokenize | Generate | Abort | GetStats | Shutdown | ImportKV | Ping
 
 
 # ---- worker -> daemon ----
@@ -166,6 +172,15 @@ class Stats(msgspec.Struct, **_OPTS):
     models: list[str]
     running: int  # requests this worker relays
     engine_requests: int = 0  # sequences the engines hold (KV allocated or waiting)
+    kv_usage: dict[str, float] = {}  # model -> fraction of its KV region's blocks in use
+
+
+class Pong(msgspec.Struct, **_OPTS):
+    """`busy_s`: how long the main thread has been inside one step or command (0 when it
+    waits for work): a reader thread that answers while a step never ends is a hung worker."""
+
+    seq: int
+    busy_s: float = 0.0
 
 
 class ErrorReply(msgspec.Struct, **_OPTS):
@@ -225,9 +240,10 @@ class KVImported(msgspec.Struct, **_OPTS):
 
 FromWorker = (
     Ready | ModelLoaded | ModelUnloaded | Tokenized | Stats | ErrorReply | StepBatch | RequestFailed | KVReady | KVImported
+    | Pong
 )
 
-Reply = ModelLoaded | ModelUnloaded | Tokenized | Stats | ErrorReply
+Reply = ModelLoaded | ModelUnloaded | Tokenized | Stats | ErrorReply | Pong
 
 
 def to_worker_decoder() -> msgspec.msgpack.Decoder:

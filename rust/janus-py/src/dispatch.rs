@@ -255,6 +255,12 @@ impl Dispatcher {
             .map_err(dispatch_err)
     }
 
+    fn set_group_decode_load(&mut self, group: Int, load: Float) -> PyResult<()> {
+        self.inner
+            .set_group_decode_load(group.0, load.0)
+            .map_err(dispatch_err)
+    }
+
     fn submit(
         &mut self,
         request_id: Int,

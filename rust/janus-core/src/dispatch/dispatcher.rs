@@ -88,6 +88,9 @@ struct Instance {
 #[derive(Debug, Default)]
 struct Group {
     load: Load,
+    /// Decode work the group's worker is doing (sequences past their prefill), as the
+    /// caller reports it: the tie-break between equally free machines in the global plan.
+    decode: f64,
     /// Instance ids, ascending.
     members: Vec<i64>,
 }
@@ -213,6 +216,17 @@ impl Dispatcher {
         self.stats.in_flight -= orphans.len() as u64;
         self.dirty = true;
         Ok(orphans.into_iter().map(|(_, r)| r).collect())
+    }
+
+    /// The decode load of a group's worker (e.g. sequences decoding there), used only to
+    /// break ties between equally free machines (plan.rs); an unknown group is ignored
+    /// (it has no instance yet). Does not wake the dispatcher.
+    pub fn set_group_decode_load(&mut self, group: i64, load: f64) -> Result<(), DispatchError> {
+        let load = check_time("decode load", load)?;
+        if let Some(g) = self.groups.get_mut(&group) {
+            g.decode = load;
+        }
+        Ok(())
     }
 
     pub fn set_instance_ready(&mut self, id: i64, ready: bool) -> Result<(), DispatchError> {

@@ -123,6 +123,13 @@ impl Dispatcher {
         out
     }
 
+    fn decode_load_of(&self, inst: i64) -> f64 {
+        self.instances
+            .get(&inst)
+            .and_then(|i| self.groups.get(&i.group))
+            .map_or(0.0, |g| g.decode)
+    }
+
     fn give(&mut self, req: i64, inst: i64, now: f64, out: &mut Vec<Assignment>) {
         let Some(r) = self.requests.get_mut(&req) else {
             return;
@@ -166,7 +173,8 @@ impl Dispatcher {
             .unzip();
         let avail: Vec<f64> = machines.iter().map(|c| c.1).collect();
         let plan = if global {
-            plan_global(&proc, &deadline, &avail)
+            let rank: Vec<f64> = machines.iter().map(|c| self.decode_load_of(c.0)).collect();
+            plan_global(&proc, &deadline, &avail, &rank)
         } else {
             lst_imh_trusted(&proc, &deadline, &avail)
         };

@@ -5,7 +5,10 @@
 //! loose deadlines one machine takes the entire backlog and the others none (30/0/0). The
 //! balanced plan list-schedules the jobs LST-IMH selected in earliest-deadline order
 //! (equal deadlines: lower job index) onto the machine free earliest (equal free times:
-//! lower machine index), tracking each machine's running free time. It is used when every
+//! the lower `rank`, the decode load of its device, then the lower machine index),
+//! tracking each machine's running free time. Without the rank, idle machines (all free
+//! "now") would always give the next job to the lowest index, piling every decode onto
+//! one device at light load. It is used when every
 //! job in it still ends by its deadline (`start + est <= deadline`); otherwise LST-IMH's
 //! partition stands. Either way the same jobs are selected, so the plan never has fewer
 //! on-time jobs than LST-IMH.
@@ -21,9 +24,9 @@ use super::lst_imh::lst_imh_trusted;
 /// Per machine (input order), the job indices it runs in execution order: LST-IMH's
 /// selection, balanced when that keeps every job on time. Inputs must be validated
 /// (finite, `>= +0.0`).
-pub(crate) fn plan_global(proc: &[f64], deadline: &[f64], avail: &[f64]) -> Vec<Vec<usize>> {
+pub(crate) fn plan_global(proc: &[f64], deadline: &[f64], avail: &[f64], rank: &[f64]) -> Vec<Vec<usize>> {
     let lst = lst_imh_trusted(proc, deadline, avail);
-    balance(proc, deadline, avail, lst)
+    balance(proc, deadline, avail, rank, lst)
 }
 
 /// The balanced list schedule of the jobs in `lst` (see module docs), or `lst` itself
@@ -32,6 +35,7 @@ pub(crate) fn balance(
     proc: &[f64],
     deadline: &[f64],
     avail: &[f64],
+    rank: &[f64],
     lst: Vec<Vec<usize>>,
 ) -> Vec<Vec<usize>> {
     // (deadline bits, index) packed in one u128: earliest deadline first, then index.
@@ -44,12 +48,13 @@ pub(crate) fn balance(
         return lst;
     }
     jobs.sort_unstable();
-    // Min-heap of (free time bits, machine index): free times are `>= +0.0` (or +inf
-    // after an overflow), so their bit patterns order like their values.
-    let mut free: BinaryHeap<Reverse<(u64, usize)>> = avail
+    // Min-heap of (free time bits, rank bits, machine index): free times and ranks are
+    // `>= +0.0` (or +inf after an overflow), so their bit patterns order like their values.
+    let rank_of = |i: usize| rank.get(i).copied().filter(|r| *r >= 0.0).unwrap_or(0.0) + 0.0;
+    let mut free: BinaryHeap<Reverse<(u64, u64, usize)>> = avail
         .iter()
         .enumerate()
-        .map(|(i, a)| Reverse((a.to_bits(), i)))
+        .map(|(i, a)| Reverse((a.to_bits(), rank_of(i).to_bits(), i)))
         .collect();
     let mut out: Vec<Vec<usize>> = vec![Vec::new(); avail.len()];
     for key in jobs {
@@ -57,12 +62,12 @@ pub(crate) fn balance(
         let Some(mut head) = free.peek_mut() else {
             return lst;
         };
-        let Reverse((bits, i)) = *head;
+        let Reverse((bits, r, i)) = *head;
         let done = f64::from_bits(bits) + proc[j];
         if done > deadline[j] {
             return lst;
         }
-        *head = Reverse((done.to_bits(), i));
+        *head = Reverse((done.to_bits(), r, i));
         drop(head);
         out[i].push(j);
     }
@@ -73,6 +78,19 @@ pub(crate) fn balance(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn equal_free_times_go_to_the_machine_with_less_decode_load() {
+        // Two idle machines, machine 0 decoding 5 sequences, machine 1 none: one job goes
+        // to machine 1; two jobs split one each (the second machine is then free first).
+        assert_eq!(plan_global(&[1.0], &[10.0], &[0.0, 0.0], &[5.0, 0.0]), vec![vec![], vec![0]]);
+        assert_eq!(
+            plan_global(&[1.0, 1.0], &[10.0, 10.0], &[0.0, 0.0], &[5.0, 0.0]),
+            vec![vec![1], vec![0]]
+        );
+        // Without ranks the lower index wins the tie.
+        assert_eq!(plan_global(&[1.0], &[10.0], &[0.0, 0.0], &[]), vec![vec![0], vec![]]);
+    }
 
     /// Jobs on time when each machine runs its list back to back from its free time.
     fn on_time(plan: &[Vec<usize>], proc: &[f64], deadline: &[f64], avail: &[f64]) -> usize {
@@ -97,7 +115,7 @@ mod tests {
             vec![vec![0, 1, 2, 3, 4, 5], vec![], vec![]]
         );
         assert_eq!(
-            plan_global(&proc, &deadline, &avail),
+            plan_global(&proc, &deadline, &avail, &[]),
             vec![vec![0, 3], vec![1, 4], vec![2, 5]]
         );
     }
@@ -107,7 +125,7 @@ mod tests {
         // A (4, 5), B (2, 6), C (2, 7); machines free at 3 and 0. LST-IMH: [B, C], [A].
         // Balanced: A -> machine 1 (ends 4), B -> machine 0 (free 3 < 4, ends 5),
         // C -> machine 1 (free 4 < 5, ends 6).
-        let got = plan_global(&[4.0, 2.0, 2.0], &[5.0, 6.0, 7.0], &[3.0, 0.0]);
+        let got = plan_global(&[4.0, 2.0, 2.0], &[5.0, 6.0, 7.0], &[3.0, 0.0], &[]);
         assert_eq!(got, vec![vec![1], vec![0, 2]]);
     }
 
@@ -119,7 +137,7 @@ mod tests {
         let (proc, deadline, avail) = ([4.0, 1.0], [6.0, 5.0], [2.0, 4.0]);
         let lst = lst_imh_trusted(&proc, &deadline, &avail);
         assert_eq!(lst, vec![vec![0], vec![1]]);
-        assert_eq!(plan_global(&proc, &deadline, &avail), lst);
+        assert_eq!(plan_global(&proc, &deadline, &avail, &[]), lst);
         assert_eq!(on_time(&lst, &proc, &deadline, &avail), 2);
     }
 
@@ -137,7 +155,7 @@ mod tests {
             let deadline: Vec<f64> = jobs.iter().map(|j| j.1 as f64 * scale).collect();
             let avail: Vec<f64> = avail.iter().map(|&a| a as f64 * scale).collect();
             let lst = lst_imh_trusted(&proc, &deadline, &avail);
-            let got = plan_global(&proc, &deadline, &avail);
+            let got = plan_global(&proc, &deadline, &avail, &[]);
             prop_assert_eq!(got.len(), avail.len());
             let mut seen = vec![false; proc.len()];
             for &j in got.iter().flatten() {
