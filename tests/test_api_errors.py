@@ -103,6 +103,11 @@ def test_auth_is_required(daemon):
         # every stop string is checked after every token: 60k of them slowed a device ~13x
         ({"model": "demo-qwen2", "prompt": "hi", "max_tokens": 1, "stop": [f"s{i}" for i in range(33)]}, "stop"),
         ([1, 2, 3], None),
+        # not implemented: refused naming the field, never silently ignored
+        ({"model": "demo-qwen2", "prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
+        ({"model": "demo-qwen2", "prompt": "hi", "tools": [{"type": "function"}]}, "tools"),
+        # unknown top-level fields (server.allow_unknown_fields = false, the default)
+        ({"model": "demo-qwen2", "prompt": "hi", "guided_json": {"type": "object"}}, "guided_json"),
     ],
 )
 def test_bad_completion_bodies_get_400(daemon, body, param):
@@ -118,10 +123,30 @@ def test_bad_completion_bodies_get_400(daemon, body, param):
         ({"model": "demo-qwen2", "messages": [{"role": "user"}]}, "messages[0].content"),
         ({"model": "demo-qwen2", "messages": "hello"}, "messages"),
         ({"model": "demo-qwen2", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+        ({"model": "demo-qwen2", "messages": [{"role": "user", "content": "x"}],
+          "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "auto"}, "tools"),
+        ({"model": "demo-qwen2", "messages": [{"role": "user", "content": "x"}],
+          "functions": [{"name": "f", "parameters": {}}]}, "functions"),
+        ({"model": "demo-qwen2", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
+         "tool_choice"),
+        ({"model": "demo-qwen2", "messages": [{"role": "user", "content": "x"}],
+          "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+        ({"model": "demo-qwen2", "messages": [{"role": "user", "content": "x"}], "reasoning_effort": "low"},
+         "reasoning_effort"),
     ],
 )
 def test_bad_chat_bodies_get_400(daemon, body, param):
     _err(daemon, body, 400, param=param, path="/v1/chat/completions")
+
+
+def test_fields_clients_commonly_send_are_accepted(daemon):
+    body = {"model": "demo-qwen2", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2,
+            "user": "u", "n": 1, "logprobs": False, "store": False, "metadata": {"k": "v"}, "service_tier": "auto",
+            "tools": [], "tool_choice": "none", "parallel_tool_calls": False, "response_format": {"type": "text"},
+            "presence_penalty": 0, "frequency_penalty": 0, "stream": False, "stream_options": None}
+    st, _, out = daemon.http("POST", "/v1/chat/completions", body, headers=AUTH)
+    assert st == 200, out
+    assert out["usage"]["completion_tokens"] <= 2
 
 
 def test_malformed_json_unknown_model_and_route(daemon):

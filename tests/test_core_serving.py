@@ -243,3 +243,63 @@ def test_between_equally_free_instances_the_one_decoding_less_gets_the_request()
     r3 = rig.submit("m", max_tokens=50)
     rig.tick()
     assert rig.workers[0].generates() == [r1, r3]
+
+
+def test_an_omitted_max_tokens_is_capped_by_the_server_default_or_the_models_own():
+    rig = Rig(devices=1, limits=Limits(default_max_tokens=100))
+    rig.model("m", [0])
+    rig.model("short", [0], default_max_tokens=7)
+    m, short = rig.core.registry.models["m"], rig.core.registry.models["short"]
+    for model, want in ((m, 100), (short, 7)):
+        req = rig.core.admit(model, list(range(10)), wm.SamplingSpec(max_tokens=16), False, True, None, None,
+                             rig.now, rig.now, lambda ev: None)
+        assert req.sampling.max_tokens == want
+    small = Rig(devices=1, limits=Limits(default_max_tokens=5000))
+    small.model("m", [0])  # context 2048: the cap never passes it
+    req = small.core.admit(small.core.registry.models["m"], list(range(48)), wm.SamplingSpec(), False, False,
+                           None, None, small.now, small.now, lambda ev: None)
+    assert req.sampling.max_tokens == 2000
+
+
+def test_the_decode_guard_keeps_new_prefills_off_a_device_decoding_slower_than_the_tpot_slo():
+    rig = Rig()
+    rig.model("m", [0, 1], tpot_slo_ms=50.0)
+    rig.activate("m", 0)
+    rig.activate("m", 1)
+    r1 = rig.submit("m", max_tokens=100)
+    rig.tick()
+    assert rig.workers[0].generates() == [r1]
+    rig.token(0, r1)
+    for _ in range(5):  # device 0 decodes one sequence at 80 ms per token: over the 50 ms SLO
+        rig.now += 0.08
+        rig.token(0, r1)
+    assert rig.core.decode_fit[0].step_s(2) > 0.05
+    r2 = rig.submit("m", max_tokens=100)  # device 1 decodes nothing: it may always take work
+    rig.tick()
+    assert rig.workers[1].generates() == [r2]
+    rig.token(1, r2)
+    for _ in range(5):
+        rig.now += 0.08
+        rig.token(1, r2)
+    r3 = rig.submit("m", max_tokens=5, ttft_ms=400)
+    rig.tick()
+    assert rig.core.instance("m", 0).saturated and rig.core.instance("m", 1).saturated
+    assert rig.workers[0].generates() == [r1] and rig.workers[1].generates() == [r2]
+    rig.token(0, r1, finished=True)  # device 0 drains: it takes the waiting request
+    rig.tick()
+    assert rig.workers[0].generates() == [r1, r3]
+
+
+def test_without_the_decode_guard_a_slow_device_still_takes_work():
+    rig = Rig(devices=1, dispatch=DispatchConfig(decode_guard=False))
+    rig.model("m", [0], tpot_slo_ms=50.0)
+    rig.activate("m", 0)
+    r1 = rig.submit("m", max_tokens=100)
+    rig.tick()
+    rig.token(0, r1)
+    for _ in range(5):
+        rig.now += 0.08
+        rig.token(0, r1)
+    r2 = rig.submit("m", max_tokens=5, ttft_ms=400)
+    rig.tick()
+    assert rig.workers[0].generates() == [r1, r2]

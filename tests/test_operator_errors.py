@@ -87,3 +87,13 @@ def test_ctl_load_and_unload_need_a_name() -> None:
         r = _run([*JANUS, "ctl", "--socket", "/nonexistent.sock", action])
         assert r.returncode == 1
         assert _one_error_line(r.stderr) == f"janus ctl: {action}: a model name is required (janus ctl {action} NAME)"
+
+
+def test_ctl_subcommands_without_a_name_refuse_an_extra_argument() -> None:
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "janusd.cli", "ctl", "--socket", "/nonexistent/admin.sock",
+                          "status", "extra", "--json"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "status takes no argument (got 'extra')" in json.loads(out.stdout)["error"]

@@ -45,7 +45,26 @@ class ServerConfig(_Section):
     api_keys: list[str] = []
     admin_socket: str = "/tmp/janusd/admin.sock"
     max_body_bytes: PositiveInt = 1 << 20
+    # HTTP connections (server/api.py). A request head must be complete within
+    # header_timeout_s of the accept, or of its first byte on a kept-alive connection (else
+    # the connection is closed, with a 408 if part of a head came); a body within
+    # body_timeout_s of its head (else 408, before admission: a slow client never holds a
+    # queue place or a worker); an idle kept-alive connection is closed after
+    # keepalive_timeout_s (75 s, nginx's and aiohttp's run_app default: longer than the idle
+    # timeouts of client pools and load balancers, e.g. 60 s, so the server is not the side
+    # that closes a connection a client is about to reuse; uvicorn's 5 s would be)
+    header_timeout_s: PositiveFloat = 10.0
+    body_timeout_s: PositiveFloat = 30.0
+    keepalive_timeout_s: PositiveFloat = 75.0
+    # the listen socket's accept queue: 2048 as uvicorn (aiohttp's 128 overflows in a burst
+    # of connects, which then wait ~1 s for a SYN retry); the kernel caps it at net.core.somaxconn
+    listen_backlog: PositiveInt = 2048
+    # a request field this server does not know: 400 naming it (false), or ignored (true)
+    allow_unknown_fields: bool = False
     queue_limit: PositiveInt = 256
+    # max_tokens of a request that omits it (or sends null): at most this many, and never
+    # past the context; a model's own default_max_tokens overrides it
+    default_max_tokens: PositiveInt = 1024
     drain_timeout_s: Annotated[float, Meta(ge=0)] = 30.0
     # a request for a model with no Active instance waits this long for one, then 503
     model_wait_timeout_s: Annotated[float, Meta(ge=0)] = 30.0
@@ -98,6 +117,8 @@ class ModelConfig(_Section):
     prefill_devices: list[NonNegInt] = []
     kv_cache_mib: PositiveInt = 256
     max_model_len: PositiveInt = 2048
+    # max_tokens when a request omits it; 0 = server.default_max_tokens
+    default_max_tokens: NonNegInt = 0
 
     @property
     def app_name(self) -> str:
@@ -136,6 +157,9 @@ class DispatchConfig(_Section):
     # Retry-After) when even the earliest-free instance cannot start it in time by the
     # estimate; queue: it waits until its latest start passes, in case work ends early
     admission: AdmissionPolicy = "reject_early"
+    # keep new prefill work off an instance whose device would then decode slower than
+    # the model's TPOT SLO (an online fit of its inter-token gaps by sequences decoding)
+    decode_guard: bool = True
     relax_factor: Annotated[float, Meta(gt=1.0)] = 1.5
     max_relax: NonNegInt = 2
 
@@ -166,7 +190,16 @@ port = 8000
 api_keys = []               # Bearer keys for /v1/*; empty = no authentication (/health, /metrics stay open)
 admin_socket = "/tmp/janusd/admin.sock"   # Unix socket for `janus ctl` (mode 0600)
 max_body_bytes = 1048576    # larger request bodies get 413
+header_timeout_s = 10.0     # a request head must arrive within this of the connect (or of its first byte
+                            # on a kept-alive connection), else the connection is closed (408)
+body_timeout_s = 30.0       # a request body must arrive within this of its head, else 408
+keepalive_timeout_s = 75.0  # an idle kept-alive connection is closed after this (as nginx; longer than
+                            # client pool and load balancer idle timeouts, so they close first)
+listen_backlog = 2048       # accept queue of the listen socket (as uvicorn; capped by net.core.somaxconn)
+allow_unknown_fields = false   # true: ignore request fields this server does not know (default: 400)
 queue_limit = 256           # pending requests per model before 429
+default_max_tokens = 1024   # max_tokens of a request that omits it (capped by the context);
+                            # a model's default_max_tokens overrides it
 drain_timeout_s = 30.0      # SIGTERM: how long in-flight requests may finish
 model_wait_timeout_s = 30.0 # a request for a model with no Active instance (loading, restarting,
                             # unloaded) waits this long for one, then 503 with Retry-After
@@ -204,6 +237,8 @@ plan = "global"             # global: LST-IMH over all ready instances, commit w
                             # the window, re-plan the rest | window: only instances in the window
 admission = "reject_early"  # with requeue = "reject": refuse at once (503 + Retry-After) a request no
                             # instance can start in time by the estimate | queue: wait for its latest start
+decode_guard = true         # no new prefill for an instance whose device would then decode slower
+                            # than the model's TPOT SLO (fitted online from inter-token gaps)
 relax_factor = 1.5          # relax: new deadline = now + original budget * factor^n
 max_relax = 2               # relax: at most this many extensions
 
@@ -221,6 +256,7 @@ max_relax = 2               # relax: at most this many extensions
 #   tp = 1        tensor parallel degree; only 1 today (tp > 1 is refused until it is built)
 #   kv_cache_mib = 256  KV cache per instance, from the device pool
 #   max_model_len = 2048   capped at the checkpoint's max_position_embeddings
+#   default_max_tokens = 0  max_tokens of a request that omits it; 0 = server.default_max_tokens
 [[models]]
 name = "smollm2-135m-instruct"
 checkpoint = "builtin:smollm2-135m-instruct"

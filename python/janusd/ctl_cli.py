@@ -52,6 +52,8 @@ def _request(args: argparse.Namespace) -> Any:
     a = args.action
     if a in ("load", "unload", "remove") and not args.name:
         raise ValueError(f"{a}: a model name is required (janus ctl {a} NAME)")
+    if a not in ("load", "unload", "remove") and args.name:
+        raise ValueError(f"{a} takes no argument (got {args.name!r})")
     return {
         "status": lambda: am.StatusReq(),
         "models": lambda: am.ModelsReq(),

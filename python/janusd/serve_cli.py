@@ -17,6 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="listen address (overrides server.host)")
     p.add_argument("--port", type=int, help="listen port (overrides server.port; 0 = any free port)")
     p.add_argument("--print-config", action="store_true", help="print the effective configuration and exit")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="daemon log level (default info); lines are `TIME LEVEL janusd: message`")
 
 
 def effective_config(args: argparse.Namespace):  # -> JanusConfig
@@ -49,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     import uvloop
+
+    from janusd.log import setup
+
+    setup(args.log_level)
 
     from janusd.server.admin import AdminSocketError
     from janusd.server.daemon import Daemon

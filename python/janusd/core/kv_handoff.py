@@ -13,18 +13,19 @@ Workers are named by device index; this file decides nothing about devices.
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from janusd.core.registry import Instance
 from janusd.core.requests import Failure, Request, RequestTable
 from janusd.core.worker_edge import Worker
+from janusd.log import log
 from janusd.wire import worker_msgs as wm
 
 
-def _log(msg: str) -> None:
-    print(f"janusd: {msg}", file=sys.stderr, flush=True)
+def _log(msg: str, level: int = logging.INFO) -> None:
+    log.log(level, msg)
 
 
 class KVHandoff:

@@ -30,6 +30,7 @@ class Instance:
     load_s: float = 0.0
     max_model_len: int = 0
     served: int = 0  # requests ever assigned to this instance
+    saturated: bool = False  # Active, but its device decodes too slowly to take new prefill work
     decoding: dict[int, int] = field(default_factory=dict)  # P/D decode: request -> tokens still to come
 
     @property

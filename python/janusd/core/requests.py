@@ -62,6 +62,8 @@ class Request:
     decode_device: int | None = None  # counted as decoding on this device's worker (tie-breaks dispatch)
     est_prefill_s: float = 0.0  # the prefill estimate the dispatcher charged
     held_since: float | None = None  # waiting for an Active instance of its model since
+    assigned_at: float | None = None  # sent to a worker at (queue time = assigned_at - arrival)
+    ended_at: float | None = None
     token_times: list[float] = field(default_factory=list)
     num_output_tokens: int = 0
     prefill_seen: bool = False

@@ -24,8 +24,8 @@ and a model left with no Active instance has its queued requests held.
 
 from __future__ import annotations
 
+import logging
 import math
-import sys
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -40,20 +40,23 @@ from janusd.core.registry import Instance, Model, Registry
 from janusd.core.requests import Failure, Refused, Request, RequestTable
 from janusd.core.worker_edge import Worker
 from janusd.lifecycle.states import InstanceState, check_transition
+from janusd.log import log
+from janusd.oracle.decode_estimate import DecodeStepEstimator
 from janusd.telemetry import Telemetry
 from janusd.wire import worker_msgs as wm
 
 S = InstanceState
 
 
-def _log(msg: str) -> None:
-    print(f"janusd: {msg}", file=sys.stderr, flush=True)
+def _log(msg: str, level: int = logging.INFO) -> None:
+    log.log(level, msg)
 
 
 @dataclass(frozen=True)
 class Limits:
     queue_limit: int = 256
     model_wait_timeout_s: float = 30.0
+    default_max_tokens: int = 1024  # a model's own default_max_tokens overrides it
 
 
 def _nothing(*_: Any) -> None:
@@ -88,6 +91,7 @@ class ServingCore:
         self._admitting: dict[str, int] = {}
         self._tok_rr = 0
         self._decoding: dict[int, int] = {}  # device -> requests past their first token there
+        self.decode_fit: dict[int, DecodeStepEstimator] = {}  # device -> seconds per token by sequences
         self._now = 0.0  # the time of the event being handled (for paths that end requests)
 
     def _at(self, now: float) -> float:
@@ -143,6 +147,7 @@ class ServingCore:
             self.dispatch.join(inst)
         elif target is S.ACTIVE:
             self.dispatch.join(inst)
+            inst.saturated = False
             self.dispatch.set_ready(inst, True)
             self._release_held(inst.model, now)
             self.obs.serving(inst.model)
@@ -256,7 +261,8 @@ class ServingCore:
                                        f"{max_len}", "invalid_request_error", code="context_length_exceeded",
                                   param=where))
         if not max_tokens_given:
-            sampling = msgspec.structs.replace(sampling, max_tokens=max_len - len(ids))
+            sampling = msgspec.structs.replace(sampling, max_tokens=min(self.default_max_tokens(m),
+                                                                        max_len - len(ids)))
         elif len(ids) + sampling.max_tokens > max_len:
             raise Refused(Failure(400, f"max_tokens: {len(ids)} prompt tokens + max_tokens {sampling.max_tokens} "
                                        f"exceed this model's context of {max_len}", "invalid_request_error",
@@ -316,6 +322,10 @@ class ServingCore:
                 self.dispatch.cancel(req.rid, now)
                 self._hold(req, now)
 
+    def default_max_tokens(self, m: Model) -> int:
+        """max_tokens of a request that omits it (then capped by the context)."""
+        return m.cfg.default_max_tokens or self.limits.default_max_tokens
+
     def queue_length(self, model: str) -> int:
         return self.dispatch.pending(model) + len(self.held.get(model, ())) + self._admitting.get(model, 0)
 
@@ -361,6 +371,8 @@ class ServingCore:
                 wake = at if wake is None else min(wake, at)
             else:
                 self.held.pop(model, None)
+        if self.dispatch.cfg.decode_guard:
+            self._guard_decode()
         assigned, rejected = self.dispatch.tick(now)
         for rid, iid in assigned:
             self._assign(rid, iid, now)
@@ -371,6 +383,22 @@ class ServingCore:
             wake = nxt if wake is None else min(wake, nxt)
         return wake
 
+    def _guard_decode(self) -> None:
+        """An Active instance takes new prefill work only while its device, with one more
+        sequence decoding, is estimated to stay within the model's TPOT SLO; an instance
+        with nothing decoding always may (so every request is served eventually)."""
+        for inst in self.registry.instances.values():
+            if not (inst.active and inst.dispatched):
+                continue
+            n = self._decoding.get(inst.device, 0)
+            fit = self.decode_fit.get(inst.device)
+            m = self.registry.models.get(inst.model)
+            tpot = m.cfg.tpot_slo_ms / 1000.0 if m is not None else float("inf")
+            full = n > 0 and fit is not None and fit.step_s(n + 1) > tpot
+            if full != inst.saturated:
+                inst.saturated = full
+                self.dispatch.set_ready(inst, not full)
+
     def _assign(self, rid: int, iid: int, now: float) -> None:
         req = self.requests.by_id.get(rid)
         inst = self.dispatch.member(iid)
@@ -379,6 +407,7 @@ class ServingCore:
             return
         inst.served += 1
         req.instance, req.device = inst, inst.device
+        req.assigned_at = now
         w = self.workers.get(inst.device)
         try:
             sent = w is not None and w.send(wm.Generate(rid, req.model, req.prompt_ids, req.sampling))
@@ -418,6 +447,11 @@ class ServingCore:
                 if req.instance is not None:
                     self.dispatch.prefill_done(req.rid, req.instance, now, len(req.prompt_ids), d.prefill_s,
                                                req.est_prefill_s)
+            elif d.token_ids and req.token_times and req.decode_device == device:
+                # a later token: the gap since the last one is the device's decode pace
+                gap = (now - req.token_times[-1]) / len(d.token_ids)
+                fit = self.decode_fit.setdefault(device, DecodeStepEstimator())
+                fit.observe(max(1, self._decoding.get(device, 1)), max(0.0, gap))
             if d.token_ids:
                 self.telemetry.on_tokens(req.rid, now, len(d.token_ids))
             self.requests.deliver(d, now)
@@ -442,6 +476,7 @@ class ServingCore:
 
     def _finished(self, req: Request) -> None:
         now = self._now
+        req.ended_at = now
         self.handoff.on_finished(req)
         if req.decode_device is not None:
             self._count_decoding(req.decode_device, -1)

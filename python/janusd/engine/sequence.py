@@ -6,7 +6,9 @@ the stop rules (stop token ids, EOS, stop strings, max_tokens, max_model_len) an
 returns the text that may be emitted now: the incremental detokenizer never yields a
 broken UTF-8 character, and text that could still turn out to be the start of a stop
 string is held back until it cannot, so a stop string and everything after it are never
-emitted.
+emitted. When the request ends (max_tokens, max_model_len, a stop token) in the middle of
+a multi-byte character, the bytes no later token will complete are dropped: the text
+ends with the last complete character, never with U+FFFD (see `_flush`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 import torch
 
 from janusd.engine.types import FinishReason, SamplingParams
+
+REPLACEMENT_CHAR = "\ufffd"
 
 
 class Status(enum.Enum):
@@ -108,10 +112,24 @@ class Sequence:
         return 0
 
     def _flush(self) -> str:
+        """The end of the sequence: emit everything still held back. What the detokenizer
+        still holds is held because its decoding ends in U+FFFD, i.e. the bytes of a
+        character that no token will now complete (or invalid bytes): drop that tail, so
+        the text ends with its longest complete prefix. (A U+FFFD the model itself wrote
+        as the very last character cannot be told apart from that and is dropped too.)
+        Whole characters released here may complete a stop string: it is cut as always."""
+        prev_len = len(self.text)
         if self.detok is not None and hasattr(self.detok, "flush"):
-            self.text += self.detok.flush()
-        delta = self.text[self.emitted :]
-        self.emitted = len(self.text)
+            self.text += self.detok.flush().rstrip(REPLACEMENT_CHAR)
+        end = len(self.text)
+        if self.params.stop and end > prev_len and self.num_output >= self.params.min_tokens:
+            start = max(0, prev_len - self.max_stop + 1)
+            hits = [i for i in (self.text.find(s, start) for s in self.params.stop) if i >= 0]
+            if hits:
+                end = min(hits)
+                self.finish_reason = "stop"
+        delta = self.text[self.emitted : end] if end > self.emitted else ""
+        self.emitted = max(self.emitted, end)
         return delta
 
     def resume_streamed(self, output_ids: list[int]) -> None:

@@ -198,5 +198,7 @@ async def handle(daemon: AdminBackend, req: Any) -> dict[str, Any]:
         daemon.request_shutdown()
         return {"draining": n, "drain_timeout_s": daemon.cfg.server.drain_timeout_s}
     if isinstance(req, am.ConfigReq):
-        return {"toml": daemon.config_toml(), "path": daemon.config.path}
+        return {"toml": daemon.config_toml(), "path": daemon.config.path,
+                "source": daemon.config.path or "embedded default",
+                "config": msgspec.to_builtins(daemon.cfg)}
     raise ValueError(f"unknown admin request {type(req).__name__}")

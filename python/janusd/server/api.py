@@ -2,11 +2,16 @@
 
 Handlers only translate: JSON body -> Parsed (openai_types.py) -> Daemon.admit() ->
 events -> JSON or SSE. Every error a client can cause leaves as an OpenAI error body
-with its status (400/401/404/413/429/503); nothing a client sends reaches a traceback.
+with its status (400/401/404/408/413/429/503); nothing a client sends reaches a traceback.
 A streaming request that fails before its first token gets a plain HTTP error; one
 that fails later gets an SSE `error` event and then `data: [DONE]`. A client that goes
 away (the handler is cancelled, or a write fails) has its request aborted on the worker,
 which frees its KV blocks.
+
+Slow clients are bounded (server.header_timeout_s, body_timeout_s, keepalive_timeout_s):
+aiohttp has a keep-alive timeout but no limit on the time to send a request head, so
+_TimedRequestHandler adds one; the body is read with a deadline before admission (408),
+so a slow client holds a connection for a bounded time and never a queue place or a worker.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any, Protocol
 
 import msgspec
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from janusd.config import JanusConfig
 from janusd.core.requests import Failure, Refused, Request
@@ -46,8 +52,11 @@ _json = msgspec.json.Encoder()
 
 
 def _error_response(e: ApiError) -> web.Response:
-    return web.Response(status=e.status, body=_json.encode(e.body()), content_type="application/json",
-                        headers=e.headers)
+    r = web.Response(status=e.status, body=_json.encode(e.body()), content_type="application/json",
+                     headers=e.headers)
+    if e.status == 408:
+        r.force_close()  # Connection: close: a client too slow to send its body is not kept
+    return r
 
 
 @web.middleware
@@ -101,12 +110,14 @@ class _Shape:
               token_ids: list[int] | None = None) -> dict[str, Any]:
         """One SSE chunk. `token_ids` (an extension, as vLLM's) lists the tokens behind the
         text, so per-token SLO accounting stays exact when a chunk holds several tokens or
-        none of their text yet (held back for UTF-8 or a possible stop string)."""
+        none of their text yet (held back for UTF-8 or a possible stop string, or an EOS
+        token, which has none). As OpenAI's, a chat delta carries `content` only when there
+        is some (or "" on the first, role chunk): a chunk without text has the delta {}."""
         if self.chat:
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
-            if text is not None:
+            if text or (role and text is not None):
                 delta["content"] = text
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             obj = "chat.completion.chunk"
@@ -139,10 +150,22 @@ def _failure_error(f: Failure) -> ApiError:
     return ApiError(f.status, f.message, f.type, param=f.param, code=f.code, headers=headers)
 
 
-async def _generate(request: web.Request, parse: Callable[[bytes], Parsed]) -> web.StreamResponse:
+async def _read_body(request: web.Request, timeout_s: float) -> bytes:
+    """The whole body within timeout_s of the handler's start (the head is parsed), else 408;
+    the connection is then closed (after aiohttp's lingering read of up to 10 s, which lets
+    the client see the 408 rather than a reset)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
+    except TimeoutError:
+        raise ApiError(408, f"request body not received within {timeout_s:g} s", code="request_timeout") from None
+
+
+async def _generate(request: web.Request, parse: Callable[[bytes, bool], Parsed]) -> web.StreamResponse:
     daemon = request.app[DAEMON]
-    body = await request.read()
-    parsed = parse(body)
+    # read before admission: a slow body holds only its connection, never a queue place
+    body = await _read_body(request, daemon.cfg.server.body_timeout_s)
+    parsed = parse(body, daemon.cfg.server.allow_unknown_fields)
     req, events = await daemon.admit(parsed)
     shape = _Shape(parsed)
     try:
@@ -181,13 +204,20 @@ async def _stream(request: web.Request, req: Request, events: asyncio.Queue[Any]
             if isinstance(ev, Failure):
                 await send(_failure_error(ev).body())
                 break
-            if ev.text or ev.token_ids:
-                await send(shape.chunk(ev.text, None, token_ids=ev.token_ids))
             if ev.finished:
-                await send(shape.chunk("" if not shape.chat else None, _finish_reason(ev.finish_reason)))
+                # text of the last tokens (if any) first, then OpenAI's final chunk: no text (chat:
+                # delta {}), the finish_reason, and the ids of a last delta without text (the EOS
+                # token), so no chunk carries only an empty content and every id is still sent
+                ids = ev.token_ids
+                if ev.text:
+                    await send(shape.chunk(ev.text, None, token_ids=ids))
+                    ids = []
+                await send(shape.chunk(None, _finish_reason(ev.finish_reason), token_ids=ids))
                 if parsed.include_usage:
                     await send(shape.usage_chunk(_usage(req)))
                 break
+            if ev.text or ev.token_ids:
+                await send(shape.chunk(ev.text, None, token_ids=ev.token_ids))
             ev = await events.get()
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
@@ -235,11 +265,105 @@ def make_app(daemon: Frontend) -> web.Application:
     return app
 
 
+def _timeout_response(message: str) -> bytes:
+    body = _json.encode(ApiError(408, message, code="request_timeout").body())
+    return (b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+class _TimedRequestHandler(RequestHandler):
+    """aiohttp's connection protocol plus a request-head deadline (aiohttp has none).
+
+    The timer runs from the accept, and on a kept-alive connection from the first byte of
+    the next request (that is, bytes arriving while the handler waits between requests);
+    it stops when aiohttp's parser completes a head (its request count moves). When it
+    fires, the connection is closed: with a 408 if part of a head came, silently if
+    nothing came (an unsolicited 408 could be read as the answer to a later request). An
+    idle kept-alive connection is aiohttp's keepalive_timeout's; a body, _read_body's.
+    A head pipelined behind a request in progress is bounded by keepalive_timeout.
+    """
+
+    __slots__ = ("_head_timeout_s", "_head_timer", "_heads_at_arm", "_head_started")
+
+    def __init__(self, manager: web.Server, *, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._head_timeout_s = header_timeout_s
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._heads_at_arm = 0
+        self._head_started = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        # between requests (the handler awaits the next head) or inside a timed head
+        waiting = self._head_timer is not None or (self._waiter is not None and not self._waiter.done())
+        heads = self._request_count
+        super().data_received(data)
+        if self._request_count != heads:
+            self._stop_head_timer()  # a head is complete (or a parse error, answered with 400)
+        elif waiting and data:
+            self._head_started = True
+            if self._head_timer is None:
+                self._arm_head_timer()
+
+    def _arm_head_timer(self) -> None:
+        self._heads_at_arm = self._request_count
+        self._head_timer = self._loop.call_later(self._head_timeout_s, self._head_timed_out)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        self._head_started = False
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._request_count != self._heads_at_arm or self.transport is None:
+            return
+        if self._head_started:
+            self.transport.write(_timeout_response(
+                f"request head not received within {self._head_timeout_s:g} s"))
+        self.force_close()  # transport.close(): the 408 is flushed first
+
+
+class _TimedServer(web.Server):
+    """aiohttp's Server, making _TimedRequestHandler connections."""
+
+    def __init__(self, *args: Any, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.header_timeout_s = header_timeout_s
+
+    def __call__(self) -> RequestHandler:
+        return _TimedRequestHandler(self, loop=self._loop, header_timeout_s=self.header_timeout_s, **self._kwargs)
+
+
+class _Runner(web.AppRunner):
+    """AppRunner whose Server is a _TimedServer (the same arguments, one more)."""
+
+    def __init__(self, app: web.Application, *, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._header_timeout_s = header_timeout_s
+
+    async def _make_server(self) -> web.Server:
+        s = await super()._make_server()
+        return _TimedServer(s.request_handler, request_factory=s.request_factory,
+                            handler_cancellation=s.handler_cancellation, loop=s._loop,
+                            header_timeout_s=self._header_timeout_s, **s._kwargs)
+
+
 async def start_http(daemon: Frontend, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Start listening; returns the runner and the bound port (useful with port 0)."""
-    runner = web.AppRunner(make_app(daemon), handler_cancellation=True, access_log=None)
+    sv = daemon.cfg.server
+    runner = _Runner(make_app(daemon), handler_cancellation=True, access_log=None,
+                     header_timeout_s=sv.header_timeout_s, keepalive_timeout=sv.keepalive_timeout_s)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    site = web.TCPSite(runner, host, port, reuse_address=True, backlog=sv.listen_backlog)
     await site.start()
     addrs = runner.addresses  # the real port when asked for 0
     bound = int(addrs[0][1]) if addrs else port

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
-import sys
 import time
 import traceback
 from typing import Any
@@ -31,6 +31,7 @@ from typing import Any
 from janusd.config import JanusConfig, cache_dir, dump_config
 from janusd.core.requests import Failure, Refused, Request
 from janusd.core.serving import Limits, Observers, ServingCore
+from janusd.log import log
 from janusd.server import model_ops, sdnotify
 from janusd.server.admin import AdminSocketError, check_admin_socket_free, start_admin
 from janusd.server.api import start_http
@@ -66,8 +67,8 @@ def _check_port_free(host: str, port: int) -> None:
                 raise OSError(f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
-def _log(msg: str) -> None:
-    print(f"janusd: {msg}", file=sys.stderr, flush=True)
+def _log(msg: str, level: int = logging.INFO) -> None:
+    log.log(level, msg)
 
 
 class Daemon:
@@ -96,7 +97,7 @@ class Daemon:
         self.metrics = Metrics(self.snapshot)
         self.core = ServingCore(
             cfg.dispatch, {w.device_index: w for w in self.workers},
-            Limits(cfg.server.queue_limit, cfg.server.model_wait_timeout_s),
+            Limits(cfg.server.queue_limit, cfg.server.model_wait_timeout_s, cfg.server.default_max_tokens),
             Observers(finished=self._finished, rejected=self.metrics.reject, kv_transfer=self.metrics.kv_transfer,
                       estimate_error=self.metrics.prefill_estimate_error, serving=self._serving,
                       idle=self._on_idle),
@@ -133,7 +134,7 @@ class Daemon:
             _check_port_free(self.cfg.server.host, self.cfg.server.port)
             check_admin_socket_free(self.cfg.server.admin_socket)
         except (OSError, AdminSocketError) as e:
-            _log(f"start-up failed: {e}")
+            _log(f"start-up failed: {e}", logging.ERROR)
             return 1
 
         loop = asyncio.get_running_loop()
@@ -146,7 +147,7 @@ class Daemon:
         bad = [r for r in results if isinstance(r, BaseException)]
         if bad:
             for err in bad:
-                _log(f"start-up failed: {err}")
+                _log(f"start-up failed: {err}", logging.ERROR)
             await asyncio.gather(*(w.stop() for w in self.workers))
             return 1
         _log(f"{len(self.workers)} workers ready: " + ", ".join(f"device {w.device_index} pid {w.pid}"
@@ -303,7 +304,7 @@ class Daemon:
         try:
             self.core.check_integrity()
         except RuntimeError as e:
-            _log(f"integrity check failed: {e}")
+            _log(f"integrity check failed: {e}", logging.ERROR)
 
     def cancel(self, req: Request) -> None:
         self.core.cancel(req, clock())
@@ -326,7 +327,7 @@ class Daemon:
     def _on_death(self, w: WorkerHandle) -> None:
         dev = w.device_index
         how = "hung" if w.hung else "died"
-        _log(f"worker for device {dev} (pid {w.pid}) {how}; failing its requests and restarting it")
+        _log(f"worker for device {dev} (pid {w.pid}) {how}; failing its requests and restarting it", logging.WARNING)
         self.core.on_worker_death(dev, clock(), code="worker_hung" if w.hung else "worker_died",
                                   why=f"hung ({w.hung})" if w.hung else "died")
         self.poke()
@@ -341,7 +342,7 @@ class Daemon:
             delay = budget.on_death(time.monotonic())
             if delay is None:
                 w.state = "failed"
-                _log(f"device {w.device_index} failed: its worker died {budget.budget} times within "
+                _log(f"device {w.device_index} failed: its worker died {budget.budget + 1} times within "
                      f"{budget.window_s:g} s; not restarting it (see the worker log above)")
                 self.core.on_device_failed(w.device_index, clock())
                 return
@@ -349,7 +350,7 @@ class Daemon:
             try:
                 await w.start(self.cfg.server.worker_ready_timeout_s)
             except (WorkerError, OSError) as e:
-                _log(f"restarting worker {w.device_index} failed: {e}")
+                _log(f"restarting worker {w.device_index} failed: {e}", logging.WARNING)
                 continue
             w.restarts += 1
             _log(f"worker for device {w.device_index} restarted (pid {w.pid}); reloading its models")
@@ -393,10 +394,13 @@ class Daemon:
         s["worker_hangs"] = {w.device_index: w.hangs for w in self.workers}
         s["worker_failed"] = {w.device_index: w.state == "failed" for w in self.workers}
         s["pools"] = {w.device_index: w.last_stats.pool for w in self.workers if w.last_stats is not None}
+        s["kv_usage"] = {w.device_index: w.last_stats.kv_usage for w in self.workers
+                         if w.last_stats is not None and w.ready}
         return s
 
     def models_view(self) -> list[dict[str, Any]]:
-        return [{"id": n, "max_model_len": m.max_model_len, "active_instances": len(m.active)}
+        return [{"id": n, "max_model_len": m.max_model_len, "default_max_tokens": self.core.default_max_tokens(m),
+                 "active_instances": len(m.active)}
                 for n, m in self.core.registry.models.items()]
 
     def metrics_text(self) -> bytes:

@@ -11,14 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from janusd.core.requests import Request
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# the `*_created` sample families carry no information an operator uses and double the
+# size of every scrape (process-wide setting of prometheus_client)
+disable_created_metrics()
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
+_E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 300)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2)
 
 
@@ -106,6 +110,12 @@ class _Live(Collector):
                     other.add_metric([str(dev), kind], v)
         yield pages
         yield other
+        kv = GaugeMetricFamily("janusd_kv_cache_usage_ratio", "fraction of the model's KV region in use on the "
+                               "device (last poll; vLLM: gpu_cache_usage_perc)", labels=["model", "device"])
+        for dev, usage in s.get("kv_usage", {}).items():
+            for model, v in usage.items():
+                kv.add_metric([model, str(dev)], v)
+        yield kv
 
 
 def _is_page_count(kind: str) -> bool:
@@ -119,6 +129,16 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("janusd_requests", "finished requests by outcome", ["model", "outcome"], registry=r)
+        # vLLM's names, janusd_ in front: prompt_tokens, generation_tokens, e2e_request_latency_seconds,
+        # request_queue_time_seconds
+        self.prompt_tokens = Counter("janusd_prompt_tokens", "prompt tokens of requests that were prefilled",
+                                     ["model"], registry=r)
+        self.generation_tokens = Counter("janusd_generation_tokens", "output tokens delivered", ["model"],
+                                         registry=r)
+        self.e2e = Histogram("janusd_e2e_request_latency_seconds", "admission to the request's end (any outcome "
+                             "but cancelled)", ["model"], buckets=_E2E_BUCKETS, registry=r)
+        self.queue_time = Histogram("janusd_request_queue_time_seconds", "admission to being sent to a worker",
+                                    ["model"], buckets=_TTFT_BUCKETS, registry=r)
         self.ttft = Histogram("janusd_ttft_seconds", "time to first token", ["model"], buckets=_TTFT_BUCKETS,
                               registry=r)
         self.tpot = Histogram("janusd_tpot_seconds", "mean time per output token after the first", ["model"],
@@ -151,8 +171,16 @@ class Metrics:
     def observe(self, req: Request, outcome: str) -> None:
         m = req.model
         self.requests.labels(m, outcome).inc()
+        if req.prefill_seen:
+            self.prompt_tokens.labels(m).inc(len(req.prompt_ids))
+        if req.num_output_tokens:
+            self.generation_tokens.labels(m).inc(req.num_output_tokens)
+        if req.assigned_at is not None:
+            self.queue_time.labels(m).observe(max(0.0, req.assigned_at - req.arrival))
         if outcome == "cancelled":
             return  # the client left; its tokens are not the server's miss or hit
+        if req.ended_at is not None:
+            self.e2e.labels(m).observe(max(0.0, req.ended_at - req.arrival))
         if req.ttft_s is not None:
             self.ttft.labels(m).observe(req.ttft_s)
         if len(req.token_times) > 1:

@@ -12,7 +12,7 @@ model (requests for it wait, bounded, and `load` brings it back with its full co
 from __future__ import annotations
 
 import asyncio
-import sys
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +23,7 @@ from janusd.config import ConfigError, EngineConfig, JanusConfig, ModelConfig, l
 from janusd.core.registry import Instance, Model
 from janusd.core.serving import ServingCore
 from janusd.lifecycle.states import InstanceState
+from janusd.log import log
 from janusd.policy.pinned import place
 from janusd.server.workers import WorkerError, WorkerHandle
 from janusd.wire import worker_msgs as wm
@@ -30,8 +31,8 @@ from janusd.wire import worker_msgs as wm
 S = InstanceState
 
 
-def _log(msg: str) -> None:
-    print(f"janusd: {msg}", file=sys.stderr, flush=True)
+def _log(msg: str, level: int = logging.INFO) -> None:
+    log.log(level, msg)
 
 
 # Fields that only steer requests (SLO targets, the app's name): changing them must not
@@ -75,7 +76,7 @@ class ModelOps:
             except (WorkerError, asyncio.TimeoutError) as e:
                 err = str(e) or "load timed out"
                 if inst.state is S.LOADING and w.ready:
-                    _log(f"loading {inst.model} on device {inst.device} failed: {err}")
+                    _log(f"loading {inst.model} on device {inst.device} failed: {err}", logging.WARNING)
                     self.core.load_failed(inst, self.clock(), err)
                 return
             if inst.state is not S.LOADING or self.core.registry.instances.get(inst.instance_id) is not inst:

@@ -3,9 +3,13 @@
 msgspec decodes and validates in one pass (types and ranges via Meta); a failure
 becomes an ApiError(400) whose `param` is the JSON path msgspec reports, so clients get
 OpenAI-style errors: {"error": {"message", "type", "param", "code"}}. Fields clients
-send that we ignore harmlessly (user, ...) are accepted; features we do not implement
-(n > 1, penalties, logprobs, echo, tools) are refused with a 400 naming the field
-rather than silently ignored.
+send that we ignore harmlessly (user, store, metadata, service_tier, n = 1, tools = [],
+response_format {"type": "text"}, ...) are accepted; features we do not implement (n > 1,
+penalties, logprobs, echo, tools, functions, tool_choice, JSON mode / structured output
+via response_format) are refused with a 400 naming the field rather than silently
+ignored. A top-level field this server does not know is refused too (param = the field),
+unless the operator sets `server.allow_unknown_fields = true`, which ignores such fields
+(the named, unimplemented ones above stay refused either way).
 
 Extension: `slo: {ttft_ms, tpot_ms}` overrides the model's SLO for one request.
 """
@@ -56,6 +60,12 @@ class StreamOptions(Struct):
     include_usage: bool = False
 
 
+class ResponseFormat(Struct):
+    # only {"type": "text"} (the default: plain text) is served; json_object and json_schema
+    # (JSON mode, structured output) would need constrained decoding, which is not built
+    type: str
+
+
 class _Common(Struct, kw_only=True):
     model: Annotated[str, Meta(min_length=1, max_length=256)]
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
@@ -77,6 +87,14 @@ class _Common(Struct, kw_only=True):
     user: str | None = None
     slo: SLO | None = None
     logit_bias: dict[str, float] | None = None
+    # named so they are refused with a clear 400 (_unimplemented) also when the operator lets
+    # unknown fields through; the harmless values (tools = [], tool_choice "none"/"auto"
+    # with no tools, response_format text) are accepted
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[Any] | None = None
+    function_call: str | dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -105,7 +123,21 @@ class ChatRequest(_Common, kw_only=True):
     max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
+    # sent by OpenAI clients and SDKs; they change nothing about the text generated
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    parallel_tool_calls: bool | None = None
+    modalities: list[str] | None = None
+
+
+# the decoders used unless server.allow_unknown_fields: an unknown top-level field is an error
+class _StrictCompletionRequest(CompletionRequest, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class _StrictChatRequest(ChatRequest, kw_only=True, forbid_unknown_fields=True):
+    pass
 
 
 class Parsed(Struct, kw_only=True):
@@ -130,6 +162,12 @@ def _validation_error(e: msgspec.ValidationError) -> ApiError:
     if " - at `$" in msg:
         msg, where = msg.split(" - at `$", 1)
         param = where.rstrip("`").lstrip(".") or None
+    if msg.startswith("Object contains unknown field `"):
+        key = msg.split("`")[1]
+        hint = "" if param else " (an operator can set server.allow_unknown_fields = true to ignore such fields)"
+        param = f"{param}.{key}" if param else key
+        return ApiError(400, f"{param}: unknown field, not implemented by this server{hint}", param=param,
+                        code="unknown_field")
     return ApiError(400, f"{param}: {msg}" if param else msg, param=param)
 
 
@@ -152,7 +190,25 @@ def _refuse(param: str, what: str) -> ApiError:
     return ApiError(400, f"{param}: {what} is not supported by this server", param=param, code="unsupported")
 
 
+def _unimplemented(r: _Common) -> None:
+    """Refuse the named features this server does not implement (never silently ignored)."""
+    if r.tools:
+        raise _refuse("tools", "tool calling")
+    if r.functions:
+        raise _refuse("functions", "function calling")
+    # "none" (and "auto" with no tools, as tools were refused above) ask for plain text
+    if r.tool_choice is not None and r.tool_choice not in ("none", "auto"):
+        raise _refuse("tool_choice", "tool calling (tool_choice other than \"none\" or \"auto\")")
+    if r.function_call is not None and r.function_call not in ("none", "auto"):
+        raise _refuse("function_call", "function calling (function_call other than \"none\" or \"auto\")")
+    if r.response_format is not None and r.response_format.type != "text":
+        raise ApiError(400, f"response_format: type {r.response_format.type!r} is not supported by this server "
+                       "(JSON mode and structured output are not implemented; only \"text\" is)",
+                       param="response_format", code="unsupported")
+
+
 def _common(r: _Common, max_tokens: int | None) -> tuple[SamplingSpec, bool]:
+    _unimplemented(r)
     if r.n != 1:
         raise _refuse("n", "n > 1")
     if r.logit_bias:
@@ -183,8 +239,8 @@ def _slo(r: _Common) -> tuple[float | None, float | None]:
     return (r.slo.ttft_ms, r.slo.tpot_ms) if r.slo is not None else (None, None)
 
 
-def parse_completion(body: bytes) -> Parsed:
-    r: CompletionRequest = _decode(body, CompletionRequest)
+def parse_completion(body: bytes, allow_unknown_fields: bool = False) -> Parsed:
+    r: CompletionRequest = _decode(body, CompletionRequest if allow_unknown_fields else _StrictCompletionRequest)
     if r.logprobs is not None:
         raise _refuse("logprobs", "logprobs")
     if r.echo:
@@ -217,12 +273,14 @@ def parse_completion(body: bytes) -> Parsed:
     )
 
 
-def parse_chat(body: bytes) -> Parsed:
-    r: ChatRequest = _decode(body, ChatRequest)
+def parse_chat(body: bytes, allow_unknown_fields: bool = False) -> Parsed:
+    r: ChatRequest = _decode(body, ChatRequest if allow_unknown_fields else _StrictChatRequest)
     if r.logprobs:
         raise _refuse("logprobs", "logprobs")
-    if r.tools:
-        raise _refuse("tools", "tool calling")
+    if r.top_logprobs:
+        raise _refuse("top_logprobs", "top_logprobs")
+    if r.modalities is not None and set(r.modalities) - {"text"}:
+        raise _refuse("modalities", "output other than text")
     msgs = []
     for i, m in enumerate(r.messages):
         if isinstance(m.content, list):

@@ -42,6 +42,7 @@ from typing import Any
 import msgspec
 
 from janusd.config import DevicesConfig
+from janusd.log import log
 from janusd.wire import worker_msgs as wm
 from janusd.wire.framing import FrameError, encode_frame, read_frame
 
@@ -184,8 +185,7 @@ class WorkerHandle:
             return
         self.hung = why
         self.hangs += 1
-        print(f"janusd: worker for device {self.device_index} (pid {proc.pid}) is hung: {why}; killing it",
-              file=sys.stderr, flush=True)
+        log.warning(f"worker for device {self.device_index} (pid {proc.pid}) is hung: {why}; killing it")
         with contextlib.suppress(ProcessLookupError):
             proc.kill()  # SIGKILL ends a stopped process too; its exit takes the usual death path
 
