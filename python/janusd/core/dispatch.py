@@ -76,8 +76,10 @@ class DispatchCore:
         return self._members.get(iid)
 
     # ---- requests ----
-    def estimate(self, model: str, tokens: int) -> float:
-        mine = [i for i in self._members.values() if i.model == model]
+    def estimate(self, instances: list[Instance], tokens: int) -> float:
+        """p_j of a request of `tokens` prompt tokens: the mean fit over the model's ready
+        prefill instances (all of them while none is ready; the prior without any)."""
+        mine = [i for i in instances if i.instance_id in self._members]
         ready = [i for i in mine if i.active] or mine
         if not ready:
             return PrefillEstimator().estimate(tokens)

@@ -116,13 +116,8 @@ class ServingCore:
         busy = [i for i in m.instances.values() if i.state is not S.UNLOADED]
         if busy:
             raise ValueError(f"model {name!r} still has instances on devices {sorted(i.device for i in busy)}")
-        for req in list(self.held.pop(name, ())):
-            req.held_since = None
-            self.requests.fail(req.rid, Failure(404, f"model {name!r} was removed", "invalid_request_error",
-                                                code="model_not_found"))
-        for req in self.requests.of_model(name):
-            self.requests.fail(req.rid, Failure(404, f"model {name!r} was removed", "invalid_request_error",
-                                                code="model_not_found"))
+        for req in self.requests.of_model(name):  # held ones too: ending them empties the held queue
+            self.requests.fail(req.rid, removed(name))
         for inst in list(m.instances.values()):
             self.dispatch.leave(inst)
         self.registry.drop_model(name)
@@ -143,7 +138,9 @@ class ServingCore:
         inst.state = target
         inst.error = error
         if target is S.LOADING:
-            self._leave_dispatch(inst, f"the worker for device {inst.device} died", "worker_died")
+            # a fresh membership: work it held was handed back by whoever took it out of
+            # Active (on_worker_death ends those requests with the death's reason first)
+            self._leave_dispatch(inst, f"{inst.model} on device {inst.device} is reloading", None)
             self.dispatch.join(inst)
         elif target is S.ACTIVE:
             self.dispatch.join(inst)
@@ -252,8 +249,7 @@ class ServingCore:
         self._at(now)
         if self.registry.model(m.name) is not m:
             # removed (or replaced by a reload) while it was tokenized
-            raise Refused(Failure(404, f"model {m.name!r} was removed", "invalid_request_error",
-                                  code="model_not_found", param="model"))
+            raise Refused(removed(m.name))
         max_len = m.max_model_len
         where = "messages" if chat else "prompt"
         if len(ids) >= max_len:
@@ -297,7 +293,8 @@ class ServingCore:
         return earliest - now
 
     def _submit(self, req: Request, now: float) -> None:
-        req.est_prefill_s = self.dispatch.estimate(req.model, len(req.prompt_ids))
+        m = self.registry.models[req.model]
+        req.est_prefill_s = self.dispatch.estimate(list(m.instances.values()), len(req.prompt_ids))
         deadline = req.arrival + req.ttft_slo_s
         if req.held_since is not None:
             deadline = max(deadline, now + req.ttft_slo_s)
@@ -362,10 +359,7 @@ class ServingCore:
                     continue
                 req.held_since = None  # out of the held queue already
                 self.obs.rejected(model, "no_instance")
-                self.requests.fail(req.rid, Failure(
-                    503, f"no instance of model {model!r} became ready within {timeout:g} s "
-                         "(loading, restarting or unloaded); retry later", code="model_not_ready",
-                    retry_after_s=1.0))
+                self.requests.fail(req.rid, no_instance(model, timeout))
             if q:
                 at = q[0].held_since + timeout  # type: ignore[operator]
                 wake = at if wake is None else min(wake, at)
@@ -539,6 +533,18 @@ class ServingCore:
             m = self.registry.model(inst.model)
             if m is None or m.instances.get(inst.device) is not inst:
                 raise RuntimeError(f"instance {inst.instance_id} is not its model's instance on its device")
+
+
+def removed(model: str) -> Failure:
+    """A request for a model that was removed (ctl remove, a reload without it)."""
+    return Failure(404, f"model {model!r} was removed", "invalid_request_error", code="model_not_found",
+                   param="model")
+
+
+def no_instance(model: str, waited_s: float) -> Failure:
+    """A request that waited the whole bound for an Active instance of its model."""
+    return Failure(503, f"no instance of model {model!r} became ready within {waited_s:g} s (loading, "
+                        "restarting or unloaded); retry later", code="model_not_ready", retry_after_s=1.0)
 
 
 def request_slo(req: Request) -> tuple[int, int]:

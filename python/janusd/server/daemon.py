@@ -30,7 +30,7 @@ from typing import Any
 
 from janusd.config import JanusConfig, cache_dir, dump_config
 from janusd.core.requests import Failure, Refused, Request
-from janusd.core.serving import Limits, Observers, ServingCore
+from janusd.core.serving import Limits, Observers, ServingCore, no_instance, removed
 from janusd.log import log
 from janusd.server import model_ops, sdnotify
 from janusd.server.admin import AdminSocketError, check_admin_socket_free, start_admin
@@ -268,8 +268,7 @@ class Daemon:
         limit = self.cfg.server.model_wait_timeout_s
         while (dev := self.core.tokenizer_device(p.model)) is None:
             if self.core.registry.model(p.model) is None:
-                raise Refused(Failure(404, f"model {p.model!r} was removed", "invalid_request_error",
-                                      code="model_not_found"))
+                raise Refused(removed(p.model))
             left = arrival + limit - clock()
             ev = self._serving_changed
             try:
@@ -278,9 +277,7 @@ class Daemon:
                 await asyncio.wait_for(ev.wait(), left)
             except asyncio.TimeoutError:
                 self.metrics.reject(p.model, "no_instance")
-                raise Refused(Failure(503, f"no instance of model {p.model!r} became ready within {limit:g} s "
-                                           "(loading, restarting or unloaded); retry later", code="model_not_ready",
-                                      retry_after_s=1.0)) from None
+                raise Refused(no_instance(p.model, limit)) from None
         w = self.workers[dev]
         try:
             reply: wm.Tokenized = await w.call(lambda seq: wm.Tokenize(seq, p.model, p.prompt, p.messages), 30.0)

@@ -21,6 +21,7 @@ import msgspec
 
 from janusd.config import ConfigError, EngineConfig, JanusConfig, ModelConfig, load_config
 from janusd.core.registry import Instance, Model
+from janusd.core.requests import Failure
 from janusd.core.serving import ServingCore
 from janusd.lifecycle.states import InstanceState
 from janusd.log import log
@@ -135,8 +136,6 @@ class ModelOps:
         while running() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         failed = 0
-        from janusd.core.requests import Failure
-
         for req in running():
             w = self.workers[req.device]
             w.send(wm.Abort(req.rid))
@@ -230,21 +229,20 @@ async def load_model(ops: ModelOps, holder: ConfigHolder, name: str, checkpoint:
         raise ValueError(f"devices: only {cfg.devices.count} devices exist")
     others = [x for x in cfg.models if x.name != name]
     holder.cfg = msgspec.structs.replace(cfg, models=[*others, m])
+    target = place(holder.cfg.models, cfg.devices.count)[name]
     if kept is not None:
         ops.core.retune(m)
-        target = place(holder.cfg.models, cfg.devices.count)[name]
-        await ops.load_model(kept, target)
         model = kept
     else:
-        await ops.add_and_load([m], holder.cfg.models, cfg.devices.count)
-        model = ops.core.registry.models[name]
+        model = ops.core.add_model(m)
+    await ops.load_model(model, target)
     if not model.active:
         errors = "; ".join(f"device {i.device}: {i.error}" for i in model.instances.values())
         if kept is None:
             await remove_model(ops, holder, name)
         raise ValueError(f"model {name!r} failed to load: {errors}")
-    return {i.device: i.state.value + (f": {i.error}" if i.error else "") for i in model.instances.values()
-            if i.state is not S.UNLOADED or i.device in (m.devices or [i.device])}
+    return {d: model.instances[d].state.value + (f": {model.instances[d].error}" if model.instances[d].error else "")
+            for d in target}
 
 
 async def unload_model(ops: ModelOps, name: str) -> dict[str, Any]:
