@@ -110,7 +110,8 @@ class Daemon:
         return self.proc.returncode
 
 
-def start_daemon(config_text: str, env: dict[str, str] | None = None, timeout_s: float = 150.0) -> Daemon:
+def start_daemon(config_text: str, env: dict[str, str] | None = None, timeout_s: float = 150.0,
+                 args: list[str] | None = None) -> Daemon:
     run_dir = Path(tempfile.mkdtemp(prefix="jd-"))
     config = run_dir / "janusd.toml"
     config.write_text(config_text.replace("@RUN@", str(run_dir)))
@@ -118,7 +119,7 @@ def start_daemon(config_text: str, env: dict[str, str] | None = None, timeout_s:
     full_env = {**os.environ, "JANUSD_WORKER_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "janusd.cli", "serve", "--config", str(config)],
+            [sys.executable, "-m", "janusd.cli", "serve", "--config", str(config), *(args or [])],
             stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT,
         )
     deadline = time.monotonic() + timeout_s

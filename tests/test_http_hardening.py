@@ -42,7 +42,7 @@ devices = [0]
 def daemon():
     text = server_section(Path("@RUN@"), header_timeout_s=HEADER_S, body_timeout_s=BODY_S,
                           keepalive_timeout_s=KEEPALIVE_S, allow_unknown_fields=True)
-    d = start_daemon(text + "[devices]\ncount = 1\nmemory_mib = 128\n" + MODEL)
+    d = start_daemon(text + "[devices]\ncount = 1\nmemory_mib = 128\n" + MODEL, args=["--log-level", "debug"])
     yield d
     assert d.stop() == 0, d.log_text()
 
@@ -79,6 +79,29 @@ def _read_until_closed(s: socket.socket, limit_s: float) -> tuple[bytes, float |
 def _completion(d, **kw):
     body = {"model": "demo-qwen2", "prompt": "once upon a time", "max_tokens": 2, **kw}
     return d.http("POST", "/v1/completions", body)
+
+
+def test_every_request_is_traced_by_an_id_in_the_response_header_and_the_log(daemon):
+    """The client's X-Request-Id is kept when it is a plain token (its logs join ours),
+    replaced otherwise; the body's id carries it, errors and streams alike."""
+    import re
+
+    body = {"model": "demo-qwen2", "prompt": "hi", "max_tokens": 2, "ignore_eos": True}
+    st, h, out = daemon.http("POST", "/v1/completions", body, headers={"X-Request-Id": "trace-42.a"})
+    assert st == 200 and h["X-Request-Id"] == "trace-42.a" and out["id"] == "cmpl-trace-42.a"
+    st, h, out = daemon.http("POST", "/v1/completions", body)
+    assert st == 200 and re.fullmatch(r"[0-9a-f]{24}", h["X-Request-Id"]) and out["id"] == "cmpl-" + h["X-Request-Id"]
+    generated = h["X-Request-Id"]
+    st, h, _ = daemon.http("POST", "/v1/completions", body, headers={"X-Request-Id": "bad id\twith spaces"})
+    assert st == 200 and re.fullmatch(r"[0-9a-f]{24}", h["X-Request-Id"]) and h["X-Request-Id"] != generated
+    st, h, _ = daemon.http("POST", "/v1/completions", {**body, "model": "nope"}, headers={"X-Request-Id": "t-404"})
+    assert st == 404 and h["X-Request-Id"] == "t-404"
+    st, h, text = daemon.http("POST", "/v1/completions", {**body, "stream": True}, headers={"X-Request-Id": "t-sse"})
+    assert st == 200 and h["X-Request-Id"] == "t-sse" and '"id":"cmpl-t-sse"' in text
+    log = daemon.log_text()
+    for rid in ("trace-42.a", generated, "t-sse"):
+        assert re.search(rf"DEBUG janusd: request {re.escape(rid)} demo-qwen2 ok: prompt \d+, output 2 tokens", log), rid
+    assert "request t-404 refused: 404" in log
 
 
 def test_half_sent_heads_and_bodies_are_closed_in_time_while_others_are_served(daemon):

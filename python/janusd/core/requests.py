@@ -55,6 +55,7 @@ class Request:
     ttft_slo_s: float
     tpot_slo_s: float
     sink: Callable[[Any], None] = field(default=lambda ev: None, repr=False)
+    request_id: str = ""  # the id the client and the log know it by (X-Request-Id); rid is internal
     instance: Any = None  # core.registry.Instance once assigned (the prefill instance on P/D)
     device: int | None = None  # the worker that holds it now (the decode worker after a handoff)
     kv_source: int | None = None  # P/D: the prefill worker's device still holding its KV blocks

@@ -244,7 +244,7 @@ class ServingCore:
 
     def admit(self, m: Model, ids: list[int], sampling: wm.SamplingSpec, max_tokens_given: bool, chat: bool,
               ttft_ms: float | None, tpot_ms: float | None, arrival: float, now: float,
-              sink: Callable[[Any], None]) -> Request:
+              sink: Callable[[Any], None], request_id: str = "") -> Request:
         """Queue a tokenized request (its clock started at `arrival`); raises Refused."""
         self._at(now)
         if self.registry.model(m.name) is not m:
@@ -265,7 +265,8 @@ class ServingCore:
                                   code="context_length_exceeded", param="max_tokens"))
         ttft = (ttft_ms or m.cfg.ttft_slo_ms) / 1000.0
         tpot = (tpot_ms or m.cfg.tpot_slo_ms) / 1000.0
-        req = Request(self.requests.new_id(), m.name, ids, sampling, arrival, ttft, tpot, sink=sink)
+        req = Request(self.requests.new_id(), m.name, ids, sampling, arrival, ttft, tpot, sink=sink,
+                      request_id=request_id)
         self.requests.add(req)
         self.telemetry.on_arrival(req.rid, m.name, now, len(ids), sampling.max_tokens)
         if not m.serving:

@@ -17,8 +17,8 @@ so a slow client holds a connection for a bounded time and never a queue place o
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
-import traceback
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -28,6 +28,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from janusd.config import JanusConfig
+from janusd.log import log as _log
 from janusd.core.requests import Failure, Refused, Request
 from janusd.server.openai_types import ApiError, Parsed, parse_chat, parse_completion
 from janusd.wire.worker_msgs import TokenDelta
@@ -40,7 +41,7 @@ class Frontend(Protocol):
 
     @property
     def cfg(self) -> JanusConfig: ...
-    async def admit(self, p: Parsed) -> tuple[Request, asyncio.Queue[Any]]: ...
+    async def admit(self, p: Parsed, request_id: str = "") -> tuple[Request, asyncio.Queue[Any]]: ...
     def cancel(self, req: Request) -> None: ...
     def health(self) -> dict[str, Any]: ...
     def models_view(self) -> list[dict[str, Any]]: ...
@@ -48,6 +49,8 @@ class Frontend(Protocol):
 
 
 DAEMON: web.AppKey[Frontend] = web.AppKey("daemon")
+REQUEST_ID_HEADER = "X-Request-Id"
+_CLIENT_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 _json = msgspec.json.Encoder()
 
 
@@ -59,8 +62,27 @@ def _error_response(e: ApiError) -> web.Response:
     return r
 
 
+def request_id(request: web.Request) -> str:
+    """The id a request is traced by in the log and the response's X-Request-Id: the
+    client's own X-Request-Id when it is a plain token (so a caller can join its logs with
+    ours), else a fresh random one. Set once per HTTP request by the middleware."""
+    rid = request.get("request_id")
+    if rid is None:
+        given = request.headers.get(REQUEST_ID_HEADER, "")
+        rid = given if _CLIENT_ID.fullmatch(given) else secrets.token_hex(12)
+        request["request_id"] = rid
+    return rid
+
+
 @web.middleware
 async def errors_and_auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+    resp = await _errors_and_auth(request, handler)
+    if not resp.prepared:  # a stream set it before its head went out
+        resp.headers[REQUEST_ID_HEADER] = request_id(request)
+    return resp
+
+
+async def _errors_and_auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
     daemon = request.app[DAEMON]
     try:
         if request.path.startswith("/v1/") and daemon.cfg.server.api_keys:
@@ -73,6 +95,7 @@ async def errors_and_auth(request: web.Request, handler: Callable[[web.Request],
     except ApiError as e:
         return _error_response(e)
     except Refused as r:
+        _log.debug("request %s refused: %d %s", request_id(request), r.failure.status, r.failure.message)
         return _error_response(_failure_error(r.failure))
     except web.HTTPRequestEntityTooLarge:
         return _error_response(ApiError(
@@ -84,7 +107,7 @@ async def errors_and_auth(request: web.Request, handler: Callable[[web.Request],
     except (asyncio.CancelledError, ConnectionError):
         raise
     except Exception:
-        traceback.print_exc()
+        _log.exception("request %s: internal error", request_id(request))
         return _error_response(ApiError(500, "internal server error (logged by the daemon)", "server_error"))
 
 
@@ -100,10 +123,10 @@ def _finish_reason(r: str | None) -> str | None:
 class _Shape:
     """The OpenAI response shapes of one request (completion or chat)."""
 
-    def __init__(self, parsed: Parsed) -> None:
+    def __init__(self, parsed: Parsed, request_id: str) -> None:
         self.chat = parsed.chat
         self.model = parsed.model
-        self.id = ("chatcmpl-" if self.chat else "cmpl-") + secrets.token_hex(12)
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + request_id
         self.created = int(time.time())
 
     def chunk(self, text: str | None, finish: str | None, role: bool = False,
@@ -166,8 +189,9 @@ async def _generate(request: web.Request, parse: Callable[[bytes, bool], Parsed]
     # read before admission: a slow body holds only its connection, never a queue place
     body = await _read_body(request, daemon.cfg.server.body_timeout_s)
     parsed = parse(body, daemon.cfg.server.allow_unknown_fields)
-    req, events = await daemon.admit(parsed)
-    shape = _Shape(parsed)
+    rid = request_id(request)
+    req, events = await daemon.admit(parsed, rid)
+    shape = _Shape(parsed, rid)
     try:
         first = await events.get()
         if isinstance(first, Failure):
@@ -190,7 +214,8 @@ async def _generate(request: web.Request, parse: Callable[[bytes, bool], Parsed]
 
 async def _stream(request: web.Request, req: Request, events: asyncio.Queue[Any], parsed: Parsed,
                   shape: _Shape, first: TokenDelta) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                       REQUEST_ID_HEADER: request_id(request)})
     await resp.prepare(request)
 
     async def send(obj: Any) -> None:

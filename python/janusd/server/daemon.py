@@ -183,6 +183,7 @@ class Daemon:
         return 0
 
     async def _shutdown(self, runner: Any, admin: Any) -> None:
+        t_start = clock()
         self.state = "draining"
         sdnotify.notify("STOPPING=1\nSTATUS=draining")
         n = self.core.requests.count()
@@ -191,14 +192,17 @@ class Daemon:
             await asyncio.wait_for(self._idle.wait(), self.cfg.server.drain_timeout_s)
         except asyncio.TimeoutError:
             self.core.fail_all(Failure(503, "the server is shutting down", code="shutting_down"), clock())
+        t_drained = clock()
         await asyncio.sleep(0.05)  # let handlers write their last bytes
         admin.close()
         await runner.cleanup()
         with contextlib.suppress(OSError):
             os.unlink(self.cfg.server.admin_socket)
+        t_http = clock()
         await self._stop_workers()
         self.state = "stopped"
-        _log("stopped")
+        _log(f"stopped (drain {t_drained - t_start:.3f} s, listeners {t_http - t_drained:.3f} s, "
+             f"workers {clock() - t_http:.3f} s)")
 
     async def _stop_workers(self) -> None:
         for t in list(self._tasks):
@@ -242,7 +246,7 @@ class Daemon:
                 pass
 
     # ---- requests (the API's side: server/api.py Frontend) ----
-    async def admit(self, p: Parsed) -> tuple[Request, asyncio.Queue[Any]]:
+    async def admit(self, p: Parsed, request_id: str = "") -> tuple[Request, asyncio.Queue[Any]]:
         """Check, tokenize and queue a request; raises Refused for every refusal.
 
         The request's clock (SLO deadlines, token times) starts here, before tokenizing."""
@@ -256,7 +260,7 @@ class Daemon:
             ids = p.prompt_ids if p.prompt_ids is not None else await self._tokenize(p, arrival)
             events: asyncio.Queue[Any] = asyncio.Queue()
             req = self.core.admit(m, ids, p.sampling, p.max_tokens_given, p.chat, p.ttft_ms, p.tpot_ms,
-                                  arrival, clock(), events.put_nowait)
+                                  arrival, clock(), events.put_nowait, request_id=request_id)
             self._idle.clear()
             self.poke()
             return req, events
@@ -310,6 +314,12 @@ class Daemon:
     def _finished(self, req: Request, outcome: str) -> None:
         self.metrics.observe(req, outcome)
         self.poke()
+        if log.isEnabledFor(logging.DEBUG) or req.failed:
+            ttft = f"{req.ttft_s * 1e3:.0f} ms" if req.ttft_s is not None else "-"
+            why = f" ({req.failure.code or req.failure.type}: {req.failure.message})" if req.failure else ""
+            _log(f"request {req.request_id or req.rid} {req.model} {outcome}{why}: prompt {len(req.prompt_ids)}, "
+                 f"output {req.num_output_tokens} tokens, ttft {ttft}, device {req.device}",
+                 logging.INFO if req.failed else logging.DEBUG)
 
     # ---- worker events (server/workers.py callbacks) ----
     def _on_batch(self, w: WorkerHandle, batch: wm.StepBatch) -> None:
