@@ -93,6 +93,32 @@ def test_a_burst_on_idle_instances_spreads_instead_of_30_0_0():
     assert all(isinstance(rig.events[r][-1], wm.TokenDelta) for r in rids)
 
 
+@pytest.mark.parametrize("objective,second", [("requests", "s2"), ("tokens", "long")])
+def test_under_overload_objective_tokens_serves_the_request_worth_more_tokens(objective, second):
+    """One instance busy for 20 ms; three 20 ms prompts asking 1 token each and one 90 ms
+    prompt asking 100, all due 140 ms after arrival: not all four fit. Counting requests
+    keeps the three short ones; counting tokens keeps one short and the long one, so after
+    the first short one the long one is sent, each request weighing its max_tokens."""
+    rig = Rig(devices=1, dispatch=DispatchConfig(prepull_window_ms=5.0, objective=objective))
+    rig.model("m", [0])
+    rig.activate("m", 0)
+    t0 = rig.now
+    r0 = rig.submit("m", tokens=20, ttft_ms=1000)  # prior: 10 ms + 0.5 ms * 20 = 20 ms
+    rig.tick()
+    rids = {name: rig.submit("m", tokens=tok, max_tokens=mt, ttft_ms=140)
+            for name, tok, mt in (("s1", 20, 1), ("s2", 20, 1), ("s3", 20, 1), ("long", 160, 100))}
+    rig.tick()
+    assert rig.workers[0].generates() == [r0]
+    rig.now = t0 + 0.02
+    rig.token(0, r0, finished=True, prefill_s=None)
+    rig.tick()
+    assert rig.workers[0].generates() == [r0, rids["s1"]]
+    rig.now = t0 + 0.04
+    rig.token(0, rids["s1"], finished=True, prefill_s=None)
+    rig.tick()
+    assert rig.workers[0].generates() == [r0, rids["s1"], rids[second]]
+
+
 def test_worker_death_fails_its_requests_holds_the_queue_and_a_reload_serves_it():
     rig = Rig(devices=1)
     rig.model("m", [0])

@@ -33,6 +33,7 @@ class DispatchCore:
             relax_factor=cfg.relax_factor,
             max_relax=cfg.max_relax,
             plan=cfg.plan,
+            objective=cfg.objective,
         )
         self.estimators: dict[tuple[str, int], PrefillEstimator] = {}
         self._members: dict[int, Instance] = {}  # instance id -> instance, while in the Dispatcher
@@ -85,8 +86,10 @@ class DispatchCore:
             return PrefillEstimator().estimate(tokens)
         return sum(self.estimators[(i.model, i.device)].estimate(tokens) for i in ready) / len(ready)
 
-    def submit(self, rid: int, model: str, arrival_s: float, deadline_s: float, est_s: float) -> None:
-        self.dispatcher.submit(rid, model, arrival_s, deadline_s, est_s)
+    def submit(self, rid: int, model: str, arrival_s: float, deadline_s: float, est_s: float,
+               value_tokens: int = 1) -> None:
+        """`value_tokens`: what the request is worth under objective = "tokens"."""
+        self.dispatcher.submit(rid, model, arrival_s, deadline_s, est_s, float(value_tokens))
 
     def prefill_done(self, rid: int, inst: Instance, now: float, tokens: int, prefill_s: float | None,
                      est_s: float) -> None:

@@ -300,7 +300,9 @@ class ServingCore:
         if req.held_since is not None:
             deadline = max(deadline, now + req.ttft_slo_s)
             req.held_since = None
-        self.dispatch.submit(req.rid, req.model, req.arrival, deadline, req.est_prefill_s)
+        # its value under objective = "tokens": the output tokens it may produce (max_tokens,
+        # already capped by the context at admission), the tokens its SLO accounting counts
+        self.dispatch.submit(req.rid, req.model, req.arrival, deadline, req.est_prefill_s, req.sampling.max_tokens)
 
     def _hold(self, req: Request, now: float) -> None:
         req.held_since = now

@@ -184,8 +184,8 @@ pub struct Dispatcher {
 impl Dispatcher {
     #[new]
     #[pyo3(
-        signature = (policy="lst_imh", prepull_window_s=Float(0.02), requeue="reject", relax_factor=Float(1.5), max_relax=Int(2), plan="global"),
-        text_signature = "(policy='lst_imh', prepull_window_s=0.02, requeue='reject', relax_factor=1.5, max_relax=2, plan='global')"
+        signature = (policy="lst_imh", prepull_window_s=Float(0.02), requeue="reject", relax_factor=Float(1.5), max_relax=Int(2), plan="global", objective="requests"),
+        text_signature = "(policy='lst_imh', prepull_window_s=0.02, requeue='reject', relax_factor=1.5, max_relax=2, plan='global', objective='requests')"
     )]
     fn new(
         policy: &str,
@@ -194,6 +194,7 @@ impl Dispatcher {
         relax_factor: Float,
         max_relax: Int,
         plan: &str,
+        objective: &str,
     ) -> PyResult<Self> {
         let (prepull_window_s, relax_factor, max_relax) =
             (prepull_window_s.0, relax_factor.0, max_relax.0);
@@ -207,6 +208,7 @@ impl Dispatcher {
             relax_factor,
             max_relax,
             plan: core::Plan::parse(plan).map_err(dispatch_err)?,
+            objective: core::Objective::parse(objective).map_err(dispatch_err)?,
         };
         Ok(Dispatcher {
             inner: core::Dispatcher::new(cfg).map_err(dispatch_err)?,
@@ -230,6 +232,11 @@ impl Dispatcher {
     #[getter]
     fn plan(&self) -> &'static str {
         self.inner.config().plan.name()
+    }
+
+    #[getter]
+    fn objective(&self) -> &'static str {
+        self.inner.config().objective.name()
     }
 
     /// Registers a ready instance of `model` in device group `group` (None: the
@@ -261,6 +268,10 @@ impl Dispatcher {
             .map_err(dispatch_err)
     }
 
+    #[pyo3(
+        signature = (request_id, model, arrival_s, deadline_s, est_proc_s, weight=Float(1.0)),
+        text_signature = "($self, request_id, model, arrival_s, deadline_s, est_proc_s, weight=1.0)"
+    )]
     fn submit(
         &mut self,
         request_id: Int,
@@ -268,9 +279,10 @@ impl Dispatcher {
         arrival_s: Float,
         deadline_s: Float,
         est_proc_s: Float,
+        weight: Float,
     ) -> PyResult<()> {
         self.inner
-            .submit(request_id.0, model, arrival_s.0, deadline_s.0, est_proc_s.0)
+            .submit_weighted(request_id.0, model, arrival_s.0, deadline_s.0, est_proc_s.0, weight.0)
             .map_err(dispatch_err)
     }
 

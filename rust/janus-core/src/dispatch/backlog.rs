@@ -34,6 +34,9 @@ pub(crate) struct Backlog {
     d: Vec<f64>,
     /// Job index at each position.
     j: Vec<u32>,
+    /// Value of the job at each position (`objective = tokens`: its expected output
+    /// tokens); `None`: every job is worth one (the paper's count of on-time jobs).
+    w: Option<Vec<f64>>,
     alive: usize,
     heap: BinaryHeap<Key>,
     /// Scratch: positions of the jobs a machine keeps.
@@ -45,7 +48,8 @@ impl Backlog {
     /// index) order. A job late even alone on the earliest machine can never be kept (it
     /// cannot be added, and replacing a longer job would leave it later still), so
     /// leaving it out changes no result. Inputs must be validated (finite, `>= +0.0`).
-    pub(crate) fn new(proc: &[f64], deadline: &[f64], earliest: f64) -> Self {
+    /// `weight`, when given, is indexed like `proc` (finite, `>= 0`).
+    pub(crate) fn new(proc: &[f64], deadline: &[f64], earliest: f64, weight: Option<&[f64]>) -> Self {
         // (deadline bits, index) packed in one u128 sorts faster than a key closure.
         let mut keys: Vec<u128> = (0..proc.len())
             .filter(|&j| earliest + proc[j] <= deadline[j])
@@ -56,6 +60,7 @@ impl Backlog {
         Backlog {
             p: j.iter().map(|&x| proc[x as usize]).collect(),
             d: j.iter().map(|&x| deadline[x as usize]).collect(),
+            w: weight.map(|w| j.iter().map(|&x| w[x as usize]).collect()),
             alive: j.len(),
             j,
             heap: BinaryHeap::new(),
@@ -75,6 +80,10 @@ impl Backlog {
     /// time (t - p_top + p <= t <= the last kept deadline <= d); else skip it. The same
     /// set as the textbook add-then-drop-the-longest, without the `t + p - p` rounding.
     pub(crate) fn take(&mut self, start: f64) -> Vec<usize> {
+        if self.w.is_some() {
+            let at = self.keep_weighted(start);
+            return self.finish(at);
+        }
         self.heap.clear();
         let mut t = start;
         let mut top: Option<Key> = None;
@@ -121,6 +130,85 @@ impl Backlog {
         let mut at = std::mem::take(&mut self.at);
         at.clear();
         at.extend(self.heap.drain().map(|x| x as u32));
+        self.finish(at)
+    }
+
+    /// Weighted variant of the scan (`objective = tokens`): the positions of the kept
+    /// jobs. Per job, in deadline order: keep it; when the last kept job then ends late by
+    /// `excess`, the cheaper of two ways out is taken: (a) the single kept job of least
+    /// value among those at least `excess` long (each alone restores the schedule; ties:
+    /// the longest, then the higher index), or (b) the kept jobs of least value per second,
+    /// taken in that order until their lengths cover `excess`; (a) wins ties. With equal
+    /// values (a) removes the longest kept job (the new job, at least `excess` long, is a
+    /// candidate), which is Moore-Hodgson's step, so the count stays optimal. With unequal
+    /// values it is a heuristic (the exact problem is NP-hard; the tests measure it
+    /// against the optimum): (b) keeps one long valuable job over many short cheap ones.
+    fn keep_weighted(&mut self, start: f64) -> Vec<u32> {
+        let w = self.w.take().unwrap_or_default();
+        let mut kept: Vec<u32> = Vec::new();
+        let mut t = start;
+        for i in 0..self.p.len() {
+            let p = self.p[i];
+            if p == f64::INFINITY {
+                continue;
+            }
+            kept.push(i as u32);
+            t += p;
+            if t > self.d[i] {
+                let out = self.victims(&kept, t - self.d[i], &w);
+                kept.retain(|&at| {
+                    let drop = out.binary_search(&at).is_ok();
+                    if drop {
+                        t -= self.p[at as usize];
+                    }
+                    !drop
+                });
+                if kept.is_empty() {
+                    t = start;
+                }
+            }
+        }
+        self.w = Some(w);
+        kept
+    }
+
+    /// Sorted positions of the kept jobs that make way (see `keep_weighted`).
+    fn victims(&self, kept: &[u32], excess: f64, w: &[f64]) -> Vec<u32> {
+        let job = |at: u32| (self.p[at as usize], w[at as usize], self.j[at as usize]);
+        // (a): least value, then longest, then higher index
+        let single = kept.iter().copied().filter(|&at| job(at).0 >= excess).min_by(|&a, &b| {
+            let ((pa, wa, ja), (pb, wb, jb)) = (job(a), job(b));
+            wa.total_cmp(&wb).then(pb.total_cmp(&pa)).then(jb.cmp(&ja))
+        });
+        // (b): least value per second first (zero length: infinitely dense, last)
+        let density = |at: u32| {
+            let (p, w, _) = job(at);
+            if p > 0.0 { w / p } else { f64::INFINITY }
+        };
+        let mut by_density: Vec<u32> = kept.to_vec();
+        by_density.sort_by(|&a, &b| {
+            density(a).total_cmp(&density(b)).then(job(b).0.total_cmp(&job(a).0)).then(job(b).2.cmp(&job(a).2))
+        });
+        let (mut covered, mut cost) = (0.0, 0.0);
+        let mut several = Vec::new();
+        for at in by_density {
+            if covered >= excess {
+                break;
+            }
+            covered += job(at).0;
+            cost += job(at).1;
+            several.push(at);
+        }
+        let mut out = match single {
+            Some(at) if covered < excess || job(at).1 <= cost => vec![at],
+            _ => several,
+        };
+        out.sort_unstable();
+        out
+    }
+
+    /// Marks the jobs at positions `at` taken; their indices in deadline order.
+    fn finish(&mut self, mut at: Vec<u32>) -> Vec<usize> {
         at.sort_unstable();
         let kept: Vec<usize> = at.iter().map(|&i| self.j[i as usize] as usize).collect();
         for &i in &at {
@@ -142,11 +230,17 @@ impl Backlog {
                 self.p[w] = self.p[r];
                 self.d[w] = self.d[r];
                 self.j[w] = self.j[r];
+                if let Some(v) = self.w.as_mut() {
+                    v[w] = v[r];
+                }
                 w += 1;
             }
         }
         self.p.truncate(w);
         self.d.truncate(w);
         self.j.truncate(w);
+        if let Some(v) = self.w.as_mut() {
+            v.truncate(w);
+        }
     }
 }

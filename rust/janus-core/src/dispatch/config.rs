@@ -81,6 +81,36 @@ impl Plan {
     }
 }
 
+/// What LST-IMH maximises when not every queued job can be on time (policy `lst_imh`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Objective {
+    /// The number of jobs on time: Moore-Hodgson as the paper states it.
+    Requests,
+    /// Their value: each job weighs what `submit_weighted` gave it (the daemon gives a
+    /// request's expected output tokens, so the plan keeps the most tokens on time, the
+    /// quantity per-token attainment counts). Equal weights give `Requests`' plan.
+    Tokens,
+}
+
+impl Objective {
+    pub fn parse(s: &str) -> Result<Self, DispatchError> {
+        match s {
+            "requests" => Ok(Objective::Requests),
+            "tokens" => Ok(Objective::Tokens),
+            _ => Err(DispatchError::InvalidInput(format!(
+                "objective must be 'requests' or 'tokens', got {s:?}"
+            ))),
+        }
+    }
+    /// The name `parse` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::Requests => "requests",
+            Objective::Tokens => "tokens",
+        }
+    }
+}
+
 /// Mirrors `janusd.config.DispatchConfig` (the window in seconds here, ms there).
 #[derive(Debug, Clone)]
 pub struct DispatcherConfig {
@@ -90,6 +120,7 @@ pub struct DispatcherConfig {
     pub relax_factor: f64,
     pub max_relax: u32,
     pub plan: Plan,
+    pub objective: Objective,
 }
 
 impl Default for DispatcherConfig {
@@ -101,6 +132,7 @@ impl Default for DispatcherConfig {
             relax_factor: 1.5,
             max_relax: 2,
             plan: Plan::Global,
+            objective: Objective::Requests,
         }
     }
 }

@@ -57,6 +57,8 @@ struct Request {
     original_deadline: f64,
     deadline: f64,
     est: f64,
+    /// Value under `Objective::Tokens` (1 unless given by `submit_weighted`).
+    weight: f64,
     relaxed: u32,
     place: Place,
 }
@@ -247,6 +249,21 @@ impl Dispatcher {
         deadline: f64,
         est: f64,
     ) -> Result<(), DispatchError> {
+        self.submit_weighted(id, model, arrival, deadline, est, 1.0)
+    }
+
+    /// [`Dispatcher::submit`] with the job's value for `Objective::Tokens` (finite, `>= 0`;
+    /// the daemon passes the request's expected output tokens).
+    pub fn submit_weighted(
+        &mut self,
+        id: i64,
+        model: &str,
+        arrival: f64,
+        deadline: f64,
+        est: f64,
+        weight: f64,
+    ) -> Result<(), DispatchError> {
+        let weight = check_time("weight", weight)?;
         let arrival = check_time("arrival_s", arrival)?;
         let deadline = check_time("deadline_s", deadline)?;
         let est = check_time("est_proc_s", est)?;
@@ -264,6 +281,7 @@ impl Dispatcher {
             original_deadline: deadline,
             deadline,
             est,
+            weight,
             relaxed: 0,
             place: Place::Queued,
         };

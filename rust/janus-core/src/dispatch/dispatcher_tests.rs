@@ -1,6 +1,6 @@
 //! Tests of the online dispatcher: EPDT numbers, pre-pull, requeue, conservation.
 
-use super::super::config::{Assignment, Plan, Policy, Requeue};
+use super::super::config::{Assignment, Objective, Plan, Policy, Requeue};
 use super::super::next_up;
 use super::*;
 use proptest::prelude::*;
@@ -19,6 +19,7 @@ pub(super) fn disp_plan(policy: Policy, requeue: Requeue, window: f64, plan: Pla
         relax_factor: 1.5,
         max_relax: 2,
         plan,
+        objective: Objective::Requests,
     })
     .unwrap()
 }
@@ -414,5 +415,45 @@ proptest! {
             );
             prop_assert_eq!(queued.len() + flying.len() + ended.len(), next_id as usize);
         }
+    }
+}
+
+/// Three short jobs worth 1 token each and a long one worth 100, all due at 10, on one
+/// instance: the first goes at once; when it is done (t = 1), objective `requests` keeps
+/// the two short ones (the long one would end at 12), objective `tokens` the long one
+/// (ends at 10, on time), and the jobs left out are rejected once their latest start passes.
+#[test]
+fn objective_tokens_keeps_the_valuable_job_the_count_plan_drops() {
+    for (objective, served, rejected) in [
+        (Objective::Requests, vec![2, 3], vec![4]),
+        (Objective::Tokens, vec![4], vec![2, 3]),
+    ] {
+        let mut d = Dispatcher::new(DispatcherConfig { objective, ..DispatcherConfig::default() }).unwrap();
+        d.add_instance(7, "m", 7).unwrap();
+        for (id, est, w) in [(1, 1.0, 1.0), (2, 1.0, 1.0), (3, 1.0, 1.0), (4, 9.0, 100.0)] {
+            d.submit_weighted(id, "m", 0.0, 10.0, est, w).unwrap();
+        }
+        assert_eq!(d.tick(0.0).unwrap(), vec![(1, 7)]);
+        d.complete(1, 1.0).unwrap();
+        let est = |id: i64| if id == 4 { 9.0 } else { 1.0 };
+        let (mut got, mut running): (Vec<i64>, Option<(i64, f64)>) = (Vec::new(), None);
+        let mut now = 1.0;
+        while now < 11.0 {
+            if let Some((id, end)) = running.filter(|r| r.1 <= now) {
+                d.complete(id, end).unwrap();
+                running = None;
+            }
+            for (id, _) in d.tick(now).unwrap() {
+                assert!(running.is_none(), "one instance runs one job at a time here");
+                running = Some((id, now + est(id)));
+                got.push(id);
+            }
+            d.check_integrity().unwrap();
+            now += 0.5;
+        }
+        assert_eq!(got, served, "{objective:?}");
+        let mut rej = d.take_rejected();
+        rej.sort_unstable();
+        assert_eq!(rej, rejected, "{objective:?}");
     }
 }

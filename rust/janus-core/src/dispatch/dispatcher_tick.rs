@@ -4,7 +4,7 @@
 //! A child module of `dispatcher`, so it sees the dispatcher's private state; see the
 //! module docs of `dispatcher.rs` for the semantics.
 
-use super::super::config::{Assignment, Plan, Policy, Requeue};
+use super::super::config::{Assignment, Objective, Plan, Policy, Requeue};
 use super::super::lst_imh::lst_imh_trusted;
 use super::super::plan::plan_global;
 use super::super::{check_time, next_up, DispatchError};
@@ -171,12 +171,18 @@ impl Dispatcher {
                     .map_or((0.0, 0.0), |r| (r.est, r.deadline))
             })
             .unzip();
+        let weight: Option<Vec<f64>> = (self.cfg.objective == Objective::Tokens).then(|| {
+            backlog
+                .iter()
+                .map(|(_, id)| self.requests.get(id).map_or(0.0, |r| r.weight))
+                .collect()
+        });
         let avail: Vec<f64> = machines.iter().map(|c| c.1).collect();
         let plan = if global {
             let rank: Vec<f64> = machines.iter().map(|c| self.decode_load_of(c.0)).collect();
-            plan_global(&proc, &deadline, &avail, &rank)
+            plan_global(&proc, &deadline, &avail, &rank, weight.as_deref())
         } else {
-            lst_imh_trusted(&proc, &deadline, &avail)
+            lst_imh_trusted(&proc, &deadline, &avail, weight.as_deref())
         };
         let mut taken = vec![false; backlog.len()];
         for (c, jobs) in machines.iter().zip(plan) {

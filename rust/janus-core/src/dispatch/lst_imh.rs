@@ -42,18 +42,24 @@ pub fn lst_imh(
     let proc = check_times("proc", proc)?;
     let deadline = check_times("deadline", deadline)?;
     let avail = check_times("avail", avail)?;
-    Ok(lst_imh_trusted(&proc, &deadline, &avail))
+    Ok(lst_imh_trusted(&proc, &deadline, &avail, None))
 }
 
-/// [`lst_imh`] on inputs already validated and normalised (finite, `>= +0.0`).
-pub(crate) fn lst_imh_trusted(proc: &[f64], deadline: &[f64], avail: &[f64]) -> Vec<Vec<usize>> {
+/// [`lst_imh`] on inputs already validated and normalised (finite, `>= +0.0`); with
+/// `weight`, each machine keeps its subset by value (see `Backlog::keep_weighted`).
+pub(crate) fn lst_imh_trusted(
+    proc: &[f64],
+    deadline: &[f64],
+    avail: &[f64],
+    weight: Option<&[f64]>,
+) -> Vec<Vec<usize>> {
     let m = avail.len();
     let mut out: Vec<Vec<usize>> = vec![Vec::new(); m];
     if m == 0 {
         return out;
     }
     let earliest = avail.iter().copied().fold(f64::INFINITY, f64::min);
-    let mut backlog = Backlog::new(proc, deadline, earliest);
+    let mut backlog = Backlog::new(proc, deadline, earliest, weight);
     let mut machines: Vec<u32> = (0..m as u32).collect();
     machines.sort_unstable_by_key(|&i| (std::cmp::Reverse(avail[i as usize].to_bits()), i));
     for &i in &machines {

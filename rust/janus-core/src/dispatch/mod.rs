@@ -36,10 +36,10 @@ mod plan;
 #[cfg(test)]
 mod shortcut_tests;
 
-pub use config::{Assignment, DispatcherConfig, Plan, Policy, Requeue, Stats};
+pub use config::{Assignment, DispatcherConfig, Objective, Plan, Policy, Requeue, Stats};
 pub use dispatcher::Dispatcher;
 pub use lst_imh::lst_imh;
-pub use moore_hodgson::moore_hodgson;
+pub use moore_hodgson::{moore_hodgson, moore_hodgson_weighted};
 
 use std::fmt;
 

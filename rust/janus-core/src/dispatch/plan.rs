@@ -24,8 +24,14 @@ use super::lst_imh::lst_imh_trusted;
 /// Per machine (input order), the job indices it runs in execution order: LST-IMH's
 /// selection, balanced when that keeps every job on time. Inputs must be validated
 /// (finite, `>= +0.0`).
-pub(crate) fn plan_global(proc: &[f64], deadline: &[f64], avail: &[f64], rank: &[f64]) -> Vec<Vec<usize>> {
-    let lst = lst_imh_trusted(proc, deadline, avail);
+pub(crate) fn plan_global(
+    proc: &[f64],
+    deadline: &[f64],
+    avail: &[f64],
+    rank: &[f64],
+    weight: Option<&[f64]>,
+) -> Vec<Vec<usize>> {
+    let lst = lst_imh_trusted(proc, deadline, avail, weight);
     balance(proc, deadline, avail, rank, lst)
 }
 
@@ -83,13 +89,13 @@ mod tests {
     fn equal_free_times_go_to_the_machine_with_less_decode_load() {
         // Two idle machines, machine 0 decoding 5 sequences, machine 1 none: one job goes
         // to machine 1; two jobs split one each (the second machine is then free first).
-        assert_eq!(plan_global(&[1.0], &[10.0], &[0.0, 0.0], &[5.0, 0.0]), vec![vec![], vec![0]]);
+        assert_eq!(plan_global(&[1.0], &[10.0], &[0.0, 0.0], &[5.0, 0.0], None), vec![vec![], vec![0]]);
         assert_eq!(
-            plan_global(&[1.0, 1.0], &[10.0, 10.0], &[0.0, 0.0], &[5.0, 0.0]),
+            plan_global(&[1.0, 1.0], &[10.0, 10.0], &[0.0, 0.0], &[5.0, 0.0], None),
             vec![vec![1], vec![0]]
         );
         // Without ranks the lower index wins the tie.
-        assert_eq!(plan_global(&[1.0], &[10.0], &[0.0, 0.0], &[]), vec![vec![0], vec![]]);
+        assert_eq!(plan_global(&[1.0], &[10.0], &[0.0, 0.0], &[], None), vec![vec![0], vec![]]);
     }
 
     /// Jobs on time when each machine runs its list back to back from its free time.
@@ -111,11 +117,11 @@ mod tests {
         let deadline = [1.0; 6];
         let avail = [0.0; 3];
         assert_eq!(
-            lst_imh_trusted(&proc, &deadline, &avail),
+            lst_imh_trusted(&proc, &deadline, &avail, None),
             vec![vec![0, 1, 2, 3, 4, 5], vec![], vec![]]
         );
         assert_eq!(
-            plan_global(&proc, &deadline, &avail, &[]),
+            plan_global(&proc, &deadline, &avail, &[], None),
             vec![vec![0, 3], vec![1, 4], vec![2, 5]]
         );
     }
@@ -125,7 +131,7 @@ mod tests {
         // A (4, 5), B (2, 6), C (2, 7); machines free at 3 and 0. LST-IMH: [B, C], [A].
         // Balanced: A -> machine 1 (ends 4), B -> machine 0 (free 3 < 4, ends 5),
         // C -> machine 1 (free 4 < 5, ends 6).
-        let got = plan_global(&[4.0, 2.0, 2.0], &[5.0, 6.0, 7.0], &[3.0, 0.0], &[]);
+        let got = plan_global(&[4.0, 2.0, 2.0], &[5.0, 6.0, 7.0], &[3.0, 0.0], &[], None);
         assert_eq!(got, vec![vec![1], vec![0, 2]]);
     }
 
@@ -135,9 +141,9 @@ mod tests {
         // B (ends 5), machine 0 takes A (ends 6). Balanced: B (earlier deadline) -> machine
         // 0 (ends 3), A -> machine 0 (free 3 < 4, ends 7 > 6): late, so LST-IMH stands.
         let (proc, deadline, avail) = ([4.0, 1.0], [6.0, 5.0], [2.0, 4.0]);
-        let lst = lst_imh_trusted(&proc, &deadline, &avail);
+        let lst = lst_imh_trusted(&proc, &deadline, &avail, None);
         assert_eq!(lst, vec![vec![0], vec![1]]);
-        assert_eq!(plan_global(&proc, &deadline, &avail, &[]), lst);
+        assert_eq!(plan_global(&proc, &deadline, &avail, &[], None), lst);
         assert_eq!(on_time(&lst, &proc, &deadline, &avail), 2);
     }
 
@@ -154,8 +160,8 @@ mod tests {
             let proc: Vec<f64> = jobs.iter().map(|j| j.0 as f64 * scale).collect();
             let deadline: Vec<f64> = jobs.iter().map(|j| j.1 as f64 * scale).collect();
             let avail: Vec<f64> = avail.iter().map(|&a| a as f64 * scale).collect();
-            let lst = lst_imh_trusted(&proc, &deadline, &avail);
-            let got = plan_global(&proc, &deadline, &avail, &[]);
+            let lst = lst_imh_trusted(&proc, &deadline, &avail, None);
+            let got = plan_global(&proc, &deadline, &avail, &[], None);
             prop_assert_eq!(got.len(), avail.len());
             let mut seen = vec![false; proc.len()];
             for &j in got.iter().flatten() {
