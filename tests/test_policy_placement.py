@@ -313,7 +313,8 @@ def _instance(rng: random.Random, n: int, kind: int) -> list[tuple[float, float,
 
 def test_bins_are_within_one_of_the_exact_optimum_and_usually_equal():
     """300 random instances of 2..12 vectors: the heuristic's device count against the
-    HiGHS MILP optimum. Measured when written: 296/300 equal, 4 one device over."""
+    HiGHS MILP optimum. Measured when written: 299/300 equal, 1 one device over (plain
+    first-fit decreasing with the Phi rule alone: 293/300)."""
     rng = random.Random(2)
     gaps = []
     for t in range(300):
@@ -323,7 +324,7 @@ def test_bins_are_within_one_of_the_exact_optimum_and_usually_equal():
         assert lower_bound(vs) <= exact <= heuristic
         gaps.append(heuristic - exact)
     assert max(gaps) <= 1
-    assert sum(g == 0 for g in gaps) >= 0.97 * len(gaps)
+    assert sum(g == 0 for g in gaps) >= 0.99 * len(gaps)
 
 
 def test_exact_solver_agrees_with_brute_force_on_tiny_instances():

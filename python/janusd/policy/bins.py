@@ -23,9 +23,10 @@ FIT_EPS = 1e-9
 
 
 def phi(load: np.ndarray) -> np.ndarray:
-    """Imbalance potential of each row of an (..., 3) array."""
-    centred = load - load.mean(axis=-1, keepdims=True)
-    return (centred * centred).sum(axis=-1)
+    """Imbalance potential of each row of an (..., 3) array: sum x^2 - (sum x)^2 / 3, the
+    same number as the centred form, in fewer array passes (this runs per candidate)."""
+    s = load.sum(axis=-1)
+    return np.maximum((load * load).sum(axis=-1) - s * s / 3.0, 0.0)
 
 
 def fits(load: np.ndarray) -> np.ndarray:
@@ -87,16 +88,18 @@ class Bins:
         `may_open`, the lowest-id empty allowed device; else None. `exclude` masks
         devices out."""
         after = self.load + v
-        ok = self.allowed & fits(after)
+        lim = 1.0 + FIT_EPS
+        ok = self.allowed & (after[:, 0] <= lim) & (after[:, 1] <= lim) & (after[:, 2] <= lim)
         if exclude is not None:
             ok &= ~exclude
-        used = ok & self.open()
-        if used.any():
+        used = ok & (self.count > 0)
+        idx = np.flatnonzero(used)
+        if idx.size:
             if rule == "phi":
-                delta = np.where(used, phi(after) - phi(self.load), np.inf)
+                delta = phi(after[idx]) - phi(self.load[idx])
             else:
-                delta = np.where(used, -after.sum(axis=-1), np.inf)
-            return int(np.argmin(delta))
+                delta = -after[idx].sum(axis=-1)
+            return int(idx[np.argmin(delta)])
         if may_open:
             empty = np.flatnonzero(ok & ~self.open())
             if empty.size:

@@ -27,11 +27,12 @@ so the plan may be executed in order and stopped anywhere.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from janusd.policy.bins import Bins, fits, phi, worst_dim
+from janusd.policy.bins import FIT_EPS, Bins, fits, phi, worst_dim
 from janusd.policy.policy_config import PlacementConfig
 from janusd.policy.snapshot import (
     Assignment,
@@ -55,6 +56,14 @@ _ORDERS: tuple[tuple[str, Callable[[np.ndarray], float]], ...] = (
 
 # Choice rules tried for a batch: PAPER.md's least Phi change, and best fit (fullest device).
 _RULES = ("phi", "fill")
+# After the plain size orders, a batch short of the lower bound tries up to _RESTARTS
+# pairs of size orders perturbed by +-_NOISE (fixed seed: the plan stays a function of
+# the snapshot), fewer for large batches (_RESTART_ITEMS items placed in all). On random
+# instances this lifts the exact-optimum match from 98.4% to 99.x% (bench/RESULTS.md).
+_RESTARTS = 16
+_RESTART_ITEMS = 4000
+_NOISE = 0.2
+_SEED = 0
 
 
 class PlacementError(ValueError):
@@ -187,25 +196,30 @@ class _Planner:
             (k,) = keys
             self.place_one(k, why.get(k), src.get(k))
             return
-        best: tuple[tuple[int, int, float, int], str, dict[str, int]] | None = None
-        n = 0
+        trials: list[tuple[str, str, list[str]]] = []
         for rule in _RULES:
             for order_name, size in _ORDERS:
-                order = sorted(keys, key=lambda k: (-size(self.vec[k]), k))
-                trial = self.bins.copy()
-                fresh = ~trial.open()
-                placed: dict[str, int] = {}
-                for k in order:
-                    i = trial.best(self.vec[k], rule=rule)
-                    if i is not None:
-                        trial.add(i, k, self.vec[k])
-                        placed[k] = i
-                self._eliminate(trial, placed, fresh)
-                score = (len(keys) - len(placed), int(trial.open().sum()),
-                         float(phi(trial.load[trial.open()]).sum()), n)
-                if best is None or score < best[0]:
-                    best = (score, f"{order_name} order, {rule} rule", placed)
-                n += 1
+                trials.append((rule, f"{order_name} order", sorted(keys, key=lambda k: (-size(self.vec[k]), k))))
+        bound = self._lower_bound(keys)
+        best: tuple[tuple[int, int, float, int], str, dict[str, int]] | None = None
+        n = 0
+        rng = random.Random(_SEED)
+        restarts = min(_RESTARTS, _RESTART_ITEMS // len(keys))
+        while n < len(trials) + 2 * restarts:
+            if n < len(trials):
+                rule, how, order = trials[n]
+            else:  # perturbed size orders, from a fixed seed: deterministic
+                rule = _RULES[n % 2]
+                _, size = _ORDERS[(n // 2) % 2]
+                noise = {k: rng.uniform(1.0 - _NOISE, 1.0 + _NOISE) for k in sorted(keys)}
+                how = f"perturbed {_ORDERS[(n // 2) % 2][0]} order"
+                order = sorted(keys, key=lambda k: (-size(self.vec[k]) * noise[k], k))
+            score, placed = self._trial(rule, order, n)
+            if best is None or score < best[0]:
+                best = (score, f"{how}, {rule} rule", placed)
+            n += 1
+            if best[0][0] == 0 and best[0][1] <= bound:
+                break  # as few devices as any packing can have: optimal
         assert best is not None
         _, how, placed = best
         for k in keys:
@@ -222,6 +236,26 @@ class _Planner:
                                    src=src.get(k), dst=self.dev(i), forced=True, phi_gain=round(gain, 9),
                                    reason=f"{why.get(k, 'new')}; placed with {len(keys) - 1} others at "
                                           f"once (best of {n} packings: {how})"))
+
+    def _trial(self, rule: str, order: list[str], n: int) -> tuple[tuple[int, int, float, int], dict[str, int]]:
+        """One packing of a batch onto a copy of the bins: greedy in `order`, then the
+        devices it opened emptied where possible. Score: missing, devices, Phi, n."""
+        trial = self.bins.copy()
+        fresh = ~trial.open()
+        placed: dict[str, int] = {}
+        for k in order:
+            i = trial.best(self.vec[k], rule=rule)
+            if i is not None:
+                trial.add(i, k, self.vec[k])
+                placed[k] = i
+        self._eliminate(trial, placed, fresh)
+        used = trial.open()
+        return (len(order) - len(placed), int(used.sum()), float(phi(trial.load[used]).sum()), n), placed
+
+    def _lower_bound(self, keys: list[str]) -> int:
+        """No packing of the used devices' loads plus this batch has fewer devices."""
+        total = self.bins.load.sum(axis=0) + sum(self.vec[k] for k in keys)
+        return int(np.ceil(float(total.max()) - FIT_EPS))
 
     def place_one(self, k: str, why: str | None, src: int | None) -> None:
         """PAPER.md §4: the used device where Phi changes least; a new one if none fits."""
@@ -253,23 +287,9 @@ class _Planner:
         while True:
             cand = np.flatnonzero(fresh & trial.open())
             for i in sorted(map(int, cand), key=lambda i: (int(trial.count[i]), float(trial.load[i].sum()), i)):
-                keys = sorted(trial.keys[i], key=lambda k: (-float(self.vec[k].max()), k))
-                attempt = trial.copy()
-                excl = np.zeros(len(trial.ids), dtype=bool)
-                excl[i] = True
-                dest = {}
-                for k in keys:
-                    attempt.remove(i, k, self.vec[k])
-                    j = attempt.best(self.vec[k], exclude=excl, may_open=False)
-                    if j is None:
-                        break
-                    attempt.add(j, k, self.vec[k])
-                    dest[k] = j
-                else:
-                    for k, j in dest.items():
-                        trial.remove(i, k, self.vec[k])
-                        trial.add(j, k, self.vec[k])
-                        placed[k] = j
+                dest = self._relocate(trial, i)
+                if dest is not None:
+                    placed.update(dest)
                     break
             else:
                 return
@@ -278,6 +298,26 @@ class _Planner:
     def managed_on(self, i: int) -> list[str]:
         return sorted(k for k in self.bins.keys[i] if self.items[k].pinned_device is None)
 
+    def _relocate(self, b: Bins, i: int) -> dict[str, int] | None:
+        """Move every item of device i onto the other used devices of `b` (largest
+        first, each where Phi changes least), in place; when one fits nowhere, undo and
+        return None. Devices are never opened."""
+        keys = sorted(b.keys[i], key=lambda k: (-float(self.vec[k].max()), k))
+        excl = np.zeros(len(b.ids), dtype=bool)
+        excl[i] = True
+        done: list[tuple[str, int]] = []
+        for k in keys:
+            j = b.best(self.vec[k], exclude=excl, may_open=False)
+            if j is None:
+                for k2, j2 in reversed(done):
+                    b.remove(j2, k2, self.vec[k2])
+                    b.add(i, k2, self.vec[k2])
+                return None
+            b.remove(i, k, self.vec[k])
+            b.add(j, k, self.vec[k])
+            done.append((k, j))
+        return dict(done)
+
     def _empty_plan(self, i: int) -> list[tuple[str, int]] | None:
         """Where each instance of device i would go so that i ends empty (onto used
         devices only), or None when one of them fits nowhere or a pinned one sits there."""
@@ -285,17 +325,14 @@ class _Planner:
         keys = self.managed_on(i)
         if not keys or len(keys) != b.count[i]:
             return None
-        trial = b.copy()
-        excl = np.zeros(len(b.ids), dtype=bool)
-        excl[i] = True
-        out = []
-        for k in sorted(keys, key=lambda k: (-float(self.vec[k].max()), k)):
-            j = trial.best(self.vec[k], exclude=excl, may_open=False)
-            if j is None:
-                return None
-            trial.add(j, k, self.vec[k])
-            out.append((k, j))
-        return out
+        dest = self._relocate(b, i)
+        if dest is None:
+            return None
+        for k, j in dest.items():  # undo: the caller applies the plan as moves
+            b.remove(j, k, self.vec[k])
+            b.add(i, k, self.vec[k])
+        order = sorted(dest, key=lambda k: (-float(self.vec[k].max()), k))
+        return [(k, dest[k]) for k in order]
 
     def _apply_empty(self, i: int, plan: list[tuple[str, int]], reason: str) -> None:
         for n, (k, j) in enumerate(plan):
