@@ -20,6 +20,9 @@ from janusd.oracle.types import RESOURCE_DIMS
 # Sums of vectors are compared with 1.0 + FIT_EPS: float rounding of a sum of fractions
 # (0.1 + 0.2 + 0.7) must not make an exact fill infeasible.
 FIT_EPS = 1e-9
+# Scores within TIE_EPS of the best are a tie (broken by the lower device id): float
+# rounding of mathematically equal Phi changes must not pick the device.
+TIE_EPS = 1e-12
 
 
 def phi(load: np.ndarray) -> np.ndarray:
@@ -31,7 +34,7 @@ def phi(load: np.ndarray) -> np.ndarray:
 
 def fits(load: np.ndarray) -> np.ndarray:
     """Whether each row of an (..., 3) array is within one device in every dimension."""
-    return (load <= 1.0 + FIT_EPS).all(axis=-1)
+    return np.asarray((load <= 1.0 + FIT_EPS).all(axis=-1))
 
 
 def worst_dim(load: np.ndarray) -> tuple[str, float]:
@@ -84,7 +87,8 @@ class Bins:
              rule: str = "phi") -> int | None:
         """The device for vector v: among open allowed devices where it fits, the one
         whose Phi changes least (rule "phi", PAPER.md §4) or that ends fullest (rule
-        "fill": largest summed load, the classic best fit), lowest id on a tie; else, if
+        "fill": largest summed load, the classic best fit), lowest id on a tie (within
+        TIE_EPS); else, if
         `may_open`, the lowest-id empty allowed device; else None. `exclude` masks
         devices out."""
         after = self.load + v
@@ -99,7 +103,7 @@ class Bins:
                 delta = phi(after[idx]) - phi(self.load[idx])
             else:
                 delta = -after[idx].sum(axis=-1)
-            return int(idx[np.argmin(delta)])
+            return int(idx[np.flatnonzero(delta <= delta.min() + TIE_EPS)[0]])
         if may_open:
             empty = np.flatnonzero(ok & ~self.open())
             if empty.size:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from janusd.policy.bins import FIT_EPS, Bins, fits, phi, worst_dim
+from janusd.policy.bins import FIT_EPS, TIE_EPS, Bins, fits, phi, worst_dim
 from janusd.policy.policy_config import PlacementConfig
 from janusd.policy.snapshot import (
     Assignment,
@@ -112,14 +112,12 @@ class _Planner:
     def dev(self, i: int) -> int:
         return int(self.bins.ids[i])
 
-    def _move(self, kind: str, key: str, src: int | None, dst: int | None, reason: str, forced: bool,
-              bins_freed: int = 0, phi_gain: float = 0.0) -> None:
-        self.moves.append(Move(kind=kind, key=key, model=self.items[key].model if key in self.items else key,  # type: ignore[arg-type]
-                               src=None if src is None else self.dev(src), dst=None if dst is None else self.dev(dst),
-                               reason=reason, forced=forced, bins_freed=bins_freed, phi_gain=round(phi_gain, 9)))
-        if not forced:
-            self.left -= 1
-            self.taken += 1
+    def _optional(self, key: str, i: int, j: int, reason: str, bins_freed: int, phi_gain: float) -> None:
+        """Record an optional migration from bin i to bin j (already applied to the bins)."""
+        self.moves.append(Move(kind="migrate", key=key, model=self.items[key].model, src=self.dev(i), dst=self.dev(j),
+                               reason=reason, forced=False, bins_freed=bins_freed, phi_gain=round(phi_gain, 9)))
+        self.left -= 1
+        self.taken += 1
 
     def _leave(self, key: str, v: np.ndarray, why: str) -> None:
         i = self.where.pop(key)
@@ -130,8 +128,8 @@ class _Planner:
     # -- 1. forced ---------------------------------------------------------------
     def forced(self, snap: PlacementSnapshot) -> None:
         b = self.bins
-        for it in sorted((i for i in snap.items if i.pinned_device is not None), key=lambda i: i.key):
-            b.add(b.index[it.pinned_device], it.key, self.vec[it.key])  # type: ignore[index]
+        for pin in sorted((i for i in snap.items if i.pinned_device is not None), key=lambda i: i.key):
+            b.add(b.index[pin.pinned_device], pin.key, self.vec[pin.key])  # type: ignore[index]
         current = {a.key: a for a in snap.current}
         displaced: dict[str, str] = {}  # key -> why it must be placed again
         src: dict[str, int] = {}
@@ -343,7 +341,7 @@ class _Planner:
             b.add(j, k, v)
             self.where[k] = j
             last = n == len(plan) - 1
-            self._move("migrate", k, i, j, reason, forced=False, bins_freed=int(last), phi_gain=gain)
+            self._optional(k, i, j, reason, bins_freed=int(last), phi_gain=gain)
 
     def _best_balance(self, sources: Sequence[int] | None, min_gain: float) -> tuple[float, str, int, int] | None:
         """The single move of a managed instance between used devices that lowers the
@@ -351,25 +349,26 @@ class _Planner:
         instances on these devices, or moves onto them."""
         b = self.bins
         used = b.open() & b.allowed
+        onto = used
+        if sources is not None:
+            onto = np.zeros(len(b.ids), dtype=bool)
+            onto[list(sources)] = True
+            onto &= used
         best: tuple[float, str, int, int] | None = None
-        cand = sorted(self.where.items())
         phis = phi(b.load)
-        for k, i in cand:
+        for k, i in sorted(self.where.items()):
             v = self.vec[k]
             after = b.load + v
-            ok = used & fits(after)
+            ok = (used if sources is None or i in sources else onto) & fits(after)
             ok[i] = False
-            if sources is not None and i not in sources:
-                mask = np.zeros(len(b.ids), dtype=bool)
-                mask[list(sources)] = True
-                ok &= mask
             if not ok.any():
                 continue
             src_gain = phis[i] - float(phi(b.load[i] - v))
             gains = np.where(ok, src_gain + phis - phi(after), -np.inf)
-            j = int(np.argmax(gains))
+            top = float(gains.max())
+            j = int(np.flatnonzero(gains >= top - TIE_EPS)[0])
             g = float(gains[j])
-            if g >= min_gain and (best is None or g > best[0] + 1e-12):
+            if g >= min_gain and (best is None or g > best[0] + TIE_EPS):
                 best = (g, k, i, j)
         return best
 
@@ -379,7 +378,7 @@ class _Planner:
         self.bins.remove(i, k, v)
         self.bins.add(j, k, v)
         self.where[k] = j
-        self._move("migrate", k, i, j, reason, forced=False, bins_freed=int(self.bins.count[i] == 0), phi_gain=g)
+        self._optional(k, i, j, reason, bins_freed=int(self.bins.count[i] == 0), phi_gain=g)
 
     def repack(self) -> None:
         for i in sorted(self.touched):
@@ -405,11 +404,10 @@ class _Planner:
     def consolidate(self) -> None:
         while self.left > 0:
             b = self.bins
-            order = sorted(np.flatnonzero(b.open() & b.allowed),
-                           key=lambda i: (int(b.count[i]), float(b.load[i].sum()), int(i)))
+            order = sorted(map(int, np.flatnonzero(b.open() & b.allowed)),
+                           key=lambda i: (int(b.count[i]), float(b.load[i].sum()), i))
             found: tuple[tuple[int, float, int], list[tuple[str, int]]] | None = None
             for i in order:
-                i = int(i)
                 if found is not None and b.count[i] > found[0][0]:
                     break
                 if b.count[i] > self.left:
@@ -438,8 +436,7 @@ class _Planner:
                        for it in self.items.values() if it.pinned_device is not None]
         devices = []
         total = 0.0
-        for i in np.flatnonzero(b.open()):
-            i = int(i)
+        for i in map(int, np.flatnonzero(b.open())):
             p = float(phi(b.load[i]))
             total += p
             load = tuple(round(float(x), 12) for x in b.load[i])

@@ -27,7 +27,7 @@ class ExactSolverError(RuntimeError):
     """HiGHS gave no optimal answer (time limit, numerical trouble); names its status."""
 
 
-def lower_bound(vectors: Sequence[Sequence[float]]) -> int:
+def lower_bound(vectors: Sequence[Sequence[float]] | np.ndarray) -> int:
     """ceil of the largest per-dimension sum: no packing uses fewer devices."""
     v = np.asarray(vectors, dtype=float).reshape(-1, 3)
     if len(v) == 0:
@@ -36,7 +36,7 @@ def lower_bound(vectors: Sequence[Sequence[float]]) -> int:
     return int(np.ceil(total.max() - FIT_EPS))
 
 
-def min_bins(vectors: Sequence[Sequence[float]], upper: int | None = None, time_limit_s: float = 60.0) -> int:
+def min_bins(vectors: Sequence[Sequence[float]] | np.ndarray, upper: int | None = None, time_limit_s: float = 60.0) -> int:
     """The fewest devices that hold every vector (each must fit one device alone)."""
     v = np.asarray(vectors, dtype=float).reshape(-1, 3)
     n = len(v)
