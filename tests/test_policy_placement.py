@@ -69,6 +69,16 @@ def test_new_model_goes_where_phi_changes_least_and_opens_a_device_only_when_non
     assert where(p2)["D"] == 2 and "opened a device" in p2.moves[0].reason
 
 
+def test_a_new_device_is_a_free_one_before_one_elastic_instances_hold():
+    items = (item("A", A), item("D", (0.95, 0.1, 0.1)))
+    p = plan(PlacementSnapshot(pool=(0, 1, 2, 3), items=items, current=(Assignment(key="A", device=0),),
+                               elastic_devices=(1, 2)), CFG, consolidate=False)
+    assert where(p)["D"] == 3
+    p = plan(PlacementSnapshot(pool=(0, 1, 2), items=items, current=(Assignment(key="A", device=0),),
+                               elastic_devices=(1, 2)), CFG, consolidate=False)
+    assert where(p)["D"] == 1  # steady has priority: it takes an elastic device when no free one is left
+
+
 def test_a_vector_over_one_device_is_unplaced_with_its_reason():
     p = plan(PlacementSnapshot(pool=(0,), items=(item("X", (1.2, 0.1, 0.1)),)), CFG, consolidate=False)
     assert p.assignment == ()

@@ -52,17 +52,19 @@ class Bins:
     it is positive.
     """
 
-    def __init__(self, devices: list[int], allowed: list[bool]) -> None:
+    def __init__(self, devices: list[int], allowed: list[bool], reluctant: list[bool] | None = None) -> None:
         self.ids = np.asarray(devices, dtype=np.int64)
         self.index = {d: i for i, d in enumerate(devices)}
         self.allowed = np.asarray(allowed, dtype=bool)
+        # opened only when no other empty device fits (elastic instances hold them)
+        self.reluctant = np.zeros(len(devices), dtype=bool) if reluctant is None else np.asarray(reluctant, dtype=bool)
         self.load = np.zeros((len(devices), 3))
         self.count = np.zeros(len(devices), dtype=np.int64)
         self.keys: list[set[str]] = [set() for _ in devices]
 
     def copy(self) -> Bins:
         other = Bins.__new__(Bins)
-        other.ids, other.index, other.allowed = self.ids, self.index, self.allowed
+        other.ids, other.index, other.allowed, other.reluctant = self.ids, self.index, self.allowed, self.reluctant
         other.load = self.load.copy()
         other.count = self.count.copy()
         other.keys = [set(k) for k in self.keys]
@@ -89,7 +91,8 @@ class Bins:
         whose Phi changes least (rule "phi", PAPER.md §4) or that ends fullest (rule
         "fill": largest summed load, the classic best fit), lowest id on a tie (within
         TIE_EPS); else, if
-        `may_open`, the lowest-id empty allowed device; else None. `exclude` masks
+        `may_open`, the lowest-id empty allowed device (a reluctant one only when no
+        other fits); else None. `exclude` masks
         devices out."""
         after = self.load + v
         lim = 1.0 + FIT_EPS
@@ -105,7 +108,11 @@ class Bins:
                 delta = -after[idx].sum(axis=-1)
             return int(idx[np.flatnonzero(delta <= delta.min() + TIE_EPS)[0]])
         if may_open:
-            empty = np.flatnonzero(ok & ~self.open())
-            if empty.size:
-                return int(empty[0])
+            empty = ok & ~self.open()
+            first = np.flatnonzero(empty & ~self.reluctant)
+            if first.size:
+                return int(first[0])
+            empty_idx = np.flatnonzero(empty)
+            if empty_idx.size:
+                return int(empty_idx[0])
         return None

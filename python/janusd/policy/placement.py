@@ -11,9 +11,13 @@ Order of a plan's moves:
 1. forced: instances that left the pool are removed; managed instances on a device that
    left the pool, or on a device their grown vectors overfill (the instance with the most
    of the worst dimension leaves first), and new instances are placed. New ones go where
-   Phi changes least among used devices that fit; a new device only when none fits. A
-   batch of new instances is placed in the best of several size orders (fewest devices,
-   then least Phi): a cold start is a fresh first-fit-decreasing packing.
+   Phi changes least among used devices that fit; a new device only when none fits (a
+   free one first, one that elastic instances hold only when no free one is left: the
+   steady pool has priority, PAPER.md §2). A batch of new instances (a cold start, a
+   device lost) is packed as the best (fewest devices, then least Phi) of first-fit-
+   decreasing runs: five size orders x two rules (least Phi change; fullest device),
+   each followed by emptying the devices it opened where the others can take their
+   instances, then, while above the lower bound, size orders perturbed from a fixed seed.
 2. local repack (optional moves): a device that lost an instance is emptied onto the
    other used devices when they can take all of its instances (a device freed), or, when
    its Phi rose by `repack_phi_threshold`, gets up to `repack_max_moves` balancing moves.
@@ -101,7 +105,8 @@ class _Planner:
         pool = set(snap.pool)
         pinned_devs = {it.pinned_device for it in snap.items if it.pinned_device is not None}
         devices = sorted(pool | pinned_devs)
-        self.bins = Bins(devices, [d in pool for d in devices])
+        elastic = set(snap.elastic_devices)
+        self.bins = Bins(devices, [d in pool for d in devices], [d in elastic for d in devices])
         self.where: dict[str, int] = {}  # key -> bin index
         self.moves: list[Move] = []
         self.unplaced: list[Unplaced] = []

@@ -55,12 +55,16 @@ class PlacementSnapshot(_Frozen):
     """The steady pool now: the devices the controller may use (`pool`), every steady
     item with its current capacity vector, and where the managed ones are today
     (`current`; pinned items are placed by their own field and need no entry here).
+    An opened device is the lowest-id free one, else the lowest-id elastic one.
     An item of `current` that is no longer in `items` has left; an item of `items` that
     is not in `current` is new."""
 
     pool: tuple[int, ...]
     items: tuple[SteadyItem, ...]
     current: tuple[Assignment, ...] = ()
+    # devices of the pool that elastic instances hold now: the steady pool has priority
+    # (PAPER.md §2) and may take them, but opens a free device first
+    elastic_devices: tuple[int, ...] = ()
 
 
 class Move(_Frozen):
