@@ -10,7 +10,8 @@
    delay), and on an input oscillating between two values it changes at most once and
    then holds (tests/test_policy_scaling.py). The first tick of an app takes its demand.
 2. Budget. The elastic budget is the devices the steady pool leaves (the caller passes
-   it). When the debounced demands fit, each app gets its own. When they exceed it,
+   it: the pool minus the steady plan's bins_used; scale-in waits for drain, so a device
+   whose instance is still draining is counted as held until it is free). When the debounced demands fit, each app gets its own. When they exceed it,
    each app first gets `min_instances_per_app` (when the budget allows that for every
    app), and the rest is shared in proportion to what each asked beyond it, by the
    largest-remainder (Hamilton) method: floors of the exact quotas, then one more
