@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from janusd.policy.classify import ClassifyError, classify
+from janusd.policy.classify import ClassifyError, classify, traffic_from_counts
 from janusd.policy.policy_config import ClassifyConfig
 from janusd.policy.snapshot import AppTraffic
 
@@ -80,3 +80,24 @@ def test_bad_figures_and_bands_are_refused():
         classify([AppTraffic(app="x", rate=float("nan"), peak_rate=1)], (), 0.0, CFG)
     with pytest.raises(msgspec.ValidationError, match="steady_rate"):
         msgspec.convert({"steady_rate": 6.0}, ClassifyConfig)
+
+
+def test_traffic_from_counts_sees_a_short_burst_the_mean_hides():
+    # 60 s at 1/s, then a 5 s burst at 8/s: mean 1.54/s, peak over 5 s windows 8/s
+    counts = [1] * 60 + [8] * 5
+    t = traffic_from_counts("x", counts, 1.0, 5)
+    assert t.rate == pytest.approx(100 / 65) and t.peak_rate == pytest.approx(8.0)
+    d = classify([t], (), 0.0, CFG).decisions[0]
+    assert (d.pool, d.reason.split(":")[0]) == ("elastic", "bursty")
+    assert traffic_from_counts("x", [0, 0], 1.0, 5).peak_rate == 0.0
+    with pytest.raises(ClassifyError, match="short_buckets"):
+        traffic_from_counts("x", [1], 1.0, 0)
+
+
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=80), st.integers(1, 10))
+@settings(max_examples=100)
+def test_peak_is_the_brute_force_max_window(counts, k):
+    t = traffic_from_counts("x", counts, 0.5, k)
+    kk = min(k, len(counts))
+    brute = max(sum(counts[i:i + kk]) for i in range(len(counts) - kk + 1)) / (kk * 0.5)
+    assert t.peak_rate == pytest.approx(max(brute, t.rate))

@@ -209,6 +209,8 @@ def replay(snap: PlacementSnapshot, p: PlacementPlan) -> None:
         if m.src is not None and m.key in pos:
             load[m.src] = load[m.src] - np.asarray(vec[m.key])
             del pos[m.key]
+        if not m.forced:  # an optional move never opens a device
+            assert m.dst in pos.values() and m.dst != m.src
         if m.dst is not None:
             put(m.key, m.dst, vec[m.key])
         if not m.forced:

@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 
 from janusd.policy.policy_config import ClassifyConfig
-from janusd.policy.snapshot import AppPool, AppTraffic, Classification, PoolDecision
+from janusd.policy.snapshot import AppPool, AppTraffic, Classification, Pool, PoolDecision
 
 
 class ClassifyError(ValueError):
@@ -31,6 +31,26 @@ class ClassifyError(ValueError):
 def volatility(t: AppTraffic) -> float:
     """peak/mean; 1.0 (flat) for an app with no traffic."""
     return t.peak_rate / t.rate if t.rate > 0.0 else 1.0
+
+
+def traffic_from_counts(app: str, counts: Sequence[int], bucket_s: float, short_buckets: int,
+                        pin: Pool | None = None) -> AppTraffic:
+    """An app's AppTraffic from its arrivals per bucket over the long window (oldest
+    first): mean rate over all of it, peak rate over any `short_buckets` consecutive
+    buckets (the short window that makes a 5-10x jump within seconds visible while the
+    mean over minutes barely moves)."""
+    if bucket_s <= 0 or short_buckets < 1 or not counts:
+        raise ClassifyError(f"app {app!r}: need counts, bucket_s > 0 and short_buckets >= 1")
+    if any(c < 0 for c in counts):
+        raise ClassifyError(f"app {app!r}: counts must be >= 0")
+    k = min(short_buckets, len(counts))
+    window = sum(counts[:k])
+    peak = window
+    for i in range(k, len(counts)):
+        window += counts[i] - counts[i - k]
+        peak = max(peak, window)
+    rate = sum(counts) / (len(counts) * bucket_s)
+    return AppTraffic(app=app, rate=rate, peak_rate=max(peak / (k * bucket_s), rate), pin=pin)
 
 
 def _check(traffic: Sequence[AppTraffic]) -> None:
