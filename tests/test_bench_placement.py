@@ -21,3 +21,5 @@ def test_small_run_reports_consistent_figures():
     assert out["slow_tick_migrations"] <= 8  # PlacementConfig().migration_budget
     assert out["elastic_budget"] == 64 - out["slow_tick_bins"]
     assert out["elastic_given"] <= out["elastic_budget"]
+    per = out["bins_per_period"]
+    assert per[0] == out["slow_tick_bins"] and all(a >= b for a, b in zip(per, per[1:]))  # never more devices
