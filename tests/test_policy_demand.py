@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from janusd.oracle.types import CapacityPredictor, ElasticityPredictor
-from janusd.policy.demand import SteadyModel, elastic_demand, scaled, steady_items
+from janusd.policy.demand import SteadyModel, elastic_demand, prefill_share, scaled, steady_items
 from janusd.policy.policy_config import DemandConfig
 from policy_fakes import LinearCapacity, LogisticAttainment, load
 
@@ -49,3 +49,11 @@ def test_elastic_demand_is_m_star_or_the_limit():
 def test_scaled_divides_rates_not_lengths():
     s = scaled(load(10.0), 0.25)
     assert (s.request_rate, s.input_token_rate, s.output_token_rate, s.input_len_mean) == (2.5, 250.0, 125.0, 100.0)
+
+
+def test_prefill_share_is_prefill_time_over_all_device_time():
+    # 1000 input tok/s at 0.1 ms each = 0.1 s/s; 500 output tok/s at 0.6 ms each = 0.3 s/s
+    assert prefill_share(load(10.0), 1e-4, 6e-4) == pytest.approx(0.25)
+    assert prefill_share(load(0.0), 1e-4, 6e-4) == 0.5
+    with pytest.raises(ValueError, match="per-token costs"):
+        prefill_share(load(1.0), -1.0, 1e-3)

@@ -13,6 +13,10 @@ The lower thresholds sit strictly below the upper ones (ClassifyConfig checks), 
 app whose rate wanders around one threshold crosses to elastic once and stays: the band
 between the two is the hysteresis, and quiet_s bounds how often it can come back. An app
 seen for the first time starts steady and is classified at once.
+Nothing here counts evaluations: promotion is immediate and demotion is measured on
+`now`, so the shell may classify on every fast tick (it costs microseconds per app) to
+isolate a burst within 0.5 s instead of waiting for the 30 s tick, without changing
+how long an app must stay quiet.
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@
   fewest r whose vector fits, up to max_steady_replicas. Keys are the model name, or
   "model#k" for replica k of r > 1. A pinned model (config `devices`) gets one item per
   device at its share of the load, never split further: its placement is the operator's.
+- prefill_share: the part of an elastic app's instances that should prefill, as the
+  part of its device time that prefill takes: input tokens/s x seconds per prefill token
+  over that plus output tokens/s x seconds per decode token (the per-token costs from
+  oracle/prefill_estimate.py and decode_estimate.py at the app's batch sizes).
 - elastic_demand: m* from ElasticityPredictor.min_instances with the configured target,
   margin and limit; when no count up to the limit reaches the target, the app asks for
   the limit (the most it may have) and the reason says so.
@@ -83,3 +87,12 @@ def elastic_demand(app_model: str, load: LoadFeatures, pred: ElasticityPredictor
         return cfg.max_elastic_instances, f"no count up to {cfg.max_elastic_instances} reaches " \
                                           f"{cfg.attainment_target:.0%}: {ans.reason}"
     return ans.m, ans.reason
+
+
+def prefill_share(load: LoadFeatures, prefill_s_per_token: float, decode_s_per_token: float) -> float:
+    """Prefill's part of the app's device time (0.5 with no traffic or no costs known)."""
+    if not (prefill_s_per_token >= 0.0 and decode_s_per_token >= 0.0):
+        raise ValueError("per-token costs must be >= 0")
+    p = load.input_token_rate * prefill_s_per_token
+    d = load.output_token_rate * decode_s_per_token
+    return 0.5 if p + d <= 0.0 else p / (p + d)
