@@ -361,3 +361,16 @@ def test_exact_solver_agrees_with_brute_force_on_tiny_instances():
                         go(i + 1, loads[:j] + [s] + loads[j + 1:])
         go(0, [])
         assert min_bins(vs) == best
+
+
+def test_at_paper_size_a_slow_tick_frees_one_device_per_migration():
+    """768 devices, 300 instances one per device (a spread-out pool): the 30 s tick spends
+    its 8 migrations on emptying 8 single-instance devices, and stays feasible."""
+    rng = random.Random(3)
+    items = tuple(item(f"app{k % 62:02d}#{k}", tuple(rng.uniform(0.02, 0.3) for _ in range(3))) for k in range(300))
+    cur = tuple(Assignment(key=it.key, device=k) for k, it in enumerate(items))
+    p = plan(PlacementSnapshot(pool=tuple(range(768)), items=items, current=cur), CFG, consolidate=True)
+    assert p.migrations == CFG.migration_budget == 8
+    assert p.bins_used == 300 - 8
+    assert all(m.bins_freed == 1 and m.reason.startswith("consolidation") for m in p.moves)
+    assert all(max(d.load) <= 1 + FIT_EPS for d in p.devices)
