@@ -140,8 +140,8 @@ class AppCount(_Frozen):
     demand: int  # m* this tick
     debounced: int  # after the two-plan debounce (what the app asks the budget for)
     count: int  # instances given (after compression to the budget)
-    prefill: int  # of `count`, prefill-only instances (0 when count < 2: one mixed instance)
-    decode: int
+    prefill: int  # of `count`, prefill-only instances (0 below pd_min_instances)
+    decode: int  # the rest: decode-only, or mixed (prefill and decode) when prefill is 0
     reason: str
 
 
