@@ -56,6 +56,7 @@ bench: $(STAMP_EXT)
 	$(VENV)/bin/janus bench engine --json
 	$(VENV)/bin/janus bench api --json
 	$(VENV)/bin/janus bench pd --json
+	$(VENV)/bin/janus bench placement --json
 
 lint: $(STAMP_EXT)
 	$(PY) -m mypy.stubtest janusd._native --allowlist .stubtest-allowlist
