@@ -86,6 +86,8 @@ if TYPE_CHECKING:  # numpy and the trace modules load inside the functions (`jan
 POLICIES = ("lst_imh", "round_robin", "least_load")
 PLANS = ("global", "window")
 DEFAULT_PLAN = "global"
+OBJECTIVES = ("tokens", "requests")
+DEFAULT_OBJECTIVE = "tokens"
 MODEL_NAME = "llm"
 RELAXED_SLO_MS = 600_000.0  # capacity and warm-up requests: never rejected, never late
 VERDICT_RANK = {"not_better": 0, "tie": 1, "mean_above": 2, "beyond_spread": 3}
@@ -99,6 +101,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plans", default=DEFAULT_PLAN,
                    help="comma-separated dispatch.plan values for lst_imh (global|window); a plan other than "
                         "global is written into [dispatch], the default writes no plan key")
+    p.add_argument("--objectives", default=DEFAULT_OBJECTIVE,
+                   help="comma-separated dispatch.objective values for lst_imh (tokens|requests); one other than "
+                        "tokens is written into [dispatch], the default writes no objective key")
     p.add_argument("--loads", default="0.7,1.5", help="comma-separated loads as multiples of the measured capacity")
     p.add_argument("--runs", type=int, default=3, help="runs per load and policy (interleaved, fresh daemon each)")
     p.add_argument("--duration-s", type=float, default=25.0, help="trace span per run in seconds")
@@ -147,18 +152,26 @@ def parse_loads(text: str) -> list[float]:
     return loads
 
 
-def variants(policies: Sequence[str], plans: Sequence[str]) -> list[dict[str, str | None]]:
-    """(label, policy, plan) of each daemon configuration to compare.
+def variants(policies: Sequence[str], plans: Sequence[str],
+             objectives: Sequence[str] = (DEFAULT_OBJECTIVE,)) -> list[dict[str, str | None]]:
+    """(label, policy, plan, objective) of each daemon configuration to compare.
 
-    The plan only changes LST-IMH, so it multiplies lst_imh alone; `plan` is None where
-    no key is to be written (the default plan). Labels: the policy, or policy/plan when
-    more than one plan is asked.
+    Plan and objective only change LST-IMH, so they multiply lst_imh alone; each is None
+    where no key is to be written (the default). Labels: the policy, plus /plan and
+    /objective for lst_imh when more than one of that kind is asked.
     """
     out: list[dict[str, str | None]] = []
     for pol in policies:
-        for plan in (plans if pol == "lst_imh" else [DEFAULT_PLAN]):
-            label = pol if (len(plans) == 1 or pol != "lst_imh") else f"{pol}/{plan}"
-            out.append({"label": label, "policy": pol, "plan": None if plan == DEFAULT_PLAN else plan})
+        lst = pol == "lst_imh"
+        for plan in (plans if lst else [DEFAULT_PLAN]):
+            for obj in (objectives if lst else [DEFAULT_OBJECTIVE]):
+                label = pol
+                if lst and len(plans) > 1:
+                    label += f"/{plan}"
+                if lst and len(objectives) > 1:
+                    label += f"/{obj}"
+                out.append({"label": label, "policy": pol, "plan": None if plan == DEFAULT_PLAN else plan,
+                            "objective": None if obj == DEFAULT_OBJECTIVE else obj})
     return out
 
 
@@ -361,9 +374,12 @@ def verdicts(per_variant: dict[str, dict[str, Any]], variant_policy: dict[str, s
 
 
 def daemon_config(*, run_dir: Path, cache: str, checkpoint: str, policy: str, plan: str | None,
-                  ttft_slo_ms: float, tpot_slo_ms: float, memory_mib: int, kv_cache_mib: int) -> str:
-    """The daemon's TOML: one model on devices [0, 1]; `plan` None writes no plan key."""
+                  ttft_slo_ms: float, tpot_slo_ms: float, memory_mib: int, kv_cache_mib: int,
+                  objective: str | None = None) -> str:
+    """The daemon's TOML: one model on devices [0, 1]; `plan` (`objective`) None writes no
+    plan (objective) key."""
     plan_line = f'plan = "{plan}"\n' if plan is not None else ""
+    plan_line += f'objective = "{objective}"\n' if objective is not None else ""
     return (
         f'[server]\nport = 0\nadmin_socket = "{run_dir / "admin.sock"}"\ncache_dir = "{cache}"\n'
         f"queue_limit = 100000\n"
@@ -515,7 +531,7 @@ def _one_run(args: argparse.Namespace, cache: str, run_dir: Path, variant: dict[
     from janusd.trace.results import RequestResult
 
     cfg = daemon_config(run_dir=run_dir, cache=cache, checkpoint=args.model, policy=str(variant["policy"]),
-                        plan=variant["plan"], ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms,
+                        plan=variant["plan"], objective=variant.get("objective"), ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms,
                         memory_mib=args.memory_mib, kv_cache_mib=args.kv_cache_mib)
     marks = [time.monotonic()]
     proc, port = daemon_proc.start(cfg, run_dir, args.torch_threads, {MODEL_NAME: 2})
@@ -577,10 +593,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     policies = parse_list(args.policies, POLICIES, "policy")
     plans = parse_list(args.plans, PLANS, "plan")
+    objectives = parse_list(args.objectives, OBJECTIVES, "objective")
     loads = parse_loads(args.loads)
     if args.runs < 1 or not args.duration_s > 0:
         raise ValueError("--runs must be >= 1 and --duration-s > 0")
-    vs = variants(policies, plans)
+    vs = variants(policies, plans, objectives)
     labels = [str(v["label"]) for v in vs]
     by_label = {str(v["label"]): v for v in vs}
     cache = args.cache_dir or str(cache_dir(ServerConfig()))
@@ -646,6 +663,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "tpot_slo_ms": args.tpot_slo_ms,
         "policies": policies,
         "plans": plans,
+        "objectives": objectives,
         "runs": args.runs,
         "duration_s": args.duration_s,
         "seed": args.seed,
