@@ -21,7 +21,7 @@ def test_a_request_for_a_model_with_no_active_instance_waits_and_is_served_when_
     rig = Rig()
     rig.model("m", [0])
     rid = rig.submit("m", ttft_ms=500)
-    assert rig.core.held["m"][0].rid == rid and rig.core.queue_length("m") == 1
+    assert [r.rid for r in rig.core.held] == [rid] and rig.core.queue_length("m") == 1
     rig.now += 5.0  # far past its TTFT deadline: held, not rejected
     rig.tick()
     assert rig.events[rid] == [] and rig.workers[0].generates() == []
@@ -43,7 +43,7 @@ def test_a_held_request_fails_with_retry_after_when_no_instance_comes_within_the
     rig.tick()
     (f,) = rig.events[rid]
     assert isinstance(f, Failure) and f.status == 503 and f.code == "model_not_ready" and f.retry_after_s == 1.0
-    assert rig.core.held == {} and rig.core.requests.count() == 0
+    assert list(rig.core.held) == [] and rig.core.requests.count() == 0
 
 
 def test_co_located_models_share_one_epdt_per_device():
@@ -135,7 +135,7 @@ def test_worker_death_fails_its_requests_holds_the_queue_and_a_reload_serves_it(
     r2 = rig.submit("m")
     rig.now += 3.0
     rig.tick()
-    assert rig.events[r2] == [] and [r.rid for r in rig.core.held["m"]] == [r2]
+    assert rig.events[r2] == [] and [r.rid for r in rig.core.held] == [r2]
     rig.core.loaded(inst, rig.now, 2048, 0.2)
     rig.tick()
     assert rig.workers[0].generates() == [r1, r2]
@@ -314,6 +314,26 @@ def test_the_decode_guard_keeps_new_prefills_off_a_device_decoding_slower_than_t
     rig.token(0, r1, finished=True)  # device 0 drains: it takes the waiting request
     rig.tick()
     assert rig.workers[0].generates() == [r1, r3]
+
+
+def test_the_decode_guard_follows_a_retuned_tpot_slo_with_nothing_else_changing():
+    """Only devices marked changed are re-evaluated: a new TPOT SLO must mark its model's."""
+    import msgspec
+
+    rig = Rig(devices=1)
+    rig.model("m", [0], tpot_slo_ms=50.0)
+    rig.activate("m", 0)
+    r1 = rig.submit("m", max_tokens=100)
+    rig.tick()
+    rig.token(0, r1)
+    for _ in range(5):  # 80 ms per token with one sequence
+        rig.now += 0.08
+        rig.token(0, r1)
+    rig.tick()
+    assert rig.core.instance("m", 0).saturated
+    rig.core.retune(msgspec.structs.replace(rig.core.registry.models["m"].cfg, tpot_slo_ms=500.0))
+    rig.tick()
+    assert not rig.core.instance("m", 0).saturated
 
 
 def test_without_the_decode_guard_a_slow_device_still_takes_work():

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 import msgspec
 
 from janusd.config import DispatchConfig, ModelConfig
+from janusd.core.held import HeldQueues
 from janusd.core.dispatch import DispatchCore
 from janusd.core.kv_handoff import KVHandoff
 from janusd.core.registry import Instance, Model, Registry
@@ -87,11 +87,12 @@ class ServingCore:
         self.handoff = KVHandoff(self.requests, workers, self._decode_target,
                                  lambda *a: self.obs.kv_transfer(*a))
         self.telemetry = telemetry or Telemetry()
-        self.held: dict[str, deque[Request]] = {}
+        self.held = HeldQueues()
         self._admitting: dict[str, int] = {}
         self._tok_rr = 0
         self._decoding: dict[int, int] = {}  # device -> requests past their first token there
         self.decode_fit: dict[int, DecodeStepEstimator] = {}  # device -> seconds per token by sequences
+        self._guard_dirty: set[int] = set()  # devices whose decode guard must be re-evaluated
         self._now = 0.0  # the time of the event being handled (for paths that end requests)
 
     def _at(self, now: float) -> float:
@@ -106,6 +107,7 @@ class ServingCore:
         """New request-only settings (SLOs, app) for a served model: new requests get them."""
         m = self.registry.models[cfg.name]
         m.cfg = cfg
+        self._guard_dirty.update(i.device for i in m.instances.values())  # its TPOT SLO may differ
 
     def remove_model(self, name: str, now: float) -> None:
         """Forget a model whose instances are all Unloaded; its waiting requests end (404)."""
@@ -145,6 +147,7 @@ class ServingCore:
         elif target is S.ACTIVE:
             self.dispatch.join(inst)
             inst.saturated = False
+            self._guard_dirty.add(inst.device)
             self.dispatch.set_ready(inst, True)
             self._release_held(inst.model, now)
             self.obs.serving(inst.model)
@@ -305,14 +308,11 @@ class ServingCore:
         self.dispatch.submit(req.rid, req.model, req.arrival, deadline, req.est_prefill_s, req.sampling.max_tokens)
 
     def _hold(self, req: Request, now: float) -> None:
-        req.held_since = now
-        self.held.setdefault(req.model, deque()).append(req)
+        self.held.hold(req, now)
 
     def _release_held(self, model: str, now: float) -> None:
-        q = self.held.pop(model, None)
-        for req in q or ():
-            if not req.done:
-                self._submit(req, now)
+        for req in self.held.release(model):
+            self._submit(req, now)
 
     def _hold_queued(self, model: str, now: float) -> None:
         """The model stopped taking prefill work: its queued requests wait for an instance
@@ -327,7 +327,7 @@ class ServingCore:
         return m.cfg.default_max_tokens or self.limits.default_max_tokens
 
     def queue_length(self, model: str) -> int:
-        return self.dispatch.pending(model) + len(self.held.get(model, ())) + self._admitting.get(model, 0)
+        return self.dispatch.pending(model) + self.held.count(model) + self._admitting.get(model, 0)
 
     def cancel(self, req: Request, now: float) -> None:
         """The client went away: abort on the worker (frees KV) and forget the request."""
@@ -353,21 +353,11 @@ class ServingCore:
     def tick(self, now: float) -> float | None:
         """Expire held requests, dispatch; returns when to tick next (None: on the next event)."""
         self._at(now)
-        wake: float | None = None
         timeout = self.limits.model_wait_timeout_s
-        for model, q in list(self.held.items()):
-            while q and (q[0].done or q[0].held_since is None or q[0].held_since + timeout <= now):
-                req = q.popleft()
-                if req.done or req.held_since is None:
-                    continue
-                req.held_since = None  # out of the held queue already
-                self.obs.rejected(model, "no_instance")
-                self.requests.fail(req.rid, no_instance(model, timeout))
-            if q:
-                at = q[0].held_since + timeout  # type: ignore[operator]
-                wake = at if wake is None else min(wake, at)
-            else:
-                self.held.pop(model, None)
+        expired, wake = self.held.expire(now, timeout)
+        for req in expired:
+            self.obs.rejected(req.model, "no_instance")
+            self.requests.fail(req.rid, no_instance(req.model, timeout))
         if self.dispatch.cfg.decode_guard:
             self._guard_decode()
         assigned, rejected = self.dispatch.tick(now)
@@ -383,8 +373,11 @@ class ServingCore:
     def _guard_decode(self) -> None:
         """An Active instance takes new prefill work only while its device, with one more
         sequence decoding, is estimated to stay within the model's TPOT SLO; an instance
-        with nothing decoding always may (so every request is served eventually)."""
-        for inst in self.registry.instances.values():
+        with nothing decoding always may (so every request is served eventually). Only the
+        devices whose decode count, fit, SLO or instances changed since the last tick are
+        re-evaluated (a tick at 768 devices must not walk them all)."""
+        dirty, self._guard_dirty = self._guard_dirty, set()
+        for inst in (i for d in sorted(dirty) for i in self.registry.on_device(d)):
             if not (inst.active and inst.dispatched):
                 continue
             n = self._decoding.get(inst.device, 0)
@@ -449,6 +442,7 @@ class ServingCore:
                 gap = (now - req.token_times[-1]) / len(d.token_ids)
                 fit = self.decode_fit.setdefault(device, DecodeStepEstimator())
                 fit.observe(max(1, self._decoding.get(device, 1)), max(0.0, gap))
+                self._guard_dirty.add(device)
             if d.token_ids:
                 self.telemetry.on_tokens(req.rid, now, len(d.token_ids))
             self.requests.deliver(d, now)
@@ -469,6 +463,7 @@ class ServingCore:
     def _count_decoding(self, device: int, delta: int) -> None:
         n = max(0, self._decoding.get(device, 0) + delta)
         self._decoding[device] = n
+        self._guard_dirty.add(device)
         self.dispatch.set_decode_load(device, n)
 
     def _finished(self, req: Request) -> None:
@@ -479,15 +474,7 @@ class ServingCore:
             self._count_decoding(req.decode_device, -1)
             req.decode_device = None
         if req.held_since is not None:
-            q = self.held.get(req.model)
-            if q is not None:
-                try:
-                    q.remove(req)
-                except ValueError:
-                    pass
-                if not q:
-                    del self.held[req.model]
-            req.held_since = None
+            self.held.drop(req)
         elif not req.prefill_seen:
             self.dispatch.cancel(req.rid, now)
         if not req.failed:
@@ -511,7 +498,7 @@ class ServingCore:
         models = self.registry.models
         return {
             "queues": {n: self.queue_length(n) for n in models},
-            "held": {n: len(self.held.get(n, ())) for n in models},
+            "held": {n: self.held.count(n) for n in models},
             "relaxed": {n: self.dispatch.relaxed(n) for n in models},
             "in_flight": {n: self.requests.count(n) for n in models},
             "dispatch": self.dispatch.stats(),
@@ -523,19 +510,13 @@ class ServingCore:
     def check_integrity(self) -> None:
         """Every request in exactly one place; raises RuntimeError naming the first breach."""
         self.dispatch.check_integrity()
-        held_ids = {r.rid for q in self.held.values() for r in q}
-        for rid in held_ids:
-            if rid not in self.requests.by_id:
-                raise RuntimeError(f"request {rid} is held but has ended")
-        for req in self.requests.by_id.values():
-            if req.held_since is not None and req.rid not in held_ids:
-                raise RuntimeError(f"request {req.rid} says it is held but no held queue has it")
-            if req.rid in held_ids and req.instance is not None:
-                raise RuntimeError(f"request {req.rid} is both held and assigned")
+        self.held.check(self.requests.by_id)
         for inst in self.registry.instances.values():
             m = self.registry.model(inst.model)
             if m is None or m.instances.get(inst.device) is not inst:
                 raise RuntimeError(f"instance {inst.instance_id} is not its model's instance on its device")
+            if inst not in self.registry.on_device(inst.device):
+                raise RuntimeError(f"instance {inst.instance_id} is missing from device {inst.device}'s index")
 
 
 def removed(model: str) -> Failure:
