@@ -33,6 +33,7 @@ from typing import Any
 import msgspec
 
 from janusd.engine.types import STALL_WAIT_S
+from janusd.engine.worker_lifecycle import Done, Lifecycle
 from janusd.engine.worker_pd import Imported, PDLink
 from janusd.wire import worker_msgs as wm
 from janusd.wire.framing import BlockingFramedSocket, FrameError
@@ -91,6 +92,7 @@ class WorkerProc:
         self.running = True
         self.busy_since: float | None = None  # the main thread is in a step or command since (monotonic)
         self.pd = PDLink(engine.pool, kind, self.inbox)
+        self.life = Lifecycle(engine, self.inbox, self.pd, self._send, self._drop_requests)
 
     # ---- reader thread ----
     def reader(self) -> None:
@@ -241,11 +243,17 @@ class WorkerProc:
             self._registered(msg)
         elif isinstance(msg, wm.UnloadModel):
             self._unload(msg)
+        elif isinstance(msg, wm.SetState):
+            self.life.set_state(msg)
+        elif isinstance(msg, Done):
+            self.life.done(msg)
+        elif isinstance(msg, wm.PublishWeights):
+            self._send(self.life.publish(msg))
         elif isinstance(msg, wm.GetStats):
             held = sum(me.num_requests() for me in self.de.models.values())
             usage = {name: _kv_usage(me) for name, me in self.de.models.items()}
             self._send(wm.Stats(msg.seq, _int_dict(self.de.pool.stats()), sorted(self.de.models), len(self.req_model),
-                                held, usage))
+                                held, usage, {n: h.nbytes for n, h in self.de.host.items()}))
         elif isinstance(msg, wm.Shutdown):
             self.running = False
 
@@ -337,15 +345,24 @@ class WorkerProc:
         self._send(wm.ModelLoaded(built.msg.seq, me.name, int(me.max_model_len), built.seconds, eos,
                                   built.probe))
 
+    def _drop_requests(self, name: str, why: str) -> None:
+        """Abort and fail every request this worker relays for model `name`."""
+        for rid, model in list(self.req_model.items()):
+            if model == name:
+                self.pd.forget(rid)
+                me = self.de.models.get(model)
+                if me is not None:
+                    me.abort(str(rid))
+                self._send(wm.RequestFailed(rid, why, "internal"))
+                del self.req_model[rid]
+
     def _unload(self, msg: wm.UnloadModel) -> None:
         if self.pd.defer_unload(msg):
             return  # a KV transfer still writes into its blocks: the transfer thread re-queues this
-        for rid, model in list(self.req_model.items()):
-            if model == msg.name:
-                self.pd.forget(rid)
-                self.de.models[model].abort(str(rid))
-                self._send(wm.RequestFailed(rid, f"model {model!r} was unloaded", "internal"))
-                del self.req_model[rid]
+        if msg.name in self.life.busy:
+            self._send(wm.ErrorReply(msg.seq, f"model {msg.name!r} is changing state; unload it after", "bad_request"))
+            return
+        self._drop_requests(msg.name, f"model {msg.name!r} was unloaded")
         try:
             self.de.unload_model(msg.name)
         except Exception as e:
