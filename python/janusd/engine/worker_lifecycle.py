@@ -86,9 +86,14 @@ def first_token(me: Any) -> float:
     t0 = time.perf_counter()
     rid = "__first_token"
     me.add_request(rid, [1, 2, 3, 4], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    errors = []
     while me.has_work():
-        me.step()
+        errors += [o.error for o in me.step() if o.error]
     me.abort(rid)
+    if errors:
+        from janusd.engine.types import EngineError
+
+        raise EngineError(f"the restored model cannot produce a token: {errors[0]}")
     return time.perf_counter() - t0
 
 
