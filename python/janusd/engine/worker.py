@@ -137,7 +137,7 @@ class WorkerProc:
     # ---- main thread ----
     def serve(self) -> None:
         threading.Thread(target=self.reader, name="janusd-worker-reader", daemon=True).start()
-        self._send(wm.Ready(os.getpid(), self.device_index, self.kind))
+        self._send(wm.Ready(os.getpid(), self.device_index, self.kind, measure_memcpy()))
         while self.running:
             busy = self.de.has_work()
             # requests waiting for KV pages other owners hold: a step now would do nothing,
@@ -369,6 +369,19 @@ class WorkerProc:
             self._send(wm.ErrorReply(msg.seq, f"cannot unload {msg.name!r}: {e}", "bad_request"))
             return
         self._send(wm.ModelUnloaded(msg.seq, msg.name))
+
+
+def measure_memcpy(nbytes: int = 32 << 20) -> float:
+    """Bytes per second of one warm host copy: the start value of the daemon's restore
+    path estimates (refined by every transfer since)."""
+    import torch
+
+    a = torch.ones(nbytes, dtype=torch.uint8)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    t0 = time.perf_counter()
+    b.copy_(a)
+    return nbytes / max(time.perf_counter() - t0, 1e-9)
 
 
 def tokenize_prompt(tokenizer: Any, prompt: str | None, messages: list[wm.ChatMessage] | None) -> list[int]:

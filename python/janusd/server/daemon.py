@@ -155,6 +155,9 @@ class Daemon:
             return 1
         _log(f"{len(self.workers)} workers ready: " + ", ".join(f"device {w.device_index} pid {w.pid}"
                                                                  for w in self.workers))
+        measured = [w.memcpy_bps for w in self.workers if w.memcpy_bps > 0]
+        if measured:  # the restore path estimates start from this machine's copy bandwidth
+            self.life.bw.memcpy = min(measured)
         self._spawn(self._tick_loop(), "dispatch")
         sdnotify.notify(f"STATUS=loading {len(self.cfg.models)} models")
         await self.ops.add_and_load(list(self.cfg.models), self.cfg.models, self.cfg.devices.count)

@@ -184,6 +184,7 @@ class Ready(msgspec.Struct, **_OPTS):
     pid: int
     device_index: int
     kind: str
+    memcpy_bps: float = 0.0  # host copy bandwidth measured at start (lifecycle/restore_path.py)
 
 
 class ModelLoaded(msgspec.Struct, **_OPTS):
