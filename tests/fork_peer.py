@@ -77,7 +77,7 @@ def main() -> int:
     r = run(life, msg(3, "active", src), sent)  # a host copy: falls back to H2D
     print(json.dumps({"path": r.path, "fallback": r.fallback, "sha": seg_sha(de), "greedy": greedy(de)}), flush=True)
     run(life, msg(4, "cold"), sent)
-    r = run(life, msg(5, "active", src), sent)  # nothing here: falls back to the checkpoint
+    r = run(life, msg(5, "active", src), sent)  # no host copy: falls back to a cold start
     print(json.dumps({"path": r.path, "fallback": r.fallback, "sha": seg_sha(de), "greedy": greedy(de),
                       "weight_pages": de.pool.stats().weight_pages}), flush=True)
     return 0

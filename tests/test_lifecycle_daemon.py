@@ -107,7 +107,8 @@ def test_warm_and_cold_round_trips_give_identical_outputs(daemon):
         assert out["state"] == rest and "drain" in out["phases"], out
         assert states(daemon)[("demo-llama", 0)] == rest
         back = ctl_ok(daemon, am.StateReq("demo-llama", 0, "active"))
-        assert back["state"] == "active" and back["path"] == ("h2d" if rest == "warm" else "checkpoint"), back
+        # Cold: the converted image written when the weights left the device, memory-mapped
+        assert back["state"] == "active" and back["path"] == ("h2d" if rest == "warm" else "image"), back
         assert {"transfer", "first_token"} <= set(back["phases"]), back
         assert complete(daemon, "demo-llama") == (200, ref)
     _, _, text = daemon.http("GET", "/metrics")

@@ -111,3 +111,38 @@ def test_fork_helpers(de):
     assert checksums(host.buf, blocks)[2] != sums[2]
     other = de.stage_host_copy(ModelConfig(name="m", checkpoint="demo:llama-tiny", dtype="bfloat16"), EC, CACHE)
     assert layout_signature(other.plan) != layout_signature(host.plan)
+
+
+def test_host_image_round_trip(de, tmp_path):
+    """A Cold start from the converted image: same bytes, same tokenizer, same tokens; an
+    image of a changed checkpoint is a different one; a damaged image is not trusted."""
+    from janusd.engine.host_image import image_dir, open_image, write_image
+    from janusd.engine.loader import checkpoint_path
+    from janusd.engine.restore import HostCopy
+
+    ref = generate(de)
+    me = de.models["m"]
+    pl = me.placement
+    ckpt = checkpoint_path(MC.checkpoint, CACHE)
+    root = image_dir(tmp_path, ckpt, "float32")
+    sig = layout_signature(pl.plan)
+    assert write_image(root, me.checkpoint, pl.plan, sig, "float32", pl.segment.tensor())
+    assert not write_image(root, me.checkpoint, pl.plan, sig, "float32", pl.segment.tensor())  # once
+    de.release(de.detach("m"), None, keep_host=False)
+    img = open_image(root)
+    assert img is not None and img.meta.layout == sig
+    text = "hello world, the quick brown fox"
+    assert img.tokenizer.encode(text) == me.checkpoint.tokenizer.encode(text)
+    assert img.eos_token_ids == list(me.checkpoint.eos_token_ids)
+    host = HostCopy("m", MC, EC, img, pl.plan, img.weights())
+    de.register(de.restore_model(host, Copier(2, 64 << 10), {}))
+    assert generate(de) == ref
+    (root / "meta.msgpack").write_bytes(b"\x00garbage")
+    assert open_image(root) is None
+    other = tmp_path / "copy"
+    other.mkdir()
+    (other / "x.safetensors").write_bytes(b"1")
+    assert image_dir(tmp_path, other, "float32") != root
+    before = image_dir(tmp_path, other, "float32")
+    (other / "x.safetensors").write_bytes(b"22")
+    assert image_dir(tmp_path, other, "float32") != before

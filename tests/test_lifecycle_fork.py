@@ -1,6 +1,7 @@
 """D2D fork between two real processes over Mooncake (loopback tcp): byte-identical
 weights and generations; after kill -9 of the source, a fork falls back on its own to
-the host copy (H2D) or, with none, to the checkpoint, and still ends Active."""
+the host copy (H2D) or, with none, to a cold start (the converted image), and still
+ends Active."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_fork_is_byte_identical_and_falls_back_when_the_source_dies():
         assert h2d["path"] == "h2d" and h2d["fallback"], h2d
         assert h2d["sha"] == pub["sha"] and h2d["greedy"] == pub["greedy"]
         cold = json.loads(target.stdout.readline())
-        assert cold["path"] == "checkpoint" and cold["fallback"], cold
+        assert cold["path"] == "image" and cold["fallback"], cold  # the image its warm copy left on disk
         assert cold["sha"] == pub["sha"] and cold["greedy"] == pub["greedy"] and cold["weight_pages"] == 1
         target.stdin.close()
         assert target.wait(30) == 0

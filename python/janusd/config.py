@@ -191,6 +191,9 @@ class LifecycleConfig(_Section):
     # blocks of the weight segment checksummed on both sides of a fork (and their size)
     fork_verify_blocks: NonNegInt = 16
     fork_verify_block_kib: PositiveInt = 64
+    # keep a converted host image of each checkpoint (the weight segment's bytes, tokenizer,
+    # tensor table) under server.cache_dir/images, memory-mapped on a Cold start
+    host_image: bool = True
 
 
 class JanusConfig(_Section):
@@ -281,6 +284,9 @@ wake_on_request = true      # a request for a model with no Active instance wake
 fork_timeout_s = 60.0       # a D2D fork not done by then falls back to H2D or a Cold load
 fork_verify_blocks = 16     # sampled blocks checksummed on both sides of a fork
 fork_verify_block_kib = 64  # size of one sampled block
+host_image = true           # keep a converted image of each checkpoint under server.cache_dir/images
+                            # (weights as laid out on the device, tokenizer, tensor table): Cold starts
+                            # map it instead of reading and converting the checkpoint again
 
 # One [[models]] table per served model. Keys and defaults:
 #   name          unique; the `model` of API requests

@@ -192,23 +192,74 @@ class Lifecycle:
         threading.Thread(target=run, name=f"janusd-{msg.target}-{msg.model.name}", daemon=True).start()
 
     # ---- lifecycle threads ----
+    def _image_root(self, msg: wm.SetState) -> Path | None:
+        """Where the converted host image of the model's checkpoint lives (None: not kept)."""
+        if not msg.lifecycle.host_image or not msg.cache_dir:
+            return None
+        from janusd.engine.host_image import image_dir
+        from janusd.engine.loader import checkpoint_path
+
+        cache = Path(msg.cache_dir)
+        return image_dir(cache, checkpoint_path(msg.model.checkpoint, cache), msg.model.dtype)
+
+    def _keep_image(self, msg: wm.SetState, ck: Any, plan: Any, data: Any) -> None:
+        root = self._image_root(msg)
+        if root is not None and not (root / "meta.msgpack").exists():
+            from janusd.engine.host_image import write_image
+
+            if write_image(root, ck, plan, layout_signature(plan), msg.model.dtype, data):
+                _log(f"wrote the host image of {msg.model.name} ({plan.total_bytes} bytes) to {root}")
+
+    def _from_image(self, msg: wm.SetState) -> Any:
+        """A HostCopy whose buffer is the mapped image file (None when there is no image)."""
+        root = self._image_root(msg)
+        if root is None:
+            return None
+        from janusd.engine.host_image import open_image
+        from janusd.engine.models.weights import plan_weights
+        from janusd.engine.restore import HostCopy
+        from janusd.engine.runner import torch_dtype
+
+        ck = open_image(root)
+        if ck is None:
+            return None
+        plan = plan_weights(ck.arch, ck.tensor_specs(), torch_dtype(msg.model.dtype))
+        if layout_signature(plan) != ck.meta.layout:
+            return None
+        return HostCopy(msg.model.name, msg.model, msg.engine, ck, plan, ck.weights())
+
     def _leave(self, msg: wm.SetState, me: Any) -> Done:
         t0 = time.perf_counter()
         keep = msg.target == "warm"
+        if not keep:  # the last chance to keep a converted image of what leaves the device
+            pl = me.placement
+            self._keep_image(msg, me.checkpoint, pl.plan, pl.segment.tensor())
         host, copy_s = self.de.release(me, self.copier, keep_host=keep)
+        if host is not None:
+            self._keep_image(msg, host.checkpoint, host.plan, host.buf)
         total = time.perf_counter() - t0
         return Done(msg, host=host, path="d2h" if keep else "none", nbytes=host.nbytes if host else 0,
                     phases={"transfer": copy_s, "restore": max(0.0, total - copy_s)})
 
     def _stage(self, msg: wm.SetState) -> Done:
+        """Cold -> Warm: the host copy from the image (a file copy) or the checkpoint."""
+        from janusd.engine.restore import HostCopy, host_buffer
+
         t0 = time.perf_counter()
-        host = self.de.stage_host_copy(msg.model, msg.engine, Path(msg.cache_dir) if msg.cache_dir else None)
-        return Done(msg, host=host, path="checkpoint", nbytes=host.nbytes,
-                    phases={"transfer": time.perf_counter() - t0})
+        mapped = self._from_image(msg)
+        if mapped is not None:
+            buf, pinned = host_buffer(mapped.nbytes, self.de.kind)
+            self.copier.copy(buf, mapped.buf)
+            host = HostCopy(mapped.name, msg.model, msg.engine, mapped.checkpoint, mapped.plan, buf, pinned)
+            del mapped
+            path = "image"
+        else:
+            host = self.de.stage_host_copy(msg.model, msg.engine, Path(msg.cache_dir) if msg.cache_dir else None)
+            self._keep_image(msg, host.checkpoint, host.plan, host.buf)
+            path = "checkpoint"
+        return Done(msg, host=host, path=path, nbytes=host.nbytes, phases={"transfer": time.perf_counter() - t0})
 
     def _activate(self, msg: wm.SetState) -> Done:
-        from janusd.engine.loader import open_checkpoint
-
         name = msg.model.name
         phases: dict[str, float] = {}
         host = self.de.host.get(name)
@@ -220,18 +271,23 @@ class Lifecycle:
                 path = "d2d"
             except Exception as e:  # a dead or frozen source, a bad checksum: fall back on our own
                 fallback = f"{type(e).__name__}: {e}"
-                _log(f"fork of {name} failed, falling back to {'H2D' if host else 'the checkpoint'}: {fallback}")
+                _log(f"fork of {name} failed, falling back to {'H2D' if host else 'a cold start'}: {fallback}")
                 phases.clear()
         if me is None and host is not None:
             me = self.de.restore_model(host, self.copier, phases)
             path = "h2d"
-        if me is None:
+        if me is None:  # Cold: the mapped image, else the checkpoint read into a host copy; then H2D
             t0 = time.perf_counter()
-            ck = open_checkpoint(msg.model.checkpoint, Path(msg.cache_dir) if msg.cache_dir else None)
-            t1 = time.perf_counter()
-            me = self.de.build_model(msg.model, msg.engine, None, ck)
-            phases.update(prepare=t1 - t0, transfer=time.perf_counter() - t1)
-            path = "checkpoint"
+            src = self._from_image(msg)
+            path = "image"
+            if src is None:
+                src = self.de.stage_host_copy(msg.model, msg.engine, Path(msg.cache_dir) if msg.cache_dir else None)
+                self._keep_image(msg, src.checkpoint, src.plan, src.buf)
+                path = "checkpoint"
+            opened = time.perf_counter() - t0
+            me = self.de.restore_model(src, self.copier, phases)
+            phases["prepare"] = phases.get("prepare", 0.0) + opened
+            del src  # the mapping or the temporary host copy: a Cold start keeps no host memory
         try:
             phases["first_token"] = first_token(me)
         except Exception:

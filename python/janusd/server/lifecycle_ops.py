@@ -204,8 +204,11 @@ class LifecycleOps:
             raise ValueError(f"{name} on device {inst.device} left {S.RESTORING.value} while it restored "
                              f"(now {inst.state.value}); what was restored is freed")
         self.weight_bytes[name] = reply.nbytes or self.weight_bytes.get(name, 0)
-        if reply.path in ("d2d", "h2d", "checkpoint"):
+        if reply.path in ("d2d", "h2d"):
             self.bw.observe(reply.path, reply.nbytes, reply.phases.get("transfer", 0.0))
+        elif reply.path in ("image", "checkpoint"):  # a Cold start: opening counts, it is the cost
+            self.bw.observe("checkpoint", reply.nbytes,
+                            reply.phases.get("prepare", 0.0) + reply.phases.get("transfer", 0.0))
         if reply.fallback:
             self.fork_fallbacks += 1
             _log(f"fork of {name} to device {inst.device} fell back to {reply.path}: {reply.fallback}",
