@@ -305,8 +305,6 @@ class Lifecycle:
         from janusd.engine.models.weights import materialize, plan_weights
         from janusd.engine.runner import torch_dtype
         from janusd.engine.types import EngineError
-        from janusd.lifecycle.transfer import Piece, match_pieces
-
         src = msg.fork
         assert src is not None
         t0 = time.perf_counter()
@@ -325,19 +323,7 @@ class Lifecycle:
         def fill(seg: Any) -> Any:
             t1 = time.perf_counter()
             marks["prepare"] = t1 - t0
-            dst = seg.global_pieces(plan.total_bytes)
-            pieces = []
-            for p in match_pieces([tuple(x) for x in src.pieces], dst):
-                for a in range(0, p.nbytes, chunk):
-                    pieces.append(Piece(p.src_offset + a, p.dst_offset + a, min(chunk, p.nbytes - a)))
-            moved = self.pd.transport.read(src.session, src.global_base, pieces)
-            if moved != plan.total_bytes:
-                raise EngineError(f"fork moved {moved} bytes, expected {plan.total_bytes}")
-            got = checksums(seg.tensor(), [(o, n) for o, n, _ in src.checksums])
-            bad = [o for (o, _, h), (_, _, g) in zip(src.checksums, got) if h != g]
-            if bad:
-                raise EngineError(f"fork verification failed: {len(bad)} of {len(got)} sampled blocks differ "
-                                  f"(first at offset {bad[0]})")
+            pull_segment(self.pd.transport, src, seg, chunk)
             marks["transfer"] = time.perf_counter() - t1
             marks["after"] = time.perf_counter()
             return materialize(plan, seg.view)
@@ -355,6 +341,29 @@ class Lifecycle:
         phases.update(prepare=marks.get("prepare", 0.0), transfer=marks.get("transfer", 0.0),
                       restore=time.perf_counter() - marks.get("after", t0))
         return me
+
+
+def pull_segment(transport: Any, src: wm.ForkSource, seg: Any, chunk_bytes: int) -> int:
+    """Read the source's segment bytes into `seg` (ours, reserved) over the transport:
+    the pieces paired by lifecycle/transfer.match_pieces, cut into `chunk_bytes` so one
+    batch keeps several transfers in flight; then check the byte count and the sampled
+    checksums. Raises EngineError (or TransferError) when either does not match."""
+    from janusd.engine.types import EngineError
+    from janusd.lifecycle.transfer import Piece, match_pieces
+
+    pieces = []
+    for p in match_pieces([tuple(x) for x in src.pieces], seg.global_pieces(src.nbytes)):
+        for a in range(0, p.nbytes, chunk_bytes):
+            pieces.append(Piece(p.src_offset + a, p.dst_offset + a, min(chunk_bytes, p.nbytes - a)))
+    moved = transport.read(src.session, src.global_base, pieces)
+    if moved != src.nbytes:
+        raise EngineError(f"fork moved {moved} bytes, expected {src.nbytes}")
+    got = checksums(seg.tensor(), [(o, n) for o, n, _ in src.checksums])
+    bad = [o for (o, _, h), (_, _, g) in zip(src.checksums, got) if h != g]
+    if bad:
+        raise EngineError(f"fork verification failed: {len(bad)} of {len(got)} sampled blocks differ "
+                          f"(first at offset {bad[0]})")
+    return moved
 
 
 def name_taken(de: Any, name: str) -> bool:
