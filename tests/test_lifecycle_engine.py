@@ -134,7 +134,7 @@ def test_host_image_round_trip(de, tmp_path):
     text = "hello world, the quick brown fox"
     assert img.tokenizer.encode(text) == me.checkpoint.tokenizer.encode(text)
     assert img.eos_token_ids == list(me.checkpoint.eos_token_ids)
-    host = HostCopy("m", MC, EC, img, pl.plan, img.weights())
+    host = HostCopy("m", MC, EC, img, pl.plan, None, file=img.root / "weights.bin")
     de.register(de.restore_model(host, Copier(2, 64 << 10), {}))
     assert generate(de) == ref
     (root / "meta.msgpack").write_bytes(b"\x00garbage")

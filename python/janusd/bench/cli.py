@@ -18,6 +18,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "dispatch-replay": ("janusd.bench.dispatch_replay",
                         "dispatch policies end to end: a bursty trace replayed on a real daemon at 0.7x/1.5x capacity"),
     "engine": ("janusd.bench.engine", "engine prefill/decode tok/s, decode vs bandwidth roofline, co-location"),
+    "restore": ("janusd.bench.restore", "H2D restore / D2D fork / Cold start vs memcpy, raw transfer and disk read; "
+                "control overhead, source TPOT during a fork, first token of a Warm or Cold model"),
     "pd": ("janusd.bench.pd", "P/D handoff cost per request (token 1 to 2 gap vs mixed) and KV transfer bandwidth"),
     "xtensor": ("janusd.bench.xtensor", "xTensor map/unmap vs raw mmap, bookkeeping ns/op, churn fragmentation"),
 }

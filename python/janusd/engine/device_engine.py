@@ -191,7 +191,9 @@ class DeviceEngine:
         def fill(seg: Any) -> dict[str, torch.Tensor]:
             t1 = time.perf_counter()
             marks["prepare"] = t1 - t0
-            marks["transfer"] = copier.copy(seg.tensor()[: host.nbytes], host.buf)
+            dst = seg.tensor()[: host.nbytes]
+            marks["transfer"] = (copier.read_file(dst, host.file) if host.buf is None and host.file is not None
+                                 else copier.copy(dst, host.buf))
             marks["after"] = time.perf_counter()
             return materialize(host.plan, seg.view)
 
@@ -216,10 +218,16 @@ class DeviceEngine:
             me.abort(rid)
         return me
 
-    def release(self, me: ModelEngine, copier: Copier | None, keep_host: bool) -> tuple[HostCopy | None, float]:
-        """Free a detached model's KV pages and weight segment (their host backing too on
-        cpu devices); with keep_host, first copy the weights into a host copy (D2H).
-        Returns (the host copy or None, seconds spent copying)."""
+    def release(self, me: ModelEngine, copier: Copier | None, keep_host: bool,
+                return_pages: bool | None = None) -> tuple[HostCopy | None, float]:
+        """Free a detached model's KV pages and weight segment; with keep_host, first copy
+        the weights into a host copy (D2H). Returns (the host copy or None, seconds copying).
+
+        `return_pages` (default: not keep_host): on cpu devices also give the pages' host
+        memory back to the OS, so the worker's RSS drops (Cold, Unloaded). Warm keeps them
+        resident in the pool, as a GPU keeps its HBM: the restore that follows then copies
+        at memory speed instead of paying the kernel's page zeroing on first touch (about
+        1 GB/s on this VM, several times slower than memcpy; `janus bench restore`)."""
         name = me.name
         pl: Placement = me.placement  # type: ignore[attr-defined]
         sync_device(me.device)  # no kernel of this model may still touch the memory
@@ -233,7 +241,8 @@ class DeviceEngine:
         me.close()
         me.placement = None  # type: ignore[attr-defined]
         del me, pl
-        release_backing(self.kind, self.pool.global_base, self.pool.page_size, pages)
+        if (not keep_host) if return_pages is None else return_pages:
+            release_backing(self.kind, self.pool.global_base, self.pool.page_size, pages)
         self.pool.free(name)
         return host, seconds
 

@@ -5,16 +5,18 @@ more than moving its bytes: a GGUF is dequantised tensor by tensor and its token
 rebuilt from the vocabulary (seconds for SmolLM2-135M on this machine). The image is the
 weight segment exactly as the engine lays it out (the WeightPlan's bytes, in the model's
 dtype), the tokenizer as tokenizers' own JSON, and the metadata (architecture, tensor
-table, special tokens, chat template, EOS ids). A Cold start maps `weights.bin` and
-copies it into a fresh segment in chunks (several in flight: the page-cache reads run in
-parallel), so it costs what a sequential read of one file costs, not a conversion.
+table, special tokens, chat template, EOS ids). A Cold start reads `weights.bin` straight
+into a fresh segment in chunks, several reads in flight (engine/restore.Copier.read_file:
+measured faster here than mapping the file and copying from the mapping, which pays a
+page fault per 4 KiB), so it costs what a read of one file costs, not a conversion.
 
 Keyed by the checkpoint's path, size and modification time, the dtype and the image
 version: a changed checkpoint gets a new image. Written once (atomically: a temporary
 directory renamed into place) the first time the weights pass through host memory or
 leave a device; `lifecycle.host_image = false` never writes one. The mapping is dropped
-as soon as the copy is done: a Cold model holds no host memory for its weights (the page
-cache may keep the file's pages; the kernel drops those under pressure).
+Nothing of it stays in the process once the read is done: a Cold model holds no host
+memory for its weights (the page cache may keep the file's pages; the kernel drops those
+under pressure).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class ImageMeta(msgspec.Struct, kw_only=True):
 
 class ImageCheckpoint(Checkpoint):
     """A Checkpoint opened from an image: metadata and tokenizer only (the weights are
-    `weights`, the mapped file, copied whole by the caller)."""
+    `root / "weights.bin"`, read whole by the caller)."""
 
     format = "image"
 
@@ -62,11 +64,6 @@ class ImageCheckpoint(Checkpoint):
                          list(meta.eos_token_ids))
         self.root = root
         self.meta = meta
-
-    def weights(self) -> torch.Tensor:
-        """The image's bytes, memory-mapped read-only (private: nothing writes the file)."""
-        return torch.from_file(str(self.root / "weights.bin"), shared=False, size=self.meta.nbytes,
-                               dtype=torch.uint8)
 
 
 def _fingerprint(path: Path) -> str:

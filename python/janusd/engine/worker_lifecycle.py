@@ -11,6 +11,7 @@ neighbour changes state (tests/test_lifecycle_daemon.py measures that).
 Activation picks its source in the order the daemon planned it: a D2D fork when the
 SetState names a source (falling back on its own, to the host copy or the checkpoint,
 when the pull fails or does not verify), else the host copy (H2D), else the checkpoint.
+Cold starts read the converted image (engine/host_image.py) straight into the segment.
 Before answering it runs one greedy token through the new instance (the `first_token`
 phase): an instance reported Active has produced a token.
 """
@@ -211,7 +212,7 @@ class Lifecycle:
                 _log(f"wrote the host image of {msg.model.name} ({plan.total_bytes} bytes) to {root}")
 
     def _from_image(self, msg: wm.SetState) -> Any:
-        """A HostCopy whose buffer is the mapped image file (None when there is no image)."""
+        """A HostCopy that reads the image's weights file (None when there is no image)."""
         root = self._image_root(msg)
         if root is None:
             return None
@@ -226,7 +227,7 @@ class Lifecycle:
         plan = plan_weights(ck.arch, ck.tensor_specs(), torch_dtype(msg.model.dtype))
         if layout_signature(plan) != ck.meta.layout:
             return None
-        return HostCopy(msg.model.name, msg.model, msg.engine, ck, plan, ck.weights())
+        return HostCopy(msg.model.name, msg.model, msg.engine, ck, plan, None, file=ck.root / "weights.bin")
 
     def _leave(self, msg: wm.SetState, me: Any) -> Done:
         t0 = time.perf_counter()
@@ -249,7 +250,8 @@ class Lifecycle:
         mapped = self._from_image(msg)
         if mapped is not None:
             buf, pinned = host_buffer(mapped.nbytes, self.de.kind)
-            self.copier.copy(buf, mapped.buf)
+            assert mapped.file is not None
+            self.copier.read_file(buf, mapped.file)
             host = HostCopy(mapped.name, msg.model, msg.engine, mapped.checkpoint, mapped.plan, buf, pinned)
             del mapped
             path = "image"
@@ -287,7 +289,7 @@ class Lifecycle:
             opened = time.perf_counter() - t0
             me = self.de.restore_model(src, self.copier, phases)
             phases["prepare"] = phases.get("prepare", 0.0) + opened
-            del src  # the mapping or the temporary host copy: a Cold start keeps no host memory
+            del src  # a temporary host copy, if any: a Cold start keeps no host memory
         try:
             phases["first_token"] = first_token(me)
         except Exception:
