@@ -3,14 +3,17 @@ same bytes on the same machine, in the same run (PAPER.md §8, issue [L]).
 
 Synthetic segments of each size (default 64 MiB to 2 GiB), in this process's own cpu
 pool, through the code the worker runs:
-- H2D: a fresh weight segment filled from a host copy by engine/restore.Copier (chunks,
-  several in flight), against a plain copy of the same bytes into resident memory
-  (`h2d_vs_memcpy` = memcpy time / restore time);
+- H2D: a weight segment filled from a host copy by engine/restore.Copier (chunks, several
+  in flight), against one plain copy of the same bytes into resident memory
+  (`h2d_vs_memcpy` = memcpy time / restore time). Warm keeps its freed pool pages resident
+  on cpu devices, so the restore writes resident pages; `h2d_fresh_pages_vs_memcpy` is the
+  same copy into pages given back to the OS (what a Cold start writes into);
 - D2D: engine/worker_lifecycle.pull_segment (match the pieces, chunked batch read over
   Mooncake, sampled checksums) from a peer process, against one raw Mooncake read of the
   same bytes from the same peer (`d2d_vs_raw_transfer`);
-- Cold: the converted image memory-mapped and copied into a fresh segment, against a
-  sequential read() of the same file (`cold_vs_disk`).
+- Cold: the converted image read into a segment whose pages were given back to the OS
+  (Copier.read_file: chunked preads in flight), against a sequential read() of the same
+  file into one resident buffer (`cold_vs_disk`; the file is in the page cache for both).
 Then through a real daemon serving the same small model (SmolLM2-135M-Instruct by
 default) on two cpu devices:
 - `control_overhead_ms`: client-side time of `ctl state active` (Warm -> Active) minus the
@@ -89,8 +92,10 @@ def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> list[d
     def fresh(n: int) -> Any:
         return pool.alloc_weights("w", n)
 
-    def drop(seg: Any) -> None:
-        release_backing("cpu", pool.global_base, page, seg.page_ids)
+    def drop(seg: Any, give_back: bool = True) -> None:
+        """Free the segment; give_back: its host memory too (as Cold does; Warm keeps it)."""
+        if give_back:
+            release_backing("cpu", pool.global_base, page, seg.page_ids)
         pool.free("w")
 
     for n in sizes:
@@ -108,16 +113,22 @@ def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> list[d
             memcpy.append(time.perf_counter() - t0)
         del dst
         drop(seg)
-        h2d = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            seg = fresh(n)
-            copier.copy(seg.tensor()[:n], host)
-            h2d.append(time.perf_counter() - t0)
-            ok = torch.equal(seg.tensor()[: 1 << 20], host[: 1 << 20])
-            drop(seg)
+        h2d, fresh_h2d = [], []
+        for give_back, out in ((False, h2d), (True, fresh_h2d)):
+            # Warm keeps its freed pool pages resident (the restore gets them back); pages
+            # given back to the OS (Cold) pay the kernel's zeroing on first touch
+            for _ in range(args.repeats):
+                seg = fresh(n)
+                if not give_back:
+                    seg.tensor()[:n].fill_(0)  # resident, as after the model left for Warm
+                t0 = time.perf_counter()
+                copier.copy(seg.tensor()[:n], host)
+                out.append(time.perf_counter() - t0)
+                ok = torch.equal(seg.tensor()[n - (1 << 20): n], host[n - (1 << 20):])
+                drop(seg, give_back=True)
         row.update(memcpy_s=_median(memcpy), h2d_s=_median(h2d), h2d_vs_memcpy=_median(memcpy) / _median(h2d),
-                   h2d_bytes_ok=ok)
+                   h2d_fresh_pages_s=_median(fresh_h2d),
+                   h2d_fresh_pages_vs_memcpy=_median(memcpy) / _median(fresh_h2d), h2d_bytes_ok=ok)
         # Cold: the image file mapped and copied vs a sequential read of the same file
         path = work / f"image-{n >> 20}.bin"
         with open(path, "wb") as f:
@@ -131,10 +142,8 @@ def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> list[d
                     pass
             disk.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            mapped = torch.from_file(str(path), shared=False, size=n, dtype=torch.uint8)
-            seg = fresh(n)
-            copier.copy(seg.tensor()[:n], mapped)
-            del mapped
+            seg = fresh(n)  # pages given back to the OS when the model went Cold
+            copier.read_file(seg.tensor()[:n], path)
             cold.append(time.perf_counter() - t0)
             drop(seg)
         path.unlink()
