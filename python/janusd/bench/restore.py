@@ -238,6 +238,7 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
     try:
         _stream(port, "m", 4)  # warm-up
         pids = {w["device"]: w["pid"] for w in _ctl(sock, am.StatusReq())["workers"]}
+        out["worker_rss_idle_mib"] = round(_rss_mib(pids[1]), 1)  # device 1: the model Cold, nothing loaded yet
         # fixed control overhead of an activation: Warm -> Active on device 0, client side
         overhead, phases = [], []
         for _ in range(args.repeats):

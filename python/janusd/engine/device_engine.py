@@ -25,7 +25,7 @@ import torch
 from janusd.engine.kv_cache import PagedKVCache
 from janusd.engine.models.llama import LlamaModel
 from janusd.engine.models.weights import materialize, plan_weights
-from janusd.engine.restore import Copier, HostCopy, host_buffer, plain_view, release_backing, sync_device
+from janusd.engine.restore import Copier, HostCopy, host_buffer, plain_view, release_backing, sync_device, trim_heap
 from janusd.engine.runner import ModelEngine, torch_dtype
 from janusd.engine.types import EngineError, StepOutput
 
@@ -241,9 +241,12 @@ class DeviceEngine:
         me.close()
         me.placement = None  # type: ignore[attr-defined]
         del me, pl
-        if (not keep_host) if return_pages is None else return_pages:
+        give_back = (not keep_host) if return_pages is None else return_pages
+        if give_back:
             release_backing(self.kind, self.pool.global_base, self.pool.page_size, pages)
         self.pool.free(name)
+        if give_back:
+            trim_heap()
         return host, seconds
 
     def _release(self, name: str) -> None:

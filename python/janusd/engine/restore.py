@@ -167,6 +167,13 @@ def release_backing(kind: str, global_base: int, page_size: int, page_ids: list[
             raise EngineError(f"madvise(MADV_REMOVE) of {nbytes} bytes at {addr:#x} failed: errno {ctypes.get_errno()}")
 
 
+def trim_heap() -> None:
+    """Hand the C heap's free memory back to the OS (glibc malloc_trim): what a checkpoint
+    read or a host copy left in the allocator's free lists would otherwise stay in RSS."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def plain_view(buf: torch.Tensor) -> Any:
     """A `view(offset, shape, dtype)` function over a host byte buffer (a host copy)."""
     import math

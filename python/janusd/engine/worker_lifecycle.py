@@ -141,7 +141,10 @@ class Lifecycle:
             else:
                 self._spawn(self._stage, msg)
         else:  # cold: drop the host copy, if any
-            self.de.host.pop(name, None)
+            from janusd.engine.restore import trim_heap
+
+            if self.de.host.pop(name, None) is not None:
+                trim_heap()
             self.send(wm.StateSet(msg.seq, name, "cold"))
 
     def done(self, d: Done) -> None:
@@ -291,7 +294,8 @@ class Lifecycle:
             phases["prepare"] = phases.get("prepare", 0.0) + opened
             del src  # a temporary host copy, if any: a Cold start keeps no host memory
         try:
-            phases["first_token"] = first_token(me)
+            if msg.probe:  # a request waiting for this instance is its own first token
+                phases["first_token"] = first_token(me)
         except Exception:
             self.de.release(me, None, keep_host=False)
             with self.de._lock:
@@ -310,6 +314,8 @@ class Lifecycle:
         src = msg.fork
         assert src is not None
         t0 = time.perf_counter()
+        if host is None:  # the tensor table and tokenizer from the image when there is one
+            host = self._from_image(msg)
         if host is not None:
             ck, plan = host.checkpoint, host.plan
         else:

@@ -51,9 +51,10 @@ class LifecycleOps:
         self.fork_fallbacks = 0
 
     # ---- the admin operations ----
-    async def set_state(self, name: str, device: int, target: str) -> dict[str, Any]:
+    async def set_state(self, name: str, device: int, target: str, probe: bool = True) -> dict[str, Any]:
         """`ctl state NAME --device N active|warm|cold`: the reply holds the new state, the
-        path the weights took and the seconds of each phase."""
+        path the weights took and the seconds of each phase (with `probe`, an activation
+        runs one greedy token first: the first_token phase)."""
         inst = self._instance(name, device)
         if target not in TARGETS:
             raise ValueError(f"state must be active, warm or cold, got {target!r}")
@@ -62,7 +63,7 @@ class LifecycleOps:
             return {"model": name, "device": device, "state": want.value, "unchanged": True}
         with self._claim(inst):
             if want is S.ACTIVE:
-                return await self._activate(inst)
+                return await self._activate(inst, probe=probe)
             if inst.state is S.ACTIVE:
                 return await self._deactivate(inst, want)
             return await self._rest(inst, want)
@@ -115,7 +116,7 @@ class LifecycleOps:
 
         async def go() -> None:
             try:
-                await self.set_state(name, inst.device, "active")
+                await self.set_state(name, inst.device, "active", probe=False)  # the request is its probe
             except (ValueError, WorkerError) as e:
                 _log(f"waking {name} on device {inst.device} failed: {e}", logging.WARNING)
 
@@ -149,17 +150,19 @@ class LifecycleOps:
     def _claim(self, inst: Instance) -> LifecycleOps._Claim:
         return LifecycleOps._Claim(self._busy, (inst.model, inst.device))
 
-    def _msg(self, inst: Instance, target: str, fork: wm.ForkSource | None = None) -> Callable[[int], wm.SetState]:
+    def _msg(self, inst: Instance, target: str, fork: wm.ForkSource | None = None,
+             probe: bool = True) -> Callable[[int], wm.SetState]:
         m = self.core.registry.models[inst.model]
         cfg = m.engine_cfg(inst.device)
-        return lambda seq: wm.SetState(seq, cfg, self.ops.engine, self.ops.cache_dir, target, self.cfg, fork)  # type: ignore[arg-type]
+        return lambda seq: wm.SetState(seq, cfg, self.ops.engine, self.ops.cache_dir, target,  # type: ignore[arg-type]
+                                       self.cfg, fork, probe)
 
     async def _call(self, inst: Instance, make: Callable[[int], Any], timeout_s: float) -> Any:
         w = self.ops.workers[inst.device]
         async with self.ops._locks[inst.device]:
             return await w.call(make, timeout_s)
 
-    async def _activate(self, inst: Instance, fork_from: Instance | None = None) -> dict[str, Any]:
+    async def _activate(self, inst: Instance, fork_from: Instance | None = None, probe: bool = True) -> dict[str, Any]:
         name, clock = inst.model, self.ops.clock
         prev = inst.state
         if prev is S.UNLOADED and fork_from is None:
@@ -189,7 +192,7 @@ class LifecycleOps:
         self.core.set_state(inst, S.FORKING if source is not None else S.RESTORING, clock())
         t0 = time.monotonic()
         try:
-            reply: wm.StateSet = await self._call(inst, self._msg(inst, "active", source),
+            reply: wm.StateSet = await self._call(inst, self._msg(inst, "active", source, probe),
                                                   self.ops.load_timeout_s + (self.cfg.fork_timeout_s if source else 0))
         except (WorkerError, asyncio.TimeoutError) as e:
             err = str(e) or "timed out"

@@ -160,6 +160,7 @@ class SetState(msgspec.Struct, **_OPTS):
     target: Literal["active", "warm", "cold"]
     lifecycle: LifecycleConfig = LifecycleConfig()
     fork: ForkSource | None = None
+    probe: bool = True  # activation: run one greedy token before answering (first_token phase)
 
 
 class PublishWeights(msgspec.Struct, **_OPTS):
