@@ -72,3 +72,12 @@ def test_observed_bandwidth_stays_within_what_was_seen(obs):
         bw.observe("h2d", n, s)
     rates = [n / s for n, s in obs]
     assert min(rates) * (1 - 1e-9) <= bw.of("h2d") <= max(rates) * (1 + 1e-9)
+
+
+def test_transfer_protocol_by_device_kind():
+    from janusd.lifecycle.transfer import protocol_for
+
+    assert [protocol_for(k) for k in ("cpu", "cuda", "npu")] == ["tcp", "rdma", "ascend"]
+    assert protocol_for("cuda", "nvlink") == "nvlink"
+    with pytest.raises(ValueError, match="not one of"):
+        protocol_for("cpu", "carrier-pigeon")

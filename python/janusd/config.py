@@ -91,6 +91,9 @@ class DevicesConfig(_Section):
     page_size_mib: PositiveInt = 2
     # torch intra-op threads per worker; 0 = share the host's cores evenly among workers
     torch_threads: NonNegInt = 0
+    # Mooncake protocol between workers (P/D KV, D2D weight forks); auto: tcp on cpu,
+    # rdma on cuda, ascend on npu (the CUDA and NPU Mooncake wheels are install extras)
+    transfer_protocol: Literal["auto", "tcp", "rdma", "nvlink", "ascend"] = "auto"
 
     def worker_torch_threads(self) -> int:
         """Threads per worker: oversubscribed OpenMP pools make small matmuls far slower."""
@@ -250,6 +253,8 @@ count = 2                   # one worker process per device
 memory_mib = 2048           # xTensor page pool per device
 page_size_mib = 2
 torch_threads = 0           # torch threads per worker; 0 = host cores / count (env JANUSD_WORKER_TORCH_THREADS overrides)
+transfer_protocol = "auto"  # Mooncake between workers (P/D KV, D2D forks): auto = tcp on cpu, rdma on cuda,
+                            # ascend on npu (tcp | rdma | nvlink | ascend; non-tcp needs the CUDA/NPU wheel)
 
 [engine]
 block_size = 16             # tokens per KV block
@@ -378,6 +383,9 @@ def _check(cfg: JanusConfig) -> None:
             raise ValueError(
                 f"models[{i}].kv_cache_mib: {m.kv_cache_mib} exceeds devices.memory_mib = {cfg.devices.memory_mib}"
             )
+    if cfg.devices.kind == "cpu" and cfg.devices.transfer_protocol not in ("auto", "tcp"):
+        raise ValueError(f"devices.transfer_protocol: {cfg.devices.transfer_protocol!r} moves device memory; cpu "
+                         "devices use tcp (auto)")
     if cfg.devices.memory_mib % cfg.devices.page_size_mib:
         raise ValueError("devices.memory_mib: must be a multiple of devices.page_size_mib")
     if len(set(cfg.server.api_keys)) != len(cfg.server.api_keys) or any(not k for k in cfg.server.api_keys):

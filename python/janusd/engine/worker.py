@@ -82,7 +82,8 @@ def prefill_probe(me: Any) -> list[tuple[int, float]]:
 
 
 class WorkerProc:
-    def __init__(self, conn: BlockingFramedSocket, engine: Any, device_index: int, kind: str) -> None:
+    def __init__(self, conn: BlockingFramedSocket, engine: Any, device_index: int, kind: str,
+                 transfer_protocol: str = "auto") -> None:
         self.conn = conn
         self.de = engine
         self.device_index = device_index
@@ -91,7 +92,7 @@ class WorkerProc:
         self.req_model: dict[int, str] = {}
         self.running = True
         self.busy_since: float | None = None  # the main thread is in a step or command since (monotonic)
-        self.pd = PDLink(engine.pool, kind, self.inbox)
+        self.pd = PDLink(engine.pool, kind, self.inbox, transfer_protocol)
         self.life = Lifecycle(engine, self.inbox, self.pd, self._send, self._drop_requests)
 
     # ---- reader thread ----
@@ -419,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-bytes", type=int, required=True)
     p.add_argument("--page-size", type=int, default=2 << 20)
     p.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--transfer-protocol", default="auto", help="Mooncake protocol (auto: by device kind)")
     args = p.parse_args(argv)
     # The daemon owns our life: SIGINT from a terminal's Ctrl-C or SIGTERM sent to the whole
     # process group must not kill a worker mid-drain; we exit on Shutdown or on EOF.
@@ -448,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 1
-    WorkerProc(conn, de, args.device_index, args.kind).serve()
+    WorkerProc(conn, de, args.device_index, args.kind, args.transfer_protocol).serve()
     return 0
 
 
