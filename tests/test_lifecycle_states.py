@@ -81,3 +81,26 @@ def test_transfer_protocol_by_device_kind():
     assert protocol_for("cuda", "nvlink") == "nvlink"
     with pytest.raises(ValueError, match="not one of"):
         protocol_for("cpu", "carrier-pigeon")
+
+
+def _ctl_args(argv):
+    import argparse
+
+    from janusd import ctl_cli
+
+    p = argparse.ArgumentParser()
+    ctl_cli.add_arguments(p)
+    return ctl_cli._request(p.parse_args(argv))
+
+
+def test_ctl_state_and_fork_requests():
+    from janusd.wire import admin_msgs as am
+
+    assert _ctl_args(["state", "m", "warm", "--device", "2"]) == am.StateReq("m", 2, "warm")
+    assert _ctl_args(["fork", "m", "--from", "0", "--to", "1"]) == am.ForkReq("m", 0, 1)
+    for argv, msg in [(["state", "m", "--device", "1"], "needs a target"),
+                      (["state", "m", "cold"], "exactly one --device"),
+                      (["fork", "m", "--from", "0"], "--from N and --to M"),
+                      (["unload", "m", "warm"], "takes no state argument")]:
+        with pytest.raises(ValueError, match=msg):
+            _ctl_args(argv)

@@ -220,6 +220,10 @@ async def load_model(ops: ModelOps, holder: ConfigHolder, name: str, checkpoint:
     if kept is not None and checkpoint is None:
         if kept.active or any(i.state is S.LOADING for i in kept.instances.values()):
             raise ValueError(f"model {name!r} is already loaded")
+        resting = sorted(i.device for i in kept.instances.values() if i.state in (S.WARM, S.COLD))
+        if resting:
+            raise ValueError(f"model {name!r} is warm or cold on devices {resting}: bring it back with "
+                             f"`janus ctl state {name} --device N active` (or `ctl unload` it first)")
         m = kept.cfg
     elif kept is not None:
         raise ValueError(f"model {name!r} is already loaded")
