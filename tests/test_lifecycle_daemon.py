@@ -215,3 +215,41 @@ def test_colocated_stream_undisturbed(daemon):
     conn.close()
     assert done.get("finish") == "length" and done["usage"]["completion_tokens"] == 300, done
     assert gaps and max(gaps) < 1.0, max(gaps)
+
+
+def _greedy_stream(d, model: str, n: int, on_first=None) -> str:
+    import http.client
+    import json
+
+    body = json.dumps({"model": model, "prompt": "the quick brown fox", "max_tokens": n, "temperature": 0,
+                       "ignore_eos": True, "stream": True})
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=60)
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    text = []
+    for _, ev in sse_events(resp):
+        if ev == "[DONE]":
+            break
+        if ev.get("choices"):
+            text.append(ev["choices"][0]["text"])
+            if on_first is not None and len(text) == 1:
+                on_first()
+    conn.close()
+    return "".join(text)
+
+
+def test_fork_while_the_source_streams_leaves_its_output_unchanged(daemon):
+    ctl_ok(daemon, am.StateReq("demo-llama", 1, "cold"))
+    if states(daemon)[("demo-llama", 0)] != "active":
+        ctl_ok(daemon, am.StateReq("demo-llama", 0, "active"))
+    status, ref = complete(daemon, "demo-llama", 200)
+    assert status == 200
+    go = threading.Event()
+    out: dict = {}
+    th = threading.Thread(target=lambda: out.setdefault("text", _greedy_stream(daemon, "demo-llama", 200, go.set)))
+    th.start()
+    assert go.wait(30)
+    forked = ctl_ok(daemon, am.ForkReq("demo-llama", 0, 1))
+    th.join(60)
+    assert forked["path"] == "d2d" and out["text"] == ref
