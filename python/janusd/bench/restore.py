@@ -9,11 +9,14 @@ pool, through the code the worker runs:
   on cpu devices, so the restore writes resident pages; `h2d_fresh_pages_vs_memcpy` is the
   same copy into pages given back to the OS (what a Cold start writes into);
 - D2D: engine/worker_lifecycle.pull_segment (match the pieces, chunked batch read over
-  Mooncake, sampled checksums) from a peer process, against one raw Mooncake read of the
-  same bytes from the same peer (`d2d_vs_raw_transfer`);
+  Mooncake, sampled checksums) from a peer process into a fresh segment, against a raw
+  Mooncake read of the same bytes from the same peer into resident memory
+  (`d2d_vs_raw_transfer`) and into a fresh segment like the fork's
+  (`d2d_vs_raw_transfer_same_pages`: what the fork's own work costs);
 - Cold: the converted image read into a segment whose pages were given back to the OS
   (Copier.read_file: chunked preads in flight), against a sequential read() of the same
-  file into one resident buffer (`cold_vs_disk`; the file is in the page cache for both).
+  file into one resident buffer (`cold_vs_disk`) and into pages given back to the OS
+  (`cold_vs_disk_same_pages`); the file is in the page cache for all of them.
 Then through a real daemon serving the same small model (SmolLM2-135M-Instruct by
 default) on two cpu devices:
 - `control_overhead_ms`: client-side time of `ctl state active` (Warm -> Active) minus the
@@ -134,37 +137,56 @@ def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> list[d
         with open(path, "wb") as f:
             f.write(memoryview(host.numpy()))
         buf = bytearray(1 << 24)
-        disk, cold = [], []
+        disk, disk_fresh, cold = [], [], []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
             with open(path, "rb", buffering=0) as f:
                 while f.readinto(buf):
                     pass
             disk.append(time.perf_counter() - t0)
+            seg = fresh(n)  # the same sequential read into pages given back to the OS
+            t0 = time.perf_counter()
+            with open(path, "rb", buffering=0) as f:
+                f.readinto(memoryview(seg.tensor()[:n].numpy()))
+            disk_fresh.append(time.perf_counter() - t0)
+            drop(seg)
             t0 = time.perf_counter()
             seg = fresh(n)  # pages given back to the OS when the model went Cold
             copier.read_file(seg.tensor()[:n], path)
             cold.append(time.perf_counter() - t0)
             drop(seg)
         path.unlink()
-        row.update(disk_read_s=_median(disk), cold_s=_median(cold), cold_vs_disk=_median(disk) / _median(cold))
+        row.update(disk_read_s=_median(disk), cold_s=_median(cold), cold_vs_disk=_median(disk) / _median(cold),
+                   disk_read_fresh_pages_s=_median(disk_fresh),
+                   cold_vs_disk_same_pages=_median(disk_fresh) / _median(cold))
         del host
         # D2D: a peer process's segment, raw read vs the fork's pull (pieces, chunks, checksums)
         peer = subprocess.Popen([sys.executable, "-m", "janusd.bench.restore_peer", str(n)], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
         try:
             src = msgspec.convert(json.loads(peer.stdout.readline()), wm.ForkSource)  # type: ignore[union-attr]
+            def raw_read(seg: Any) -> None:
+                off = 0
+                pieces = []
+                for a, m in src.pieces:  # one piece per run of the source's pages, into ours
+                    pieces.append(Piece(a, seg.global_offset + off, m))
+                    off += m
+                transport.read(src.session, src.global_base, pieces)
+
+            raw, raw_fresh, fork = [], [], []
             seg = fresh(n)
-            raw, fork = [], []
+            seg.tensor()[:n].fill_(0)  # resident destination
             for _ in range(args.repeats):
                 t0 = time.perf_counter()
-                transport.read(src.session, src.global_base,
-                               [Piece(src.pieces[0][0], seg.global_offset, n)] if len(src.pieces) == 1 else
-                               [Piece(a, seg.global_offset + sum(x[1] for x in src.pieces[:i]), m)
-                                for i, (a, m) in enumerate(src.pieces)])
+                raw_read(seg)
                 raw.append(time.perf_counter() - t0)
             drop(seg)
             for _ in range(args.repeats):
+                seg = fresh(n)  # destination pages given back to the OS, as the fork's get
+                t0 = time.perf_counter()
+                raw_read(seg)
+                raw_fresh.append(time.perf_counter() - t0)
+                drop(seg)
                 t0 = time.perf_counter()
                 seg = fresh(n)
                 pull_segment(transport, src, seg, args.chunk_mib << 20)
@@ -174,7 +196,8 @@ def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> list[d
             peer.stdin.close()  # type: ignore[union-attr]
             peer.wait(30)
         row.update(raw_transfer_s=_median(raw), d2d_s=_median(fork), d2d_vs_raw_transfer=_median(raw) / _median(fork),
-                   d2d_gbps=n / _median(fork) / 1e9)
+                   raw_transfer_fresh_pages_s=_median(raw_fresh),
+                   d2d_vs_raw_transfer_same_pages=_median(raw_fresh) / _median(fork), d2d_gbps=n / _median(fork) / 1e9)
         rows.append({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
     transport.close()
     pool.close()
@@ -279,7 +302,9 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
         out["source_tpot_p99_increase_pct"] = round((_p99(during) / _p99(before) - 1) * 100, 1)
         out["fork_paths"] = [r["path"] for r in fork_rows]
         out["fork_phases_s"] = fork_rows[-1]["phases"]
-        # first token through the API: the only instances Warm (then Cold), the request wakes one
+        # first token through the API: the only instances Warm (then Cold), the request wakes one;
+        # against the first token of the same request to an Active instance
+        out["active_first_token_s"] = round(_median([_stream(port, "m", 1)[0] for _ in range(args.repeats)]), 4)
         _ctl(sock, am.StateReq("m", 0, "warm"))
         warm = [_stream(port, "m", 1)[0]]
         for _ in range(args.repeats - 1):
@@ -308,7 +333,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     worst = lambda key: round(min(r[key] for r in rows), 3)  # noqa: E731
     result: dict[str, Any] = {"bench": "restore", "streams": args.streams, "chunk_mib": args.chunk_mib,
                               "cpus": os.cpu_count(), "by_size": rows, **daemon}
-    result.update(h2d_vs_memcpy=worst("h2d_vs_memcpy"), d2d_vs_raw_transfer=worst("d2d_vs_raw_transfer"),
+    result.update(d2d_vs_raw_transfer_same_pages=worst("d2d_vs_raw_transfer_same_pages"),
+                  cold_vs_disk_same_pages=worst("cold_vs_disk_same_pages"),
+                  h2d_vs_memcpy=worst("h2d_vs_memcpy"), d2d_vs_raw_transfer=worst("d2d_vs_raw_transfer"),
                   cold_vs_disk=worst("cold_vs_disk"))
     for key in ("control_overhead_ms", "source_tpot_p99_increase_pct", "warm_first_token_s", "cold_first_token_s",
                 "cold_rss_after_mib"):
