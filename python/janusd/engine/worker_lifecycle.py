@@ -50,6 +50,14 @@ class Done(msgspec.Struct):
     phases: dict[str, float] = {}
 
 
+def _drop(box: list[Any]) -> None:
+    """Free what `box` holds on this thread (its last reference), then trim the heap."""
+    from janusd.engine.restore import trim_heap
+
+    box.clear()
+    trim_heap()
+
+
 def layout_signature(plan: Any) -> str:
     """The weight plan's identity: every tensor's offset and shape, the dtype and the
     size. A fork copies bytes, so source and target must lay them out identically."""
@@ -140,12 +148,12 @@ class Lifecycle:
                 self.send(wm.StateSet(msg.seq, name, "warm"))
             else:
                 self._spawn(self._stage, msg)
-        else:  # cold: drop the host copy, if any
-            from janusd.engine.restore import trim_heap
-
-            if self.de.host.pop(name, None) is not None:
-                trim_heap()
+        else:  # cold: drop the host copy, if any (off this thread: co-located models keep stepping)
+            host = self.de.host.pop(name, None)
             self.send(wm.StateSet(msg.seq, name, "cold"))
+            if host is not None:
+                threading.Thread(target=_drop, args=([host],), name="janusd-free-host-copy", daemon=True).start()
+                del host
 
     def done(self, d: Done) -> None:
         name = d.msg.model.name
@@ -155,9 +163,12 @@ class Lifecycle:
             return
         if d.engine is not None:
             me = self.de.register(d.engine)
-            self.de.host.pop(name, None)  # Active holds device memory only
             self.send(wm.StateSet(d.msg.seq, name, "active", d.path, d.nbytes, d.phases, d.fallback,
                                   int(me.max_model_len), [int(t) for t in me.eos_token_ids]))
+            host = self.de.host.pop(name, None)  # Active holds device memory only
+            if host is not None:  # freeing 0.5 GB takes ~65 ms here: after the answer, off this thread
+                threading.Thread(target=_drop, args=([host],), name="janusd-free-host-copy", daemon=True).start()
+                del host
             return
         if d.host is not None:
             self.de.host[name] = d.host
