@@ -114,3 +114,19 @@ def test_config_is_frozen():
     cfg = load_config(None)
     with pytest.raises(AttributeError):
         cfg.server.port = 1  # type: ignore[misc]
+
+
+def test_lifecycle_start_states_and_protocol_are_checked():
+    from janusd.config import ConfigError, parse_config
+
+    base = '[[models]]\nname = "a"\ncheckpoint = "demo:llama-tiny"\ndevices = [0, 1]\n'
+    cfg = parse_config(base + "warm_devices = [1]\n")
+    assert [cfg.models[0].start_state(d) for d in (0, 1)] == ["active", "warm"]
+    for extra, msg in [("warm_devices = [3]\n", "warm_devices: [3] not in devices"),
+                       ("cold_devices = [1]\nwarm_devices = [1]\n", "also in warm_devices")]:
+        with pytest.raises(ConfigError, match=msg.replace("[", r"\[").replace("]", r"\]")):
+            parse_config(base + extra)
+    with pytest.raises(ConfigError, match="devices.transfer_protocol"):
+        parse_config('[devices]\ntransfer_protocol = "rdma"\n')
+    with pytest.raises(ConfigError, match="lifecycle.copy_streams"):
+        parse_config("[lifecycle]\ncopy_streams = 0\n")

@@ -92,6 +92,9 @@ class DevicesConfig(_Section):
     page_size_mib: PositiveInt = 2
     # torch intra-op threads per worker; 0 = share the host's cores evenly among workers
     torch_threads: NonNegInt = 0
+    # Mooncake protocol between workers (P/D KV, D2D weight forks); auto: tcp on cpu,
+    # rdma on cuda, ascend on npu (the CUDA and NPU Mooncake wheels are install extras)
+    transfer_protocol: Literal["auto", "tcp", "rdma", "nvlink", "ascend"] = "auto"
 
     def worker_torch_threads(self) -> int:
         """Threads per worker: oversubscribed OpenMP pools make small matmuls far slower."""
@@ -120,6 +123,19 @@ class ModelConfig(_Section):
     max_model_len: PositiveInt = 2048
     # max_tokens when a request omits it; 0 = server.default_max_tokens
     default_max_tokens: NonNegInt = 0
+    # the state the model starts in on each of its devices (lifecycle/states.py): devices
+    # listed here start Warm (host copy loaded, nothing on the device) or Cold (nothing
+    # held); the rest of `devices` start Active
+    warm_devices: list[NonNegInt] = []
+    cold_devices: list[NonNegInt] = []
+
+    def start_state(self, device: int) -> str:
+        """"active", "warm" or "cold": the state this model starts in on `device`."""
+        if device in self.warm_devices:
+            return "warm"
+        if device in self.cold_devices:
+            return "cold"
+        return "active"
 
     @property
     def app_name(self) -> str:
@@ -170,12 +186,32 @@ class DispatchConfig(_Section):
     max_relax: NonNegInt = 2
 
 
+class LifecycleConfig(_Section):
+    """Model lifecycle (PAPER.md §8): Active / Warm / Cold and the moves between them."""
+
+    # chunked copies in flight when weights move (H2D restore, D2D fork) and their size
+    copy_streams: PositiveInt = 4
+    copy_chunk_mib: PositiveInt = 64
+    # a request for a model with no Active instance wakes one of its Warm (else Cold)
+    # instances; false: it waits (bounded) for an operator or controller to activate one
+    wake_on_request: bool = True
+    # a D2D fork that has not finished within this falls back to H2D / a Cold load
+    fork_timeout_s: PositiveFloat = 60.0
+    # blocks of the weight segment checksummed on both sides of a fork (and their size)
+    fork_verify_blocks: NonNegInt = 16
+    fork_verify_block_kib: PositiveInt = 64
+    # keep a converted host image of each checkpoint (the weight segment's bytes, tokenizer,
+    # tensor table) under server.cache_dir/images, memory-mapped on a Cold start
+    host_image: bool = True
+
+
 class JanusConfig(_Section):
     server: ServerConfig = ServerConfig()
     devices: DevicesConfig = DevicesConfig()
     engine: EngineConfig = EngineConfig()
     control: ControlConfig = ControlConfig()
     dispatch: DispatchConfig = DispatchConfig()
+    lifecycle: LifecycleConfig = LifecycleConfig()
     models: list[ModelConfig] = []
 
     def model(self, name: str) -> ModelConfig:
@@ -223,6 +259,8 @@ count = 2                   # one worker process per device
 memory_mib = 2048           # xTensor page pool per device
 page_size_mib = 2
 torch_threads = 0           # torch threads per worker; 0 = host cores / count (env JANUSD_WORKER_TORCH_THREADS overrides)
+transfer_protocol = "auto"  # Mooncake between workers (P/D KV, D2D forks): auto = tcp on cpu, rdma on cuda,
+                            # ascend on npu (tcp | rdma | nvlink | ascend; non-tcp needs the CUDA/NPU wheel)
 
 [engine]
 block_size = 16             # tokens per KV block
@@ -250,6 +288,19 @@ decode_guard = true         # no new prefill for an instance whose device would 
 relax_factor = 1.5          # relax: new deadline = now + original budget * factor^n
 max_relax = 2               # relax: at most this many extensions
 
+[lifecycle]
+# Active / Warm / Cold (`janus ctl state`, `janus ctl fork`, models' warm_devices / cold_devices)
+copy_streams = 4            # chunked copies in flight when weights move (H2D restore, D2D fork)
+copy_chunk_mib = 64         # size of one chunk
+wake_on_request = true      # a request for a model with no Active instance wakes a Warm (else Cold)
+                            # instance of it; false: it waits (server.model_wait_timeout_s) for one
+fork_timeout_s = 60.0       # a D2D fork not done by then falls back to H2D or a Cold load
+fork_verify_blocks = 16     # sampled blocks checksummed on both sides of a fork
+fork_verify_block_kib = 64  # size of one sampled block
+host_image = true           # keep a converted image of each checkpoint under server.cache_dir/images
+                            # (weights as laid out on the device, tokenizer, tensor table): Cold starts
+                            # map it instead of reading and converting the checkpoint again
+
 # One [[models]] table per served model. Keys and defaults:
 #   name          unique; the `model` of API requests
 #   checkpoint    an HF checkpoint directory, a .gguf file, builtin:smollm2-135m-instruct
@@ -265,6 +316,8 @@ max_relax = 2               # relax: at most this many extensions
 #   kv_cache_mib = 256  KV cache per instance, from the device pool
 #   max_model_len = 2048   capped at the checkpoint's max_position_embeddings
 #   default_max_tokens = 0  max_tokens of a request that omits it; 0 = server.default_max_tokens
+#   warm_devices = [], cold_devices = []   of `devices`: start Warm (host copy, nothing on the
+#                 device) or Cold (nothing held) there; the others start Active
 [[models]]
 name = "smollm2-135m-instruct"
 checkpoint = "builtin:smollm2-135m-instruct"
@@ -317,6 +370,17 @@ def _check(cfg: JanusConfig) -> None:
             if not set(m.devices) - pd:
                 raise ValueError(f"models[{i}].prefill_devices: every device of the model prefills; "
                                  "at least one device in devices must be left to decode")
+        for key in ("warm_devices", "cold_devices"):
+            extra = sorted(set(getattr(m, key)) - set(m.devices))
+            if extra:
+                raise ValueError(f"models[{i}].{key}: {extra} not in devices {m.devices} (list the model's devices "
+                                 "in `devices`; these say which of them start warm or cold)")
+            if getattr(m, key) and m.prefill_devices:
+                raise ValueError(f"models[{i}].{key}: a P/D model's instances start Active (warm and cold "
+                                 "instances of P/D models are not supported yet)")
+        both = sorted(set(m.warm_devices) & set(m.cold_devices))
+        if both:
+            raise ValueError(f"models[{i}].cold_devices: {both} also in warm_devices (one start state per device)")
         if m.tp > cfg.devices.count:
             raise ValueError(f"models[{i}].tp: {m.tp} exceeds devices.count = {cfg.devices.count}")
         if m.tp > 1:
@@ -327,6 +391,9 @@ def _check(cfg: JanusConfig) -> None:
             raise ValueError(
                 f"models[{i}].kv_cache_mib: {m.kv_cache_mib} exceeds devices.memory_mib = {cfg.devices.memory_mib}"
             )
+    if cfg.devices.kind == "cpu" and cfg.devices.transfer_protocol not in ("auto", "tcp"):
+        raise ValueError(f"devices.transfer_protocol: {cfg.devices.transfer_protocol!r} moves device memory; cpu "
+                         "devices use tcp (auto)")
     if cfg.devices.memory_mib % cfg.devices.page_size_mib:
         raise ValueError("devices.memory_mib: must be a multiple of devices.page_size_mib")
     if len(set(cfg.server.api_keys)) != len(cfg.server.api_keys) or any(not k for k in cfg.server.api_keys):

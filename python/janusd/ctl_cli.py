@@ -1,6 +1,7 @@
 """`janus ctl`: operate a running daemon over its admin Unix socket.
 
-status | models | instances | pools | load NAME | unload NAME | remove NAME | drain | config.
+status | models | instances | pools | load NAME | unload NAME | remove NAME | drain | config |
+state NAME --device N active|warm|cold | fork NAME --from N --to M.
 Prints rich tables, or exactly one JSON object with --json (for scripts). The socket
 path comes from --socket, else from --config's server.admin_socket, else the default.
 """
@@ -13,7 +14,8 @@ import socket
 import sys
 from typing import Any
 
-SUBCOMMANDS = ("status", "models", "instances", "pools", "load", "unload", "remove", "drain", "config")
+SUBCOMMANDS = ("status", "models", "instances", "pools", "load", "unload", "remove", "drain", "config", "state", "fork")
+_NAMED = ("load", "unload", "remove", "state", "fork")
 
 
 def _seconds(text: str) -> float:
@@ -33,9 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--timeout", type=_seconds, default=600.0, help="seconds to wait for the reply (load can be slow)")
     p.add_argument("action", choices=SUBCOMMANDS)
-    p.add_argument("name", nargs="?", help="model name (load, unload, remove)")
+    p.add_argument("name", nargs="?", help="model name (load, unload, remove, state, fork)")
+    p.add_argument("target", nargs="?", choices=("active", "warm", "cold"), help="state: the state to move to")
     p.add_argument("--checkpoint", help="load: checkpoint spec of a model not in the config")
-    p.add_argument("--device", type=int, action="append", default=[], help="load: device index (repeatable)")
+    p.add_argument("--device", type=int, action="append", default=[],
+                   help="load: device index (repeatable); state: the instance's device")
+    p.add_argument("--from", dest="from_device", type=int, help="fork: the device serving the model")
+    p.add_argument("--to", dest="to_device", type=int, help="fork: the device to bring it up on")
 
 
 def _socket_path(args: argparse.Namespace) -> str:
@@ -50,10 +56,17 @@ def _request(args: argparse.Namespace) -> Any:
     from janusd.wire import admin_msgs as am
 
     a = args.action
-    if a in ("load", "unload", "remove") and not args.name:
+    if a in _NAMED and not args.name:
         raise ValueError(f"{a}: a model name is required (janus ctl {a} NAME)")
-    if a not in ("load", "unload", "remove") and args.name:
+    if a not in _NAMED and args.name:
         raise ValueError(f"{a} takes no argument (got {args.name!r})")
+    if (args.target is not None) != (a == "state"):
+        raise ValueError("state needs a target (janus ctl state NAME --device N active|warm|cold)" if a == "state"
+                         else f"{a} takes no state argument (got {args.target!r})")
+    if a == "state" and len(args.device) != 1:
+        raise ValueError("state: give exactly one --device N")
+    if a == "fork" and (args.from_device is None or args.to_device is None):
+        raise ValueError("fork: give --from N and --to M")
     return {
         "status": lambda: am.StatusReq(),
         "models": lambda: am.ModelsReq(),
@@ -64,6 +77,8 @@ def _request(args: argparse.Namespace) -> Any:
         "remove": lambda: am.RemoveReq(args.name),
         "drain": lambda: am.DrainReq(),
         "config": lambda: am.ConfigReq(),
+        "state": lambda: am.StateReq(args.name, args.device[0] if args.device else 0, args.target or ""),
+        "fork": lambda: am.ForkReq(args.name, args.from_device, args.to_device),
     }[a]()
 
 
@@ -126,6 +141,11 @@ def _print(action: str, data: dict[str, Any]) -> None:
         _table("janusd", [flat])
         _table("workers", data["workers"])
         _table("dispatch", [data["dispatch"]])
+        return
+    if action in ("state", "fork"):  # one row for the move, one for its phases
+        _table(action, [{k: v for k, v in data.items() if k != "phases"}])
+        if data.get("phases"):
+            _table("phases (s)", [data["phases"]])
         return
     _table(action, [data])
 

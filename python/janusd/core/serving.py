@@ -39,7 +39,7 @@ from janusd.core.kv_handoff import KVHandoff
 from janusd.core.registry import Instance, Model, Registry
 from janusd.core.requests import Failure, Refused, Request, RequestTable
 from janusd.core.worker_edge import Worker
-from janusd.lifecycle.states import InstanceState, check_transition
+from janusd.lifecycle.states import COMING_UP, InstanceState, check_transition
 from janusd.log import log
 from janusd.oracle.decode_estimate import DecodeStepEstimator
 from janusd.telemetry import Telemetry
@@ -139,7 +139,7 @@ class ServingCore:
         check_transition(inst.state, target, f"{inst.model} on device {inst.device}")
         inst.state = target
         inst.error = error
-        if target is S.LOADING:
+        if target in COMING_UP:  # Loading, Restoring, Forking
             # a fresh membership: work it held was handed back by whoever took it out of
             # Active (on_worker_death ends those requests with the death's reason first)
             self._leave_dispatch(inst, f"{inst.model} on device {inst.device} is reloading", None)
@@ -153,8 +153,8 @@ class ServingCore:
             self.obs.serving(inst.model)
         elif target is S.DRAINING:
             self.dispatch.set_ready(inst, False)
-        elif target is S.UNLOADED:
-            self._leave_dispatch(inst, f"model {inst.model!r} was unloaded", None)
+        elif target in (S.UNLOADED, S.WARM, S.COLD):
+            self._leave_dispatch(inst, f"model {inst.model!r} on device {inst.device} went {target.value}", None)
             inst.decoding.clear()
         m = self.registry.model(inst.model)
         if m is not None and target is not S.ACTIVE and not m.serving:
@@ -166,9 +166,10 @@ class ServingCore:
 
     def loaded(self, inst: Instance, now: float, max_model_len: int, load_s: float,
                prefill_probe: list[tuple[int, float]] | None = None) -> None:
-        """The worker answered ModelLoaded: Active, unless the instance left Loading meanwhile.
+        """The worker answered ModelLoaded (or StateSet active after a restore or fork):
+        Active, unless the instance left Loading/Restoring/Forking meanwhile.
         `prefill_probe` (tokens, seconds) pairs the worker timed seed the prefill estimate."""
-        if inst.state is not S.LOADING:
+        if inst.state not in COMING_UP:
             return
         inst.max_model_len = max_model_len
         inst.load_s = load_s
@@ -190,6 +191,10 @@ class ServingCore:
                 self.set_state(inst, S.UNLOADED, now, error=f"worker {why} while draining")
             elif inst.state is S.LOADING:
                 inst.error = f"worker {why}; restarting"
+            elif inst.state in (S.RESTORING, S.FORKING):  # it was coming up: the restart loads it
+                self.set_state(inst, S.LOADING, now, error=f"worker {why} while {inst.state.value}; restarting")
+            elif inst.state is S.WARM:  # the host copy died with the process
+                self.set_state(inst, S.COLD, now, error=f"worker {why}; the host copy is gone")
         for req in self.requests.on_device(device):
             self.requests.fail(req.rid, Failure(503, f"the worker for device {device} {why} while serving this "
                                                      "request", code=code))
@@ -201,7 +206,7 @@ class ServingCore:
         for inst in self.registry.on_device(device):
             if inst.state is S.ACTIVE:
                 self.set_state(inst, S.DRAINING, now)
-            if inst.state in (S.DRAINING, S.LOADING):
+            if inst.state is not S.UNLOADED:
                 self.set_state(inst, S.UNLOADED, now, error=f"device {device} failed")
 
     def _decode_target(self, model: str) -> Instance | None:

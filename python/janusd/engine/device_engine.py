@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,21 @@ import torch
 from janusd.engine.kv_cache import PagedKVCache
 from janusd.engine.models.llama import LlamaModel
 from janusd.engine.models.weights import materialize, plan_weights
+from janusd.engine.restore import Copier, HostCopy, host_buffer, plain_view, release_backing, sync_device, trim_heap
 from janusd.engine.runner import ModelEngine, torch_dtype
 from janusd.engine.types import EngineError, StepOutput
+
+
+@dataclass
+class Placement:
+    """Where an Active model lives on the device, kept beside its engine so that leaving
+    Active can copy the weights out (Warm) and free exactly what the model held."""
+
+    model_cfg: Any
+    engine_cfg: Any
+    plan: Any  # WeightPlan
+    segment: Any  # memory.WeightSegment
+    region: Any  # memory.KvRegion
 
 
 def check_device_runtime(kind: str, device_index: int) -> torch.device:
@@ -61,6 +75,7 @@ class DeviceEngine:
         self.pool = DevicePool(kind=kind, num_pages=memory_bytes // page_size, page_size=page_size,
                                device_index=device_index)
         self.models: dict[str, ModelEngine] = {}
+        self.host: dict[str, HostCopy] = {}  # Warm models: host copies of their weights
         self._kv_cache_pages = kv_cache_pages
         self._building: set[str] = set()
         self._lock = threading.Lock()
@@ -98,25 +113,36 @@ class DeviceEngine:
         return me
 
     def _build(self, model_cfg: Any, engine_cfg: Any, cache_dir: Path | None, checkpoint: Any) -> ModelEngine:
-        name = model_cfg.name
         from janusd.engine.loader import open_checkpoint
-        from janusd.memory import XTensorError
 
         ck = checkpoint if checkpoint is not None else open_checkpoint(model_cfg.checkpoint, cache_dir)
+        plan = plan_weights(ck.arch, ck.tensor_specs(), torch_dtype(model_cfg.dtype))
+
+        def fill(seg: Any) -> dict[str, torch.Tensor]:
+            views = materialize(plan, seg.view)
+            ck.load_into(lambda n: views[n], plan.dtype)
+            return views
+
+        return self._on_device(model_cfg, engine_cfg, ck, plan, fill)
+
+    def _on_device(self, model_cfg: Any, engine_cfg: Any, ck: Any, plan: Any, fill: Any) -> ModelEngine:
+        """Reserve the weight segment, `fill(seg)` it (returns the views), reserve the KV
+        region, build the engine. Anything that fails frees what was reserved: the pool is
+        as before (an out-of-memory restore rolls back, never half-loaded)."""
+        from janusd.memory import XTensorError
+
+        name = model_cfg.name
         arch = ck.arch
-        dtype = torch_dtype(model_cfg.dtype)
-        plan = plan_weights(arch, ck.tensor_specs(), dtype)
         try:
             seg = self.pool.alloc_weights(name, plan.total_bytes)
-            views = materialize(plan, seg.view)
-            ck.load_into(lambda n: views[n], dtype)
+            views = fill(seg)
             model = LlamaModel(arch, views, max_positions=model_cfg.max_model_len)
             if self._kv_cache_pages is None:
                 region = self.pool.kv_region(name, model_cfg.kv_cache_mib << 20)
             else:
                 low, high = self._kv_cache_pages
                 region = self.pool.kv_region(name, model_cfg.kv_cache_mib << 20, cache_low=low, cache_high=high)
-            kv = PagedKVCache(region, arch, dtype, engine_cfg.block_size)
+            kv = PagedKVCache(region, arch, plan.dtype, engine_cfg.block_size)
             # its own weights never leave while it serves: KV beyond the rest of the pool never fits
             max_kv_blocks = kv.blocks_within(self.pool.num_pages - len(seg.page_ids))
         except XTensorError as e:
@@ -134,7 +160,94 @@ class DeviceEngine:
         )
         me.checkpoint = ck  # type: ignore[attr-defined]
         me.weight_bytes = plan.total_bytes  # type: ignore[attr-defined]
+        me.placement = Placement(model_cfg, engine_cfg, plan, seg, region)  # type: ignore[attr-defined]
         return me
+
+    # ---- Active <-> Warm / Cold (engine/restore.py) ----
+    def stage_host_copy(self, model_cfg: Any, engine_cfg: Any, cache_dir: Path | None = None,
+                        checkpoint: Any = None) -> HostCopy:
+        """Read the checkpoint into a host copy (Loading/Cold -> Warm): the device is not touched."""
+        from janusd.engine.loader import open_checkpoint
+
+        ck = checkpoint if checkpoint is not None else open_checkpoint(model_cfg.checkpoint, cache_dir)
+        plan = plan_weights(ck.arch, ck.tensor_specs(), torch_dtype(model_cfg.dtype))
+        buf, pinned = host_buffer(plan.total_bytes, self.kind)
+        views = materialize(plan, plain_view(buf))
+        ck.load_into(lambda n: views[n], plan.dtype)
+        return HostCopy(model_cfg.name, model_cfg, engine_cfg, ck, plan, buf, pinned)
+
+    def restore_model(self, host: HostCopy, copier: Copier, phases: dict[str, float]) -> ModelEngine:
+        """Warm -> Active by H2D: a fresh segment, the host bytes copied in chunks, the views
+        rebuilt at the plan's offsets. `phases` gets prepare / transfer / restore seconds.
+        Run like build_model (off the stepping thread), then register()."""
+        name = host.name
+        with self._lock:
+            if name in self.models or name in self._building:
+                raise EngineError(f"model {name!r} is already loaded on this device")
+            self._building.add(name)
+        t0 = time.perf_counter()
+        marks = {"prepare": 0.0, "transfer": 0.0}
+
+        def fill(seg: Any) -> dict[str, torch.Tensor]:
+            t1 = time.perf_counter()
+            marks["prepare"] = t1 - t0
+            dst = seg.tensor()[: host.nbytes]
+            marks["transfer"] = (copier.read_file(dst, host.file) if host.buf is None and host.file is not None
+                                 else copier.copy(dst, host.buf))
+            marks["after"] = time.perf_counter()
+            return materialize(host.plan, seg.view)
+
+        try:
+            me = self._on_device(host.model_cfg, host.engine_cfg, host.checkpoint, host.plan, fill)
+        except BaseException:
+            with self._lock:
+                self._building.discard(name)
+            raise
+        phases["prepare"] = phases.get("prepare", 0.0) + marks["prepare"]
+        phases["transfer"] = phases.get("transfer", 0.0) + marks["transfer"]
+        phases["restore"] = time.perf_counter() - marks.get("after", t0)
+        return me
+
+    def detach(self, name: str) -> ModelEngine:
+        """Stop stepping the model (call on the stepping thread); its requests are aborted.
+        The memory is freed by release(), which may run on another thread."""
+        me = self.models.pop(name, None)
+        if me is None:
+            raise EngineError(f"model {name!r} is not active on this device")
+        for rid in list(me.seqs):
+            me.abort(rid)
+        return me
+
+    def release(self, me: ModelEngine, copier: Copier | None, keep_host: bool,
+                return_pages: bool | None = None) -> tuple[HostCopy | None, float]:
+        """Free a detached model's KV pages and weight segment; with keep_host, first copy
+        the weights into a host copy (D2H). Returns (the host copy or None, seconds copying).
+
+        `return_pages` (default: not keep_host): on cpu devices also give the pages' host
+        memory back to the OS, so the worker's RSS drops (Cold, Unloaded). Warm keeps them
+        resident in the pool, as a GPU keeps its HBM: the restore that follows then copies
+        at memory speed instead of paying the kernel's page zeroing on first touch (about
+        1 GB/s on this VM, several times slower than memcpy; `janus bench restore`)."""
+        name = me.name
+        pl: Placement = me.placement  # type: ignore[attr-defined]
+        sync_device(me.device)  # no kernel of this model may still touch the memory
+        host = None
+        seconds = 0.0
+        if keep_host:
+            buf, pinned = host_buffer(pl.plan.total_bytes, self.kind)
+            seconds = (copier or Copier(1)).copy(buf, pl.segment.tensor()[: pl.plan.total_bytes])
+            host = HostCopy(name, pl.model_cfg, pl.engine_cfg, me.checkpoint, pl.plan, buf, pinned)  # type: ignore[attr-defined]
+        pages = pl.segment.page_ids + pl.region.page_ids()
+        me.close()
+        me.placement = None  # type: ignore[attr-defined]
+        del me, pl
+        give_back = (not keep_host) if return_pages is None else return_pages
+        if give_back:
+            release_backing(self.kind, self.pool.global_base, self.pool.page_size, pages)
+        self.pool.free(name)
+        if give_back:
+            trim_heap()
+        return host, seconds
 
     def _release(self, name: str) -> None:
         """Free whatever a failed load got (possibly nothing: the pool then says unknown owner)."""
@@ -146,15 +259,12 @@ class DeviceEngine:
             pass
 
     def unload_model(self, name: str) -> None:
-        """Drop the model's views, then return all its pages (weights and KV) to the pool."""
-        me = self.models.pop(name, None)
-        if me is None:
-            raise EngineError(f"model {name!r} is not loaded on this device")
-        for rid in list(me.seqs):
-            me.abort(rid)
-        me.close()
-        del me
-        self.pool.free(name)
+        """Drop the model's views, then return all its pages (weights and KV) to the pool,
+        and any host copy of it (Unloaded holds nothing)."""
+        host = self.host.pop(name, None)
+        if name not in self.models and host is not None:
+            return
+        self.release(self.detach(name), None, keep_host=False)
 
     def has_work(self) -> bool:
         return any(m.has_work() for m in self.models.values())

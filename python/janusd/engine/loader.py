@@ -38,6 +38,19 @@ def builtin_path(name: str) -> Path:
     return path
 
 
+def checkpoint_path(spec: str | Path, cache_dir: Path | None = None) -> Path:
+    """The file or directory a spec names, without opening it (demo checkpoints are made
+    on first use): what a converted host image of it is keyed by."""
+    if isinstance(spec, str) and spec.startswith("builtin:"):
+        return builtin_path(spec.removeprefix("builtin:"))
+    if isinstance(spec, str) and spec.startswith("demo:"):
+        from janusd.engine.checkpoint.demo import ensure_demo, parse_demo_name
+
+        arch, size = parse_demo_name(spec.removeprefix("demo:"))
+        return ensure_demo(Path(cache_dir) if cache_dir else default_cache_dir(), arch, size)
+    return Path(spec).expanduser()
+
+
 def open_checkpoint(spec: str | Path, cache_dir: Path | None = None) -> Checkpoint:
     """Open and validate a checkpoint; raises CheckpointError naming the file and tensor on any problem."""
     if isinstance(spec, str) and spec.startswith("builtin:"):

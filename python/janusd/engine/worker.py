@@ -33,6 +33,7 @@ from typing import Any
 import msgspec
 
 from janusd.engine.types import STALL_WAIT_S
+from janusd.engine.worker_lifecycle import Done, Lifecycle
 from janusd.engine.worker_pd import Imported, PDLink
 from janusd.wire import worker_msgs as wm
 from janusd.wire.framing import BlockingFramedSocket, FrameError
@@ -81,7 +82,8 @@ def prefill_probe(me: Any) -> list[tuple[int, float]]:
 
 
 class WorkerProc:
-    def __init__(self, conn: BlockingFramedSocket, engine: Any, device_index: int, kind: str) -> None:
+    def __init__(self, conn: BlockingFramedSocket, engine: Any, device_index: int, kind: str,
+                 transfer_protocol: str = "auto") -> None:
         self.conn = conn
         self.de = engine
         self.device_index = device_index
@@ -90,7 +92,8 @@ class WorkerProc:
         self.req_model: dict[int, str] = {}
         self.running = True
         self.busy_since: float | None = None  # the main thread is in a step or command since (monotonic)
-        self.pd = PDLink(engine.pool, kind, self.inbox)
+        self.pd = PDLink(engine.pool, kind, self.inbox, transfer_protocol)
+        self.life = Lifecycle(engine, self.inbox, self.pd, self._send, self._drop_requests)
 
     # ---- reader thread ----
     def reader(self) -> None:
@@ -135,7 +138,7 @@ class WorkerProc:
     # ---- main thread ----
     def serve(self) -> None:
         threading.Thread(target=self.reader, name="janusd-worker-reader", daemon=True).start()
-        self._send(wm.Ready(os.getpid(), self.device_index, self.kind))
+        self._send(wm.Ready(os.getpid(), self.device_index, self.kind, measure_memcpy()))
         while self.running:
             busy = self.de.has_work()
             # requests waiting for KV pages other owners hold: a step now would do nothing,
@@ -241,11 +244,17 @@ class WorkerProc:
             self._registered(msg)
         elif isinstance(msg, wm.UnloadModel):
             self._unload(msg)
+        elif isinstance(msg, wm.SetState):
+            self.life.set_state(msg)
+        elif isinstance(msg, Done):
+            self.life.done(msg)
+        elif isinstance(msg, wm.PublishWeights):
+            self._send(self.life.publish(msg))
         elif isinstance(msg, wm.GetStats):
             held = sum(me.num_requests() for me in self.de.models.values())
             usage = {name: _kv_usage(me) for name, me in self.de.models.items()}
             self._send(wm.Stats(msg.seq, _int_dict(self.de.pool.stats()), sorted(self.de.models), len(self.req_model),
-                                held, usage))
+                                held, usage, {n: h.nbytes for n, h in self.de.host.items()}))
         elif isinstance(msg, wm.Shutdown):
             self.running = False
 
@@ -337,21 +346,43 @@ class WorkerProc:
         self._send(wm.ModelLoaded(built.msg.seq, me.name, int(me.max_model_len), built.seconds, eos,
                                   built.probe))
 
+    def _drop_requests(self, name: str, why: str) -> None:
+        """Abort and fail every request this worker relays for model `name`."""
+        for rid, model in list(self.req_model.items()):
+            if model == name:
+                self.pd.forget(rid)
+                me = self.de.models.get(model)
+                if me is not None:
+                    me.abort(str(rid))
+                self._send(wm.RequestFailed(rid, why, "internal"))
+                del self.req_model[rid]
+
     def _unload(self, msg: wm.UnloadModel) -> None:
         if self.pd.defer_unload(msg):
             return  # a KV transfer still writes into its blocks: the transfer thread re-queues this
-        for rid, model in list(self.req_model.items()):
-            if model == msg.name:
-                self.pd.forget(rid)
-                self.de.models[model].abort(str(rid))
-                self._send(wm.RequestFailed(rid, f"model {model!r} was unloaded", "internal"))
-                del self.req_model[rid]
+        if msg.name in self.life.busy:
+            self._send(wm.ErrorReply(msg.seq, f"model {msg.name!r} is changing state; unload it after", "bad_request"))
+            return
+        self._drop_requests(msg.name, f"model {msg.name!r} was unloaded")
         try:
             self.de.unload_model(msg.name)
         except Exception as e:
             self._send(wm.ErrorReply(msg.seq, f"cannot unload {msg.name!r}: {e}", "bad_request"))
             return
         self._send(wm.ModelUnloaded(msg.seq, msg.name))
+
+
+def measure_memcpy(nbytes: int = 32 << 20) -> float:
+    """Bytes per second of one warm host copy: the start value of the daemon's restore
+    path estimates (refined by every transfer since)."""
+    import torch
+
+    a = torch.ones(nbytes, dtype=torch.uint8)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    t0 = time.perf_counter()
+    b.copy_(a)
+    return nbytes / max(time.perf_counter() - t0, 1e-9)
 
 
 def tokenize_prompt(tokenizer: Any, prompt: str | None, messages: list[wm.ChatMessage] | None) -> list[int]:
@@ -389,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-bytes", type=int, required=True)
     p.add_argument("--page-size", type=int, default=2 << 20)
     p.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--transfer-protocol", default="auto", help="Mooncake protocol (auto: by device kind)")
     args = p.parse_args(argv)
     # The daemon owns our life: SIGINT from a terminal's Ctrl-C or SIGTERM sent to the whole
     # process group must not kill a worker mid-drain; we exit on Shutdown or on EOF.
@@ -418,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 1
-    WorkerProc(conn, de, args.device_index, args.kind).serve()
+    WorkerProc(conn, de, args.device_index, args.kind, args.transfer_protocol).serve()
     # Nothing a worker holds outlives it (device memory, pinned host memory, transfer
     # registrations all belong to the process), so skip the interpreter's teardown: freeing
     # every pool page, torch's and the transfer engine's destructors took ~0.7 s of an idle

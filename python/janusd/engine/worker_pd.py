@@ -50,9 +50,10 @@ class Parked(msgspec.Struct):
 
 
 class PDLink:
-    def __init__(self, pool: Any, kind: str, inbox: queue.Queue[Any]) -> None:
+    def __init__(self, pool: Any, kind: str, inbox: queue.Queue[Any], protocol: str = "auto") -> None:
         self.pool = pool
         self.kind = kind
+        self.protocol = protocol
         self.inbox = inbox
         self.transport: Any = None
         self._jobs: queue.Queue[tuple[int, str, str, int, list[Any]]] = queue.Queue()
@@ -70,7 +71,8 @@ class PDLink:
             return
         from janusd.lifecycle.transfer import GlobalRegionTransport
 
-        self.transport = GlobalRegionTransport(self.pool.global_base, self.pool.global_nbytes, kind=self.kind)
+        self.transport = GlobalRegionTransport(self.pool.global_base, self.pool.global_nbytes, kind=self.kind,
+                                               protocol=self.protocol)
         self._thread = threading.Thread(target=self._run, name="janusd-kv-transfer", daemon=True)
         self._thread.start()
 

@@ -123,9 +123,24 @@ def _load_engine_class() -> Any:
     return TransferEngine
 
 
+# Mooncake protocols by device kind ("auto" in config): host memory over tcp, device
+# memory over RDMA (cuda; nvlink where the CUDA wheel has it) or Ascend's HCCS/RoCE transport.
+PROTOCOLS = ("tcp", "rdma", "nvlink", "ascend")
+AUTO_PROTOCOL = {"cpu": "tcp", "cuda": "rdma", "npu": "ascend"}
+
+
+def protocol_for(kind: str, configured: str = "auto") -> str:
+    """The Mooncake protocol a worker of device `kind` uses (config devices.transfer_protocol)."""
+    if configured == "auto":
+        return AUTO_PROTOCOL.get(kind, "tcp")
+    if configured not in PROTOCOLS:
+        raise ValueError(f"transfer protocol {configured!r} is not one of auto, {', '.join(PROTOCOLS)}")
+    return configured
+
+
 class GlobalRegionTransport:
-    """One per worker process: a Mooncake TransferEngine on loopback TCP with the pool's
-    global region [base, base + nbytes) registered. Peers address it by `session`.
+    """One per worker process: a Mooncake TransferEngine (loopback TCP on cpu devices) with
+    the pool's global region [base, base + nbytes) registered. Peers address it by `session`.
 
     Threading: every call holds an internal lock, so one thread may transfer while
     another steps the engine (Mooncake releases the GIL during a transfer); concurrent
@@ -133,7 +148,8 @@ class GlobalRegionTransport:
     A transfer to a frozen peer fails after `stall_timeout_s` without progress."""
 
     def __init__(
-        self, base: int, nbytes: int, kind: str = "cpu", host: str = "127.0.0.1", *, stall_timeout_s: int = 5
+        self, base: int, nbytes: int, kind: str = "cpu", host: str = "127.0.0.1", *, stall_timeout_s: int = 5,
+        protocol: str = "auto",
     ) -> None:
         for name, v in (("base", base), ("nbytes", nbytes), ("stall_timeout_s", stall_timeout_s)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -145,13 +161,17 @@ class GlobalRegionTransport:
             )
         if not isinstance(host, str) or not host:
             raise ValueError(f"host must be a non-empty str, got {host!r}")
+        proto = protocol_for(kind, protocol)
+        if proto != "tcp":
+            raise TransferError(f"transfer protocol {proto!r} needs the mooncake CUDA/NPU wheel and its NICs; "
+                                f"the installed `{_WHEEL}` moves host memory over tcp only")
         engine_cls = _load_engine_class()
         os.environ.setdefault(_STALL_ENV, str(stall_timeout_s))
         self._lock = threading.Lock()
         self._te = engine_cls()
-        rc = self._te.initialize(host, "P2PHANDSHAKE", "tcp", "")
+        rc = self._te.initialize(host, "P2PHANDSHAKE", proto, "")
         if rc != 0:
-            raise TransferError(f"mooncake TransferEngine.initialize({host!r}, P2PHANDSHAKE, tcp) returned {rc}")
+            raise TransferError(f"mooncake TransferEngine.initialize({host!r}, P2PHANDSHAKE, {proto}) returned {rc}")
         rc = self._te.register_memory(base, nbytes)
         if rc != 0:
             raise TransferError(f"mooncake register_memory(base={base:#x}, nbytes={nbytes}) returned {rc}")

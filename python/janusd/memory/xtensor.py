@@ -238,6 +238,26 @@ class WeightSegment:
     def addr(self) -> int:
         return self._native.addr
 
+    def global_pieces(self, nbytes: int | None = None) -> list[tuple[int, int]]:
+        """(global offset, length) pieces of the segment's first `nbytes` bytes (all when
+        None), in segment order: where a peer reads them in this device's global region
+        (a D2D fork). One piece for a contiguous segment, one per run of pages otherwise."""
+        page = self.pool.page_size
+        left = self.nbytes if nbytes is None else _int(nbytes, "nbytes")
+        if left > self.nbytes:
+            raise XTensorError(f"nbytes {left} exceeds the segment's {self.nbytes}")
+        out: list[tuple[int, int]] = []
+        for pid in self.page_ids:
+            if left <= 0:
+                break
+            n = min(page, left)
+            if out and out[-1][0] + out[-1][1] == pid * page:
+                out[-1] = (out[-1][0], out[-1][1] + n)
+            else:
+                out.append((pid * page, n))
+            left -= n
+        return out
+
     def tensor(self, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
         return views.whole(self.pool.kind, self.pool.device_index, self.addr, self.nbytes, dtype, self)
 

@@ -44,6 +44,8 @@ class AdminBackend(Protocol):
     async def load_model(self, name: str, checkpoint: str | None, devices: list[int]) -> dict[int, str]: ...
     async def unload_model(self, name: str) -> dict[str, Any]: ...
     async def remove_model(self, name: str) -> dict[str, Any]: ...
+    async def set_state(self, name: str, device: int, target: str) -> dict[str, Any]: ...
+    async def fork(self, name: str, src: int, dst: int) -> dict[str, Any]: ...
     def config_toml(self) -> str: ...
 
 MAX_ADMIN_FRAME = 1 << 20
@@ -184,6 +186,7 @@ async def handle(daemon: AdminBackend, req: Any) -> dict[str, Any]:
                 row["models"] = w.last_stats.models
                 row["running"] = w.last_stats.running
                 row["engine_requests"] = w.last_stats.engine_requests
+                row["host_copies"] = w.last_stats.host_copies
                 row.update(w.last_stats.pool)
             rows.append(row)
         return {"pools": rows}
@@ -193,6 +196,10 @@ async def handle(daemon: AdminBackend, req: Any) -> dict[str, Any]:
         return {"unloaded": req.name, **await daemon.unload_model(req.name)}
     if isinstance(req, am.RemoveReq):
         return {"removed": req.name, **await daemon.remove_model(req.name)}
+    if isinstance(req, am.StateReq):
+        return await daemon.set_state(req.name, req.device, req.target)
+    if isinstance(req, am.ForkReq):
+        return await daemon.fork(req.name, req.src, req.dst)
     if isinstance(req, am.DrainReq):
         n = core.requests.count()
         daemon.request_shutdown()

@@ -36,6 +36,7 @@ from janusd.server import model_ops, sdnotify
 from janusd.server.admin import AdminSocketError, check_admin_socket_free, start_admin
 from janusd.server.api import start_http
 from janusd.server.metrics import Metrics
+from janusd.server.lifecycle_ops import LifecycleOps
 from janusd.server.model_ops import ConfigHolder, ModelOps
 from janusd.server.openai_types import Parsed
 from janusd.server.restart_policy import RestartBudget
@@ -105,6 +106,8 @@ class Daemon:
         )
         self.ops = ModelOps(self.core, self.workers, cfg.engine, str(cache_dir(cfg.server)),
                             cfg.server.worker_ready_timeout_s, cfg.server.drain_timeout_s, clock)
+        self.life = LifecycleOps(self.ops, cfg.lifecycle, self.metrics.lifecycle)
+        self.ops.starter = self.life.start
         self.clock = clock
         self.http_port: int | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -152,6 +155,9 @@ class Daemon:
             return 1
         _log(f"{len(self.workers)} workers ready: " + ", ".join(f"device {w.device_index} pid {w.pid}"
                                                                  for w in self.workers))
+        measured = [w.memcpy_bps for w in self.workers if w.memcpy_bps > 0]
+        if measured:  # the restore path estimates start from this machine's copy bandwidth
+            self.life.bw.memcpy = min(measured)
         self._spawn(self._tick_loop(), "dispatch")
         sdnotify.notify(f"STATUS=loading {len(self.cfg.models)} models")
         await self.ops.add_and_load(list(self.cfg.models), self.cfg.models, self.cfg.devices.count)
@@ -273,6 +279,10 @@ class Daemon:
         while (dev := self.core.tokenizer_device(p.model)) is None:
             if self.core.registry.model(p.model) is None:
                 raise Refused(removed(p.model))
+            waking = self.life.wake(p.model)  # scale to zero: a Warm or Cold instance comes up
+            if waking is not None:
+                self._tasks.add(waking)
+                waking.add_done_callback(self._tasks.discard)
             left = arrival + limit - clock()
             ev = self._serving_changed
             try:
@@ -382,6 +392,16 @@ class Daemon:
     async def remove_model(self, name: str) -> dict[str, Any]:
         return await model_ops.remove_model(self.ops, self.config, name)
 
+    async def set_state(self, name: str, device: int, target: str) -> dict[str, Any]:
+        out = await self.life.set_state(name, device, target)
+        self.poke()
+        return out
+
+    async def fork(self, name: str, src: int, dst: int) -> dict[str, Any]:
+        out = await self.life.fork(name, src, dst)
+        self.poke()
+        return out
+
     # ---- views ----
     def health(self) -> dict[str, Any]:
         ok = self.state == "running" and all(w.ready for w in self.workers)
@@ -403,6 +423,7 @@ class Daemon:
         s["pools"] = {w.device_index: w.last_stats.pool for w in self.workers if w.last_stats is not None}
         s["kv_usage"] = {w.device_index: w.last_stats.kv_usage for w in self.workers
                          if w.last_stats is not None and w.ready}
+        s["fork_fallbacks"] = self.life.fork_fallbacks
         return s
 
     def models_view(self) -> list[dict[str, Any]]:

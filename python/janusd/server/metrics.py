@@ -23,6 +23,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 disable_created_metrics()
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
 _E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 300)
+_PHASE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_STATES = ("loading", "active", "draining", "unloaded", "warm", "cold", "restoring", "forking")
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2)
 
 
@@ -76,11 +78,22 @@ class _Live(Collector):
             c.add_metric([], d.get(key, 0))
             yield c
         st = GaugeMetricFamily("janusd_instance_state", "1 for the one state each (model, device) instance is in "
-                               "(loading | active | draining | unloaded)",
-                               labels=["model", "device", "state"])
+                               "(lifecycle/states.py: loading | active | draining | unloaded | warm | cold | "
+                               "restoring | forking)", labels=["model", "device", "state"])
+        counts: dict[tuple[str, str], int] = {}
         for model, device, state in s["instances"]:
             st.add_metric([model, str(device), state], 1)
+            counts[(model, state)] = counts.get((model, state), 0) + 1
         yield st
+        per = GaugeMetricFamily("janusd_instances", "instances of the model in each state", labels=["model", "state"])
+        for model in {m for m, _, _ in s["instances"]}:
+            for state in _STATES:
+                per.add_metric([model, state], counts.get((model, state), 0))
+        yield per
+        fb = CounterMetricFamily("janusd_fork_fallbacks", "D2D forks that failed (source gone, transfer stalled, "
+                                 "verification) and came up by H2D or a Cold load instead")
+        fb.add_metric([], s.get("fork_fallbacks", 0))
+        yield fb
         up = GaugeMetricFamily("janusd_worker_up", "1 when the device's worker is ready", labels=["device"])
         rs = CounterMetricFamily("janusd_worker_restarts", "worker restarts", labels=["device"])
         for dev, (ready, restarts) in s["workers"].items():
@@ -165,6 +178,11 @@ class Metrics:
         self.estimate_overshoot = Counter("janusd_prefill_estimate_overshoot_seconds", "sum of estimated - "
                                           "observed prefill time where the estimate was too high", ["model"],
                                           registry=r)
+        self.phase = Histogram("janusd_lifecycle_phase_seconds", "seconds of each phase of an instance's state change "
+                               "(op: activate | fork | deactivate | stage; phase: drain | prepare | transfer | restore "
+                               "| first_token)", ["model", "op", "phase"], buckets=_PHASE_BUCKETS, registry=r)
+        self.lifecycle_ops = Counter("janusd_lifecycle_ops", "instance state changes by outcome (ok | fallback | "
+                                     "failed)", ["model", "op", "outcome"], registry=r)
         r.register(_Live(snapshot))
         self._tot: dict[str, tuple[int, int]] = {}
 
@@ -206,6 +224,11 @@ class Metrics:
         # a Counter cannot go down; keep the signed sum as two counters' difference
         self.estimate_bias.labels(model).inc(max(error_s, 0.0))
         self.estimate_overshoot.labels(model).inc(max(-error_s, 0.0))
+
+    def lifecycle(self, model: str, op: str, phases: dict[str, float], outcome: str) -> None:
+        self.lifecycle_ops.labels(model, op, outcome).inc()
+        for phase, seconds in phases.items():
+            self.phase.labels(model, op, phase).observe(max(0.0, seconds))
 
     def reject(self, model: str, reason: str) -> None:
         self.rejected.labels(model, reason).inc()

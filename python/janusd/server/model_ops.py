@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -56,6 +56,17 @@ class ModelOps:
         self.drain_timeout_s = drain_timeout_s
         self.clock = clock
         self._locks = [asyncio.Lock() for _ in workers]  # one load/unload at a time per worker
+        # brings an instance to a start state other than active (server/lifecycle_ops.py)
+        self.starter: Callable[[Instance, str], Awaitable[None]] | None = None
+
+    async def start(self, inst: Instance) -> None:
+        """Bring a configured instance to its start state (config warm_devices / cold_devices)."""
+        m = self.core.registry.model(inst.model)
+        state = m.cfg.start_state(inst.device) if m is not None else "active"
+        if state == "active" or self.starter is None:
+            await self.load(inst)
+        else:
+            await self.starter(inst, state)
 
     # ---- one instance ----
     async def load(self, inst: Instance) -> None:
@@ -109,7 +120,7 @@ class ModelOps:
         for cfg in cfgs:
             m = self.core.add_model(cfg)
             insts += [self.core.instance(m.name, d) for d in placement[cfg.name]]
-        await asyncio.gather(*(self.load(i) for i in insts))
+        await asyncio.gather(*(self.start(i) for i in insts))
 
     async def load_model(self, m: Model, devices: list[int]) -> None:
         insts = [self.core.instance(m.name, d) for d in devices]
@@ -126,8 +137,11 @@ class ModelOps:
         for inst in insts:
             if inst.state is S.ACTIVE:
                 self.core.set_state(inst, S.DRAINING, self.clock())
-            elif inst.state is S.LOADING:
-                self.core.set_state(inst, S.UNLOADED, self.clock(), error="unloaded while loading")
+            elif inst.state in (S.LOADING, S.RESTORING, S.FORKING, S.COLD):
+                self.core.set_state(inst, S.UNLOADED, self.clock(), error=f"unloaded while {inst.state.value}")
+            elif inst.state is S.WARM:  # drop the worker's host copy
+                self.core.set_state(inst, S.UNLOADED, self.clock())
+                await self._unload_on_worker(name, inst.device)
         deadline = time.monotonic() + self.drain_timeout_s
 
         def running() -> list[Any]:
@@ -206,6 +220,10 @@ async def load_model(ops: ModelOps, holder: ConfigHolder, name: str, checkpoint:
     if kept is not None and checkpoint is None:
         if kept.active or any(i.state is S.LOADING for i in kept.instances.values()):
             raise ValueError(f"model {name!r} is already loaded")
+        resting = sorted(i.device for i in kept.instances.values() if i.state in (S.WARM, S.COLD))
+        if resting:
+            raise ValueError(f"model {name!r} is warm or cold on devices {resting}: bring it back with "
+                             f"`janus ctl state {name} --device N active` (or `ctl unload` it first)")
         m = kept.cfg
     elif kept is not None:
         raise ValueError(f"model {name!r} is already loaded")

@@ -100,6 +100,7 @@ class WorkerHandle:
         self._enc = msgspec.msgpack.Encoder()
         self._dec = wm.from_worker_decoder()
         self.last_stats: wm.Stats | None = None
+        self.memcpy_bps = 0.0  # the worker's host copy bandwidth, measured at its start
         self.liveness = liveness or Liveness(heartbeat_s=0.0)
         self.hung: str | None = None  # why the current process was declared hung
         self.hangs = 0  # processes declared hung, ever
@@ -126,6 +127,7 @@ class WorkerHandle:
             "--kind", self.devices.kind,
             "--memory-bytes", str(self.devices.memory_mib << 20),
             "--page-size", str(self.devices.page_size_mib << 20),
+            "--transfer-protocol", self.devices.transfer_protocol,
             "--torch-threads",
             os.environ.get("JANUSD_WORKER_TORCH_THREADS") or str(self.devices.worker_torch_threads()),
         ]
@@ -152,6 +154,7 @@ class WorkerHandle:
             await self._kill()
             raise WorkerError(f"worker for device {self.device_index} failed to start: {why}")
         self.state = "ready"
+        self.memcpy_bps = first.memcpy_bps
         self._reader_task = asyncio.create_task(self._read_loop(reader, proc), name=f"worker{self.device_index}-reader")
         self._wait_task = asyncio.create_task(
             self._wait_exit(proc, self._reader_task), name=f"worker{self.device_index}-wait"

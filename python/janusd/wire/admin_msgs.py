@@ -52,6 +52,24 @@ class RemoveReq(msgspec.Struct, **_OPTS):
     name: str
 
 
+class StateReq(msgspec.Struct, **_OPTS):
+    """Move the model's instance on `device` to `target` (active | warm | cold); the reply
+    holds the path the weights took and the seconds of each phase."""
+
+    name: str
+    device: int
+    target: str
+
+
+class ForkReq(msgspec.Struct, **_OPTS):
+    """Bring the model up on device `dst` by pulling the weights of its Active instance on
+    `src` (D2D through the transfer engine; falls back to H2D / a Cold load)."""
+
+    name: str
+    src: int
+    dst: int
+
+
 class DrainReq(msgspec.Struct, **_OPTS):
     """Stop accepting requests, let in-flight ones finish, then stop (as SIGTERM does)."""
 
@@ -62,7 +80,8 @@ class ConfigReq(msgspec.Struct, **_OPTS):
     pass
 
 
-AdminRequest = StatusReq | ModelsReq | InstancesReq | PoolsReq | LoadReq | UnloadReq | RemoveReq | DrainReq | ConfigReq
+AdminRequest = (StatusReq | ModelsReq | InstancesReq | PoolsReq | LoadReq | UnloadReq | RemoveReq | DrainReq | ConfigReq
+                | StateReq | ForkReq)
 
 
 class AdminResult(msgspec.Struct, **_OPTS):

@@ -17,7 +17,7 @@ from typing import Literal
 
 import msgspec
 
-from janusd.config import EngineConfig, ModelConfig
+from janusd.config import EngineConfig, LifecycleConfig, ModelConfig
 
 _OPTS = dict(array_like=True, omit_defaults=True, gc=False, tag=True)
 
@@ -131,7 +131,49 @@ class ImportKV(msgspec.Struct, **_OPTS):
     peer_base: int
 
 
-ToWorker = LoadModel | UnloadModel | Tokenize | Generate | Abort | GetStats | Shutdown | ImportKV | Ping
+class ForkSource(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Where a serving peer's weight segment is (PAPER.md §8 D2D fork): its Mooncake
+    `session`, its global region's `global_base`, the segment's (global offset, length)
+    pieces in segment order, the total `nbytes`, the plan's `layout` signature (the target
+    refuses a source laid out differently) and (segment offset, length, blake2b hex)
+    checksums of sampled blocks, which the target checks after the pull."""
+
+    session: str
+    global_base: int
+    pieces: list[tuple[int, int]]
+    nbytes: int
+    layout: str
+    checksums: list[tuple[int, int, str]] = []
+
+
+class SetState(msgspec.Struct, **_OPTS):
+    """Move model `model.name` on this worker to `target` (lifecycle/states.py):
+    active (from a host copy by H2D, from `fork` by D2D, else from the checkpoint),
+    warm (keep or make a host copy; free the device), cold (free everything). The worker
+    answers StateSet, or ErrorReply with the state unchanged (an out-of-memory restore
+    rolls back)."""
+
+    seq: int
+    model: ModelConfig
+    engine: EngineConfig
+    cache_dir: str
+    target: Literal["active", "warm", "cold"]
+    lifecycle: LifecycleConfig = LifecycleConfig()
+    fork: ForkSource | None = None
+    probe: bool = True  # activation: run one greedy token before answering (first_token phase)
+
+
+class PublishWeights(msgspec.Struct, **_OPTS):
+    """A fork's source: say where the model's weight segment is (answered WeightsPublished)."""
+
+    seq: int
+    name: str
+    verify_blocks: int = 16
+    verify_block_bytes: int = 64 << 10
+
+
+ToWorker = (LoadModel | UnloadModel | Tokenize | Generate | Abort | GetStats | Shutdown | ImportKV | Ping | SetState
+            | PublishWeights)
 
 
 # ---- worker -> daemon ----
@@ -143,6 +185,7 @@ class Ready(msgspec.Struct, **_OPTS):
     pid: int
     device_index: int
     kind: str
+    memcpy_bps: float = 0.0  # host copy bandwidth measured at start (lifecycle/restore_path.py)
 
 
 class ModelLoaded(msgspec.Struct, **_OPTS):
@@ -154,6 +197,28 @@ class ModelLoaded(msgspec.Struct, **_OPTS):
     # (prompt tokens, prefill seconds) measured on the new instance before it serves: the
     # daemon's prefill estimate starts from the device's real speed, not a guess
     prefill_probe: list[tuple[int, float]] = []
+
+
+class StateSet(msgspec.Struct, **_OPTS):
+    """A SetState done. `path`: how the weights came (h2d, d2d, checkpoint; none when
+    leaving Active or already there); `fallback`: why a planned D2D fork was not used.
+    `phases`: seconds of prepare, transfer, restore, first_token (what applies)."""
+
+    seq: int
+    name: str
+    state: str
+    path: str = "none"
+    nbytes: int = 0
+    phases: dict[str, float] = {}
+    fallback: str = ""
+    max_model_len: int = 0
+    eos_token_ids: list[int] = []
+
+
+class WeightsPublished(msgspec.Struct, **_OPTS):
+    seq: int
+    name: str
+    source: ForkSource
 
 
 class ModelUnloaded(msgspec.Struct, **_OPTS):
@@ -173,6 +238,7 @@ class Stats(msgspec.Struct, **_OPTS):
     running: int  # requests this worker relays
     engine_requests: int = 0  # sequences the engines hold (KV allocated or waiting)
     kv_usage: dict[str, float] = {}  # model -> fraction of its KV region's blocks in use
+    host_copies: dict[str, int] = {}  # Warm models here -> bytes of their host copies
 
 
 class Pong(msgspec.Struct, **_OPTS):
@@ -240,10 +306,10 @@ class KVImported(msgspec.Struct, **_OPTS):
 
 FromWorker = (
     Ready | ModelLoaded | ModelUnloaded | Tokenized | Stats | ErrorReply | StepBatch | RequestFailed | KVReady | KVImported
-    | Pong
+    | Pong | StateSet | WeightsPublished
 )
 
-Reply = ModelLoaded | ModelUnloaded | Tokenized | Stats | ErrorReply | Pong
+Reply = ModelLoaded | ModelUnloaded | Tokenized | Stats | ErrorReply | Pong | StateSet | WeightsPublished
 
 
 def to_worker_decoder() -> msgspec.msgpack.Decoder:

@@ -1,0 +1,134 @@
+"""A converted host image of a checkpoint on disk, memory-mapped on a Cold start.
+
+Why: a Cold instance keeps nothing in memory, and reading its checkpoint again costs far
+more than moving its bytes: a GGUF is dequantised tensor by tensor and its tokenizer is
+rebuilt from the vocabulary (seconds for SmolLM2-135M on this machine). The image is the
+weight segment exactly as the engine lays it out (the WeightPlan's bytes, in the model's
+dtype), the tokenizer as tokenizers' own JSON, and the metadata (architecture, tensor
+table, special tokens, chat template, EOS ids). A Cold start reads `weights.bin` straight
+into a fresh segment in chunks, several reads in flight (engine/restore.Copier.read_file:
+measured faster here than mapping the file and copying from the mapping, which pays a
+page fault per 4 KiB), so it costs what a read of one file costs, not a conversion.
+
+Keyed by the checkpoint's path, size and modification time, the dtype and the image
+version: a changed checkpoint gets a new image. Written once (atomically: a temporary
+directory renamed into place) the first time the weights pass through host memory or
+leave a device; `lifecycle.host_image = false` never writes one. The mapping is dropped
+Nothing of it stays in the process once the read is done: a Cold model holds no host
+memory for its weights (the page cache may keep the file's pages; the kernel drops those
+under pressure).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+
+from janusd.engine.checkpoint.base import Checkpoint, CheckpointError, ModelArch
+
+IMAGE_VERSION = 1
+
+
+class ImageMeta(msgspec.Struct, kw_only=True):
+    version: int
+    source: str
+    dtype: str
+    nbytes: int
+    layout: str
+    arch: ModelArch
+    specs: dict[str, tuple[list[int], str]]
+    eos_token_ids: list[int]
+    generation_defaults: dict[str, Any]
+    bos_token: str | None
+    eos_token: str | None
+    chat_template: str | dict[str, str] | None
+    special_tokens_map: dict[str, str | None]
+
+
+class ImageCheckpoint(Checkpoint):
+    """A Checkpoint opened from an image: metadata and tokenizer only (the weights are
+    `root / "weights.bin"`, read whole by the caller)."""
+
+    format = "image"
+
+    def __init__(self, root: Path, meta: ImageMeta, tokenizer: Any) -> None:
+        specs = {n: (tuple(s), d) for n, (s, d) in meta.specs.items()}
+        super().__init__(Path(meta.source), meta.arch, specs, tokenizer, meta.generation_defaults,
+                         list(meta.eos_token_ids))
+        self.root = root
+        self.meta = meta
+
+
+def _fingerprint(path: Path) -> str:
+    p = path.resolve()
+    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+    h = hashlib.blake2b(digest_size=12)
+    h.update(f"{IMAGE_VERSION}|{p}".encode())
+    for f in files:
+        st = f.stat()
+        h.update(f"|{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+def image_dir(cache_dir: Path, checkpoint: Path, dtype: str) -> Path:
+    return Path(cache_dir) / "images" / f"{_fingerprint(checkpoint)}-{dtype}"
+
+
+def open_image(root: Path, layout: str | None = None) -> ImageCheckpoint | None:
+    """The image at `root`, or None when there is none (or it is unreadable: it is then
+    rebuilt from the checkpoint rather than trusted)."""
+    if not (root / "meta.msgpack").exists():
+        return None
+    try:
+        meta = msgspec.msgpack.decode((root / "meta.msgpack").read_bytes(), type=ImageMeta)
+        if meta.version != IMAGE_VERSION or (root / "weights.bin").stat().st_size != meta.nbytes:
+            return None
+        if layout is not None and meta.layout != layout:
+            return None
+        from tokenizers import Tokenizer as Backend
+
+        from janusd.engine.tokenizer import Tokenizer
+
+        backend = Backend.from_str((root / "tokenizer.json").read_text())
+        tok = Tokenizer(backend, bos_token=meta.bos_token, eos_token=meta.eos_token,
+                        extra_eos_token_ids=list(meta.eos_token_ids), chat_template=meta.chat_template,
+                        special_tokens_map=meta.special_tokens_map)
+        return ImageCheckpoint(root, meta, tok)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError, ValueError, CheckpointError, Exception):
+        return None
+
+
+def write_image(root: Path, ck: Checkpoint, plan: Any, layout: str, dtype: str, data: torch.Tensor) -> bool:
+    """Write the image of `ck` (weights = `data`, the plan's bytes) once; True if written.
+    A failure (disk full, read-only cache) leaves no partial image and is not an error:
+    Cold starts then read the checkpoint."""
+    if (root / "meta.msgpack").exists():
+        return False
+    tok = ck.tokenizer
+    meta = ImageMeta(version=IMAGE_VERSION, source=str(ck.path), dtype=dtype, nbytes=int(plan.total_bytes),
+                     layout=layout, arch=ck.arch,
+                     specs={n: (list(s), d) for n, (s, d) in ck.tensor_specs().items()},
+                     eos_token_ids=list(ck.eos_token_ids), generation_defaults=dict(ck.generation_defaults),
+                     bos_token=tok.bos_token, eos_token=tok.eos_token, chat_template=tok.chat_template,
+                     special_tokens_map=dict(tok._special_tokens_map))
+    tmp = None
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+        with open(tmp / "weights.bin", "wb") as f:
+            f.write(memoryview(data[: plan.total_bytes].cpu().numpy()))
+        (tmp / "tokenizer.json").write_text(tok.backend.to_str())
+        (tmp / "meta.msgpack").write_bytes(msgspec.msgpack.encode(meta))
+        os.rename(tmp, root)
+        return True
+    except OSError:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return False

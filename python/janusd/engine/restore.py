@@ -1,0 +1,195 @@
+"""Moving a model's weights between a device weight segment and host memory (PAPER.md §8).
+
+A Warm model keeps a `HostCopy`: its weight segment's bytes in one host buffer
+(page-locked on cuda/npu, so H2D copies run asynchronously; a plain host buffer outside
+the device pool on cpu) plus everything a restore needs without re-parsing the
+checkpoint: the opened Checkpoint (architecture, tensor table, tokenizer with its chat
+template, EOS ids), the weight plan (each tensor's offset in the segment) and the model's
+config. A restore reserves a fresh segment, copies the bytes in large chunks with
+several in flight (`chunked_copy`), and rebuilds the views over the new segment: the
+layout is the plan's, so the views are the same tensors at the same offsets and a
+greedy generation after a restore is token for token the one before.
+
+Why chunks in flight: one copy call is one memcpy on one core (cpu) or one DMA queue
+(cuda); large chunks on several threads, or several async copies on a copy stream, keep
+the memory system busy. `janus bench restore` compares the result with a plain copy of
+the same bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from janusd.engine.types import EngineError
+
+_MADV_REMOVE = 9  # linux: free the backing store of a shared mapping's range (memfd pages)
+
+
+@dataclass
+class HostCopy:
+    """What a Warm model keeps on the worker (see the module docs)."""
+
+    name: str
+    model_cfg: Any  # config.ModelConfig
+    engine_cfg: Any  # config.EngineConfig
+    checkpoint: Any  # engine.checkpoint.base.Checkpoint: arch, tensor table, tokenizer, EOS ids
+    plan: Any  # engine.models.weights.WeightPlan: where each tensor lives in the segment
+    buf: torch.Tensor | None  # uint8, plan.total_bytes long, on the host (None: read `file`)
+    pinned: bool = False
+    file: Path | None = None  # a Cold start: the converted image's weights, read straight in
+    made_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.plan.total_bytes)
+
+
+def host_buffer(nbytes: int, kind: str) -> tuple[torch.Tensor, bool]:
+    """(buffer, pinned): page-locked on cuda/npu, so H2D copies can be asynchronous; a
+    plain host buffer on cpu (the device pool is host memory already). A page-locked
+    allocation that fails is an EngineError, never a silent fall back to pageable memory."""
+    if kind == "cpu":
+        return torch.empty(nbytes, dtype=torch.uint8), False
+    try:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), True
+    except RuntimeError as e:
+        raise EngineError(f"cannot allocate {nbytes} bytes of page-locked host memory for a host copy: {e}") from None
+
+
+class Copier:
+    """Chunked copies with several in flight: `streams` threads on cpu (torch's copy
+    releases the GIL), async copies on one copy stream on cuda/npu. One per worker."""
+
+    def __init__(self, streams: int = 4, chunk_bytes: int = 64 << 20) -> None:
+        if streams < 1 or chunk_bytes < 1:
+            raise EngineError(f"copy streams ({streams}) and chunk size ({chunk_bytes}) must be positive")
+        self.streams = streams
+        self.chunk_bytes = chunk_bytes
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix="janusd-copy")
+            return self._pool
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> float:
+        """dst[:] = src (1-D uint8 of the same length); returns the seconds it took."""
+        if dst.numel() != src.numel() or dst.dtype != torch.uint8 or src.dtype != torch.uint8:
+            raise EngineError(f"copy of {src.numel()} bytes into {dst.numel()}: sizes or dtypes differ")
+        t0 = time.perf_counter()
+        n = dst.numel()
+        cuts = list(range(0, n, self.chunk_bytes)) + [n]
+        spans = list(zip(cuts, cuts[1:]))
+        if dst.device.type == "cpu" and src.device.type == "cpu":
+            if len(spans) == 1 or self.streams == 1:
+                for a, b in spans:
+                    dst[a:b].copy_(src[a:b])
+            else:
+                list(self._executor().map(lambda ab: dst[ab[0]:ab[1]].copy_(src[ab[0]:ab[1]]), spans))
+        else:  # an accelerator on one side: async copies on a copy stream, then wait for them
+            dev = dst.device if dst.device.type != "cpu" else src.device
+            mod = torch.cuda if dev.type == "cuda" else getattr(torch, dev.type)
+            stream = mod.Stream(device=dev)
+            with mod.stream(stream):
+                for a, b in spans:
+                    dst[a:b].copy_(src[a:b], non_blocking=True)
+            stream.synchronize()
+        return time.perf_counter() - t0
+
+    def read_file(self, dst: torch.Tensor, path: Path) -> float:
+        """dst[:] = the first dst.numel() bytes of the file: chunks read straight into dst
+        with several reads in flight (pread on cpu; through a page-locked bounce buffer and
+        an async copy on cuda/npu). Returns the seconds it took."""
+        t0 = time.perf_counter()
+        n = dst.numel()
+        if dst.device.type != "cpu":
+            mapped = torch.from_file(str(path), shared=False, size=n, dtype=torch.uint8)
+            self.copy(dst, mapped)
+            return time.perf_counter() - t0
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if os.fstat(fd).st_size < n:
+                raise EngineError(f"{path}: {os.fstat(fd).st_size} bytes, expected at least {n}")
+            view = memoryview(dst.numpy())
+
+            def read(a: int) -> None:
+                end = min(a + self.chunk_bytes, n)
+                while a < end:  # pread may return short
+                    got = os.preadv(fd, [view[a:end]], a)
+                    if got <= 0:
+                        raise EngineError(f"{path}: unexpected end of file at byte {a}")
+                    a += got
+
+            list(self._executor().map(read, range(0, n, self.chunk_bytes)))
+        finally:
+            os.close(fd)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+                self._pool = None
+
+
+def release_backing(kind: str, global_base: int, page_size: int, page_ids: list[int]) -> None:
+    """Give the host memory behind cpu-device pages about to be freed back to the OS
+    (MADV_REMOVE on the pool's shared memfd, through the global region where page i sits
+    at global_base + i * page_size), so leaving Active leaves the worker's RSS where it was
+    before the model came. The pool keeps the pages' accounting; their bytes are not kept
+    (nothing may read a freed page). Device memory (cuda/npu) has no host backing."""
+    if kind != "cpu" or not page_ids:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    ids = sorted(set(page_ids))
+    runs: list[list[int]] = [[ids[0], 1]]
+    for pid in ids[1:]:
+        if pid == runs[-1][0] + runs[-1][1]:
+            runs[-1][1] += 1
+        else:
+            runs.append([pid, 1])
+    for first, count in runs:
+        addr, nbytes = global_base + first * page_size, count * page_size
+        if libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(nbytes), _MADV_REMOVE) != 0:
+            raise EngineError(f"madvise(MADV_REMOVE) of {nbytes} bytes at {addr:#x} failed: errno {ctypes.get_errno()}")
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free memory back to the OS (glibc malloc_trim): what a checkpoint
+    read or a host copy left in the allocator's free lists would otherwise stay in RSS."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def plain_view(buf: torch.Tensor) -> Any:
+    """A `view(offset, shape, dtype)` function over a host byte buffer (a host copy)."""
+    import math
+
+    def view(offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        elt = torch.empty((), dtype=dtype).element_size()
+        return buf[offset: offset + math.prod(shape) * elt].view(dtype).view(shape)
+
+    return view
+
+
+def sync_device(device: torch.device) -> None:
+    """Wait until no kernel of this process still runs on the device (before its memory
+    is freed): cuda/npu synchronise; cpu steps run on the caller's thread, already done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "npu":
+        with contextlib.suppress(AttributeError):
+            torch.npu.synchronize(device)  # type: ignore[attr-defined]

@@ -1,0 +1,297 @@
+"""Active / Warm / Cold against real workers: `ctl state`, `ctl fork`, start states from
+config, and waking a Warm or Cold model when a request for it arrives (PAPER.md §8).
+
+The core owns each instance's state and the table of moves (lifecycle/states.py); this
+file drives the moves that need a worker: it sets the transitional state (Draining,
+Restoring, Forking), sends SetState / PublishWeights, and on the answer sets the resting
+state, or rolls back to where the instance was (an out-of-memory wake-up leaves it Warm
+or Cold, never half-loaded). Every answer carries the phases (drain, prepare, transfer,
+restore, first_token) the metrics and `ctl` show. Which way an instance comes back is
+chosen by estimated time (lifecycle/restore_path.py) from bandwidths measured here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from janusd.config import LifecycleConfig
+from janusd.core.registry import Instance
+from janusd.core.requests import Failure
+from janusd.lifecycle.restore_path import Bandwidths, choose, options_for
+from janusd.lifecycle.states import COMING_UP, RESTORABLE, InstanceState, check_transition
+from janusd.log import log
+from janusd.server.model_ops import ModelOps
+from janusd.server.workers import WorkerError
+from janusd.wire import worker_msgs as wm
+
+S = InstanceState
+TARGETS = {"active": S.ACTIVE, "warm": S.WARM, "cold": S.COLD}
+
+
+def _log(msg: str, level: int = logging.INFO) -> None:
+    log.log(level, msg)
+
+
+class LifecycleOps:
+    def __init__(self, ops: ModelOps, cfg: LifecycleConfig,
+                 observe: Callable[[str, str, dict[str, float], str], None] = lambda *a: None) -> None:
+        """`observe(model, op, phases, outcome)`: the metrics' hook (op: activate, deactivate,
+        fork; outcome: ok, failed, fallback)."""
+        self.ops = ops
+        self.core = ops.core
+        self.cfg = cfg
+        self.observe = observe
+        self.bw = Bandwidths()
+        self._busy: set[tuple[str, int]] = set()
+        self.weight_bytes: dict[str, int] = {}  # model -> bytes of its weight segment (learnt)
+        self.fork_fallbacks = 0
+
+    # ---- the admin operations ----
+    async def set_state(self, name: str, device: int, target: str, probe: bool = True) -> dict[str, Any]:
+        """`ctl state NAME --device N active|warm|cold`: the reply holds the new state, the
+        path the weights took and the seconds of each phase (with `probe`, an activation
+        runs one greedy token first: the first_token phase)."""
+        inst = self._instance(name, device)
+        if target not in TARGETS:
+            raise ValueError(f"state must be active, warm or cold, got {target!r}")
+        want = TARGETS[target]
+        if inst.state is want:
+            return {"model": name, "device": device, "state": want.value, "unchanged": True}
+        with self._claim(inst):
+            if want is S.ACTIVE:
+                return await self._activate(inst, probe=probe)
+            if inst.state is S.ACTIVE:
+                return await self._deactivate(inst, want)
+            return await self._rest(inst, want)
+
+    async def fork(self, name: str, src: int, dst: int) -> dict[str, Any]:
+        """`ctl fork NAME --from N --to M`: M pulls N's weights over the transfer engine."""
+        source = self._instance(name, src)
+        if src == dst:
+            raise ValueError("fork: --from and --to are the same device")
+        if source.state is not S.ACTIVE:
+            raise ValueError(f"fork: {name} on device {src} is {source.state.value}, not active: nothing to fork from")
+        if dst >= len(self.ops.workers):
+            raise ValueError(f"fork: device {dst} does not exist")
+        target = self.core.instance(name, dst)
+        check_transition(target.state, S.FORKING, f"{name} on device {dst}")
+        with self._claim(target):
+            return await self._activate(target, fork_from=source)
+
+    async def start(self, inst: Instance, state: str) -> None:
+        """Bring a configured instance to its start state (config warm_devices / cold_devices)."""
+        if state == "cold":
+            self.core.set_state(inst, S.COLD, self.ops.clock())
+            return
+        if state == "warm":
+            try:
+                with self._claim(inst):
+                    await self._rest(inst, S.WARM)
+            except (ValueError, WorkerError) as e:
+                _log(f"{inst.model} on device {inst.device}: cannot start warm: {e}", logging.WARNING)
+            return
+        await self.ops.load(inst)
+
+    def wake(self, name: str) -> asyncio.Task[Any] | None:
+        """A request for `name` found no Active instance: start activating one of its Warm
+        (else Cold) instances, unless one is already coming up. Returns the task, if any."""
+        if not self.cfg.wake_on_request:
+            return None
+        m = self.core.registry.model(name)
+        if m is None or m.cfg.prefill_devices:
+            return None
+        insts = list(m.instances.values())
+        if any(i.state in COMING_UP or i.state is S.ACTIVE for i in insts):
+            return None
+        free = [i for i in insts if i.state in RESTORABLE and (i.model, i.device) not in self._busy]
+        if not free:
+            return None
+        nbytes = self.weight_bytes.get(name, 1 << 30)
+        inst = min(free, key=lambda i: (self.bw.estimate_s(choose(options_for(i.state.value, False), nbytes, self.bw),
+                                                           nbytes), i.device))
+
+        async def go() -> None:
+            try:
+                await self.set_state(name, inst.device, "active", probe=False)  # the request is its probe
+            except (ValueError, WorkerError) as e:
+                _log(f"waking {name} on device {inst.device} failed: {e}", logging.WARNING)
+
+        _log(f"a request for {name} woke its {inst.state.value} instance on device {inst.device}")
+        return asyncio.get_running_loop().create_task(go(), name=f"wake-{name}")
+
+    # ---- moves ----
+    def _instance(self, name: str, device: int) -> Instance:
+        m = self.core.registry.model(name)
+        if m is None:
+            raise ValueError(f"model {name!r} does not exist")
+        if m.cfg.prefill_devices:
+            raise ValueError(f"model {name!r} is a P/D model: warm and cold instances of P/D models are not "
+                             "supported yet")
+        if not isinstance(device, int) or not 0 <= device < len(self.ops.workers):
+            raise ValueError(f"device {device} does not exist ({len(self.ops.workers)} devices)")
+        return self.core.instance(name, device)
+
+    class _Claim:
+        def __init__(self, busy: set[tuple[str, int]], key: tuple[str, int]) -> None:
+            self.busy, self.key = busy, key
+
+        def __enter__(self) -> None:
+            if self.key in self.busy:
+                raise ValueError(f"{self.key[0]} on device {self.key[1]} is already changing state")
+            self.busy.add(self.key)
+
+        def __exit__(self, *exc: object) -> None:
+            self.busy.discard(self.key)
+
+    def _claim(self, inst: Instance) -> LifecycleOps._Claim:
+        return LifecycleOps._Claim(self._busy, (inst.model, inst.device))
+
+    def _msg(self, inst: Instance, target: str, fork: wm.ForkSource | None = None,
+             probe: bool = True) -> Callable[[int], wm.SetState]:
+        m = self.core.registry.models[inst.model]
+        cfg = m.engine_cfg(inst.device)
+        return lambda seq: wm.SetState(seq, cfg, self.ops.engine, self.ops.cache_dir, target,  # type: ignore[arg-type]
+                                       self.cfg, fork, probe)
+
+    async def _call(self, inst: Instance, make: Callable[[int], Any], timeout_s: float) -> Any:
+        w = self.ops.workers[inst.device]
+        async with self.ops._locks[inst.device]:
+            return await w.call(make, timeout_s)
+
+    async def _activate(self, inst: Instance, fork_from: Instance | None = None, probe: bool = True) -> dict[str, Any]:
+        name, clock = inst.model, self.ops.clock
+        prev = inst.state
+        if prev is S.UNLOADED and fork_from is None:
+            t0 = time.monotonic()
+            await self.ops.load(inst)  # a full load (Unloaded keeps nothing to restore from)
+            if inst.state is not S.ACTIVE:
+                raise ValueError(f"{name} on device {inst.device} failed to load: {inst.error}")
+            return {"model": name, "device": inst.device, "state": "active", "path": "checkpoint",
+                    "phases": {"total": round(time.monotonic() - t0, 4)}}
+        peer = fork_from
+        if peer is None:  # a fork when a serving peer is estimated to be faster than our own path
+            peers = [i for i in self.core.registry.models[name].instances.values()
+                     if i.state is S.ACTIVE and i.device != inst.device]
+            nbytes = self.weight_bytes.get(name, 1 << 30)
+            if peers and choose(options_for(prev.value, True), nbytes, self.bw) == "d2d":
+                peer = peers[0]
+        source = None
+        if peer is not None:
+            try:
+                pub = await self._call(peer, lambda seq: wm.PublishWeights(
+                    seq, name, self.cfg.fork_verify_blocks, self.cfg.fork_verify_block_kib << 10), 30.0)
+                source = pub.source
+            except (WorkerError, asyncio.TimeoutError) as e:
+                if fork_from is not None:
+                    raise ValueError(f"fork: the source on device {peer.device} cannot publish its weights: {e}") \
+                        from None
+        self.core.set_state(inst, S.FORKING if source is not None else S.RESTORING, clock())
+        t0 = time.monotonic()
+        try:
+            reply: wm.StateSet = await self._call(inst, self._msg(inst, "active", source, probe),
+                                                  self.ops.load_timeout_s + (self.cfg.fork_timeout_s if source else 0))
+        except (WorkerError, asyncio.TimeoutError) as e:
+            err = str(e) or "timed out"
+            if inst.state in (S.RESTORING, S.FORKING):
+                self.core.set_state(inst, prev if prev is not S.UNLOADED else S.UNLOADED, clock(), error=err)
+            self.observe(name, "fork" if source else "activate", {}, "failed")
+            raise ValueError(f"{name} on device {inst.device} could not become active ({err}); it is "
+                             f"{inst.state.value} again") from None
+        total = time.monotonic() - t0
+        if inst.state not in (S.RESTORING, S.FORKING):  # unloaded or removed meanwhile: free it again
+            await self._call(inst, lambda seq: wm.UnloadModel(seq, name), 60.0)
+            raise ValueError(f"{name} on device {inst.device} left {S.RESTORING.value} while it restored "
+                             f"(now {inst.state.value}); what was restored is freed")
+        self.weight_bytes[name] = reply.nbytes or self.weight_bytes.get(name, 0)
+        if reply.path in ("d2d", "h2d"):
+            self.bw.observe(reply.path, reply.nbytes, reply.phases.get("transfer", 0.0))
+        elif reply.path in ("image", "checkpoint"):  # a Cold start: opening counts, it is the cost
+            self.bw.observe("checkpoint", reply.nbytes,
+                            reply.phases.get("prepare", 0.0) + reply.phases.get("transfer", 0.0))
+        if reply.fallback:
+            self.fork_fallbacks += 1
+            _log(f"fork of {name} to device {inst.device} fell back to {reply.path}: {reply.fallback}",
+                 logging.WARNING)
+        self.core.loaded(inst, clock(), reply.max_model_len, total)
+        op = "fork" if source is not None else "activate"
+        self.observe(name, op, reply.phases, "fallback" if reply.fallback else "ok")
+        out = {"model": name, "device": inst.device, "state": inst.state.value, "from": prev.value,
+               "path": reply.path, "bytes": reply.nbytes, "phases": _rounded(reply.phases),
+               "total_s": round(total, 4)}
+        if reply.fallback:
+            out["fallback"] = reply.fallback
+        if source is not None and peer is not None:
+            out["source_device"] = peer.device
+        return out
+
+    async def _deactivate(self, inst: Instance, want: InstanceState) -> dict[str, Any]:
+        """Active -> Warm/Cold: stop routing, drain (bounded, then abort), free."""
+        name, clock = inst.model, self.ops.clock
+        self.core.set_state(inst, S.DRAINING, clock())
+        t0 = time.monotonic()
+        deadline = t0 + self.ops.drain_timeout_s
+
+        def running() -> list[Any]:
+            return [r for r in self.core.requests.of_model(name) if r.device == inst.device]
+
+        while running() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        aborted = 0
+        for req in running():
+            self.ops.workers[inst.device].send(wm.Abort(req.rid))
+            self.core.requests.fail(req.rid, Failure(503, f"model {name!r} on device {inst.device} went "
+                                                          f"{want.value} before this request finished (drain bound "
+                                                          f"{self.ops.drain_timeout_s:g} s)", code="model_deactivated"))
+            aborted += 1
+        drain_s = time.monotonic() - t0
+        try:
+            reply: wm.StateSet = await self._call(inst, self._msg(inst, want.value), self.ops.load_timeout_s)
+        except (WorkerError, asyncio.TimeoutError) as e:
+            # the worker detached the model before failing: nothing of it serves any more
+            if inst.state is S.DRAINING:
+                self.core.set_state(inst, S.UNLOADED, clock(), error=str(e))
+            self.observe(name, "deactivate", {}, "failed")
+            raise ValueError(f"{name} on device {inst.device}: leaving active failed: {e}") from None
+        if inst.state is S.DRAINING:
+            self.core.set_state(inst, want, clock())
+        phases = {"drain": drain_s, **reply.phases}
+        self.observe(name, "deactivate", phases, "ok")
+        return {"model": name, "device": inst.device, "state": inst.state.value, "from": "active",
+                "aborted_requests": aborted, "bytes": reply.nbytes, "phases": _rounded(phases),
+                "total_s": round(time.monotonic() - t0, 4)}
+
+    async def _rest(self, inst: Instance, want: InstanceState) -> dict[str, Any]:
+        """Between resting states: Cold/Unloaded -> Warm (read the host copy), Warm -> Cold,
+        Unloaded -> Cold."""
+        name, clock = inst.model, self.ops.clock
+        prev = inst.state
+        if prev is S.UNLOADED and want is S.WARM:
+            self.core.set_state(inst, S.LOADING, clock())
+        else:
+            check_transition(prev, want, f"{name} on device {inst.device}")
+        t0 = time.monotonic()
+        if prev is S.UNLOADED and want is S.COLD:
+            self.core.set_state(inst, S.COLD, clock())
+            return {"model": name, "device": inst.device, "state": "cold", "from": prev.value, "phases": {}}
+        try:
+            reply: wm.StateSet = await self._call(inst, self._msg(inst, want.value), self.ops.load_timeout_s)
+        except (WorkerError, asyncio.TimeoutError) as e:
+            if inst.state is S.LOADING:
+                self.core.load_failed(inst, clock(), str(e))
+            raise ValueError(f"{name} on device {inst.device} could not become {want.value} ({e}); it is "
+                             f"{inst.state.value}") from None
+        if inst.state is prev or inst.state is S.LOADING:
+            self.core.set_state(inst, want, clock())
+        if reply.nbytes:
+            self.weight_bytes[name] = reply.nbytes
+        self.observe(name, "deactivate" if want is S.COLD else "stage", reply.phases, "ok")
+        return {"model": name, "device": inst.device, "state": inst.state.value, "from": prev.value,
+                "bytes": reply.nbytes, "phases": _rounded(reply.phases), "total_s": round(time.monotonic() - t0, 4)}
+
+
+def _rounded(phases: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 4) for k, v in phases.items()}

@@ -1,0 +1,148 @@
+"""Warm / Cold on one DeviceEngine (no daemon): host copies, H2D restore in chunks with
+identical greedy (and seeded) outputs, an out-of-memory restore that leaves the pool and
+the host copy as they were, freeing back to the baseline with the process RSS flat, and
+the fork helpers (segment pieces, sampled checksums, layout signature)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from janusd.config import EngineConfig, ModelConfig
+from janusd.engine.device_engine import DeviceEngine
+from janusd.engine.restore import Copier
+from janusd.engine.types import EngineError, SamplingParams
+from janusd.engine.worker_lifecycle import checksums, layout_signature, sample_blocks
+
+torch.set_num_threads(1)
+CACHE = Path(tempfile.gettempdir()) / "janusd-test-cache"
+MC = ModelConfig(name="m", checkpoint="demo:llama-tiny", kv_cache_mib=4)
+EC = EngineConfig()
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("VmRSS:")) / 1024
+
+
+def generate(de: DeviceEngine, seed: int | None = None) -> list[int]:
+    params = SamplingParams(max_tokens=10, temperature=0.0 if seed is None else 0.8, seed=seed, ignore_eos=True)
+    out = de.models["m"].generate({"r": [5, 6, 7, 8, 9]}, params)
+    return [t for o in out["r"] for t in o.token_ids]
+
+
+@pytest.fixture
+def de():
+    e = DeviceEngine(memory_bytes=16 << 20)
+    e.load_model(MC, EC, CACHE)
+    yield e
+    e.pool.close()
+
+
+def test_warm_restore_is_identical_and_chunked(de):
+    greedy, seeded = generate(de), generate(de, seed=7)
+    seg_before = de.models["m"].placement.segment.tensor().clone()
+    copier = Copier(streams=3, chunk_bytes=64 << 10)  # many chunks for a ~300 KiB segment
+    host, _ = de.release(de.detach("m"), copier, keep_host=True)
+    assert torch.equal(host.buf, seg_before[: host.nbytes])
+    assert de.pool.stats().weight_pages == 0
+    phases: dict[str, float] = {}
+    de.register(de.restore_model(host, copier, phases))
+    assert set(phases) == {"prepare", "transfer", "restore"}
+    assert torch.equal(de.models["m"].placement.segment.tensor()[: host.nbytes], host.buf)
+    assert generate(de) == greedy and generate(de, seed=7) == seeded
+
+
+def test_out_of_memory_restore_rolls_back(de):
+    host, _ = de.release(de.detach("m"), Copier(1), keep_host=True)
+    filler = de.pool.alloc_weights("filler", de.pool.stats().free_pages * de.pool.page_size)
+    before = de.pool.stats()
+    with pytest.raises(EngineError, match="device memory"):
+        de.restore_model(host, Copier(1), {})
+    after = de.pool.stats()
+    assert (after.free_pages, after.pages_by_owner) == (before.free_pages, before.pages_by_owner)
+    assert "m" not in de.models and not de._building
+    del filler
+    de.pool.free("filler")
+    de.register(de.restore_model(host, Copier(1), {}))  # the host copy was left intact
+    assert len(generate(de)) == 10
+
+
+def test_cycles_free_back_to_baseline_and_rss_flat():
+    de = DeviceEngine(memory_bytes=64 << 20)
+    base = de.pool.stats()
+    de.load_model(MC, EC, CACHE)
+    ref = generate(de)
+    copier = Copier(2, 1 << 20)
+    rss0 = None
+    for i in range(100):
+        keep = i % 2 == 0
+        host, _ = de.release(de.detach("m"), copier, keep_host=keep)
+        if host is None:  # Cold: read back from the checkpoint into a fresh host copy
+            host = de.stage_host_copy(MC, EC, CACHE)
+        de.register(de.restore_model(host, copier, {}))
+        del host
+        if i == 9:
+            rss0 = rss_mib()
+    assert generate(de) == ref
+    de.unload_model("m")
+    de.pool.wait_maintenance()
+    end = de.pool.stats()
+    assert (end.free_pages, end.weight_pages, end.kv_pages) == (base.free_pages, base.weight_pages, base.kv_pages)
+    assert rss_mib() - rss0 < 16, (rss0, rss_mib())
+    de.pool.close()
+
+
+def test_fork_helpers(de):
+    pl = de.models["m"].placement
+    n = pl.plan.total_bytes
+    pieces = pl.segment.global_pieces(n)
+    assert sum(p[1] for p in pieces) == n
+    assert pieces[0][0] == pl.segment.page_ids[0] * de.pool.page_size
+    blocks = sample_blocks(n, 5, 4096)
+    assert blocks[0][0] == 0 and blocks[-1][0] + blocks[-1][1] == n and len(blocks) == 5
+    sums = checksums(pl.segment.tensor(), blocks)
+    host, _ = de.release(de.detach("m"), Copier(1), keep_host=True)
+    assert checksums(host.buf, blocks) == sums
+    host.buf[blocks[2][0]] ^= 1  # one flipped bit in a sampled block changes its checksum
+    assert checksums(host.buf, blocks)[2] != sums[2]
+    other = de.stage_host_copy(ModelConfig(name="m", checkpoint="demo:llama-tiny", dtype="bfloat16"), EC, CACHE)
+    assert layout_signature(other.plan) != layout_signature(host.plan)
+
+
+def test_host_image_round_trip(de, tmp_path):
+    """A Cold start from the converted image: same bytes, same tokenizer, same tokens; an
+    image of a changed checkpoint is a different one; a damaged image is not trusted."""
+    from janusd.engine.host_image import image_dir, open_image, write_image
+    from janusd.engine.loader import checkpoint_path
+    from janusd.engine.restore import HostCopy
+
+    ref = generate(de)
+    me = de.models["m"]
+    pl = me.placement
+    ckpt = checkpoint_path(MC.checkpoint, CACHE)
+    root = image_dir(tmp_path, ckpt, "float32")
+    sig = layout_signature(pl.plan)
+    assert write_image(root, me.checkpoint, pl.plan, sig, "float32", pl.segment.tensor())
+    assert not write_image(root, me.checkpoint, pl.plan, sig, "float32", pl.segment.tensor())  # once
+    de.release(de.detach("m"), None, keep_host=False)
+    img = open_image(root)
+    assert img is not None and img.meta.layout == sig
+    text = "hello world, the quick brown fox"
+    assert img.tokenizer.encode(text) == me.checkpoint.tokenizer.encode(text)
+    assert img.eos_token_ids == list(me.checkpoint.eos_token_ids)
+    host = HostCopy("m", MC, EC, img, pl.plan, None, file=img.root / "weights.bin")
+    de.register(de.restore_model(host, Copier(2, 64 << 10), {}))
+    assert generate(de) == ref
+    (root / "meta.msgpack").write_bytes(b"\x00garbage")
+    assert open_image(root) is None
+    other = tmp_path / "copy"
+    other.mkdir()
+    (other / "x.safetensors").write_bytes(b"1")
+    assert image_dir(tmp_path, other, "float32") != root
+    before = image_dir(tmp_path, other, "float32")
+    (other / "x.safetensors").write_bytes(b"22")
+    assert image_dir(tmp_path, other, "float32") != before

@@ -1,0 +1,47 @@
+"""D2D fork between two real processes over Mooncake (loopback tcp): byte-identical
+weights and generations; after kill -9 of the source, a fork falls back on its own to
+the host copy (H2D) or, with none, to a cold start (the converted image), and still
+ends Active."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent / "python"), str(HERE)]),
+       "MC_TCP_PROGRESS_TIMEOUT_SEC": "2"}
+
+
+def test_fork_is_byte_identical_and_falls_back_when_the_source_dies():
+    source = subprocess.Popen([sys.executable, str(HERE / "fork_peer.py"), "source"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, env=ENV, text=True)
+    target = None
+    try:
+        pub = json.loads(source.stdout.readline())
+        target = subprocess.Popen([sys.executable, str(HERE / "fork_peer.py"), "target", json.dumps(pub["source"])],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=ENV, text=True)
+        forked = json.loads(target.stdout.readline())
+        assert forked["path"] == "d2d" and not forked["fallback"], forked
+        assert forked["sha"] == pub["sha"] and forked["greedy"] == pub["greedy"]
+        source.send_signal(signal.SIGKILL)
+        source.wait(10)
+        target.stdin.write("go\n")
+        target.stdin.flush()
+        h2d = json.loads(target.stdout.readline())
+        assert h2d["path"] == "h2d" and h2d["fallback"], h2d
+        assert h2d["sha"] == pub["sha"] and h2d["greedy"] == pub["greedy"]
+        cold = json.loads(target.stdout.readline())
+        assert cold["path"] == "image" and cold["fallback"], cold  # the image its warm copy left on disk
+        assert cold["sha"] == pub["sha"] and cold["greedy"] == pub["greedy"] and cold["weight_pages"] == 1
+        target.stdin.close()
+        assert target.wait(30) == 0
+    finally:
+        for p in (source, target):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
