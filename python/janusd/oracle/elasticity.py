@@ -11,6 +11,9 @@ estimate at m is the best of the raw estimates at 1..m:
 - the safety test of min_instances uses the same rule on the lower bound, lb(m) = max
   over m' <= m of (raw mean - margin * raw std), also non-decreasing, so a binary search
   over m is exact: its answer is the smallest m whose raw lower bound reaches the target.
+Raw predictions are rounded to 1e-12 first: a GP's prediction for one row differs in
+the last bits with the size of the batch it is computed in (BLAS blocking), which must
+not make the estimate at m + 1 a hair below the one at m.
 Raw predictions come from any source with raw(load, ms) -> (mean, std): the GP here, or
 the roofline prior (oracle/prior.py), so both obey the same rule.
 """
@@ -54,8 +57,9 @@ class ElasticityModel:
 def monotone_curve(raw_mean: np.ndarray, raw_std: np.ndarray, margin: float = 0.0
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(mean, std, lower bound) for m = 1..len(raw): running maxima as in the module doc."""
-    mu = np.clip(np.asarray(raw_mean, dtype=np.float64), 0.0, 1.0)
-    sd = np.maximum(np.asarray(raw_std, dtype=np.float64), 0.0)
+    raw = np.round(np.asarray(raw_mean, dtype=np.float64), 12)
+    mu = np.clip(raw, 0.0, 1.0)
+    sd = np.maximum(np.round(np.asarray(raw_std, dtype=np.float64), 12), 0.0)
     mean = np.maximum.accumulate(mu)
     # index of the (latest) raw value equal to the running max at each m
     idx = np.zeros(len(mu), dtype=np.int64)
@@ -64,7 +68,7 @@ def monotone_curve(raw_mean: np.ndarray, raw_std: np.ndarray, margin: float = 0.
         if v >= best:
             best, j = v, i
         idx[i] = j
-    lb = np.maximum.accumulate(np.asarray(raw_mean, dtype=np.float64) - margin * sd)
+    lb = np.maximum.accumulate(raw - margin * sd)
     return mean, sd[idx], lb
 
 

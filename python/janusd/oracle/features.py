@@ -55,7 +55,10 @@ def window_from_results(rows: Sequence[RequestResult], span_s: float, model: str
     name = model or mine[0].model
     t0 = min(r.arrival_s for r in mine)
     end = t0 + span_s
-    tel = Telemetry(window_s=span_s, bucket_s=min(1.0, span_s))
+    bucket = min(1.0, span_s)
+    # one bucket longer than the span: the window holds (K - n, K], so the bucket of the
+    # first arrival stays in; the rates still divide by now - first arrival = span_s
+    tel = Telemetry(window_s=span_s + bucket, bucket_s=bucket)
     events: list[tuple[float, int, int, RequestResult]] = []
     for i, r in enumerate(mine):
         events.append((r.arrival_s, 0, i, r))

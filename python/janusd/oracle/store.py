@@ -120,3 +120,19 @@ def load(directory: str | os.PathLike[str], model: str, model_spec: dict[str, An
     except (ValueError, np.linalg.LinAlgError) as e:
         raise StoreError(f"{npath}: inconsistent: {e}") from None
     return points, CapacityModel(gps), ElasticityModel(ela), header
+
+
+def load_into(oracle: Any, directory: str | os.PathLike[str], model: str, model_spec: dict[str, Any],
+              log: Any) -> tuple[str, Points | None]:
+    """Install a stored fit into `oracle` for `model`; ("gp", points) when it loaded. When
+    there is none, or it is refused, log why (naming the file) and leave the model on its
+    prior: ("prior", None)."""
+    try:
+        points, cap, ela, header = load(directory, model, model_spec)
+    except StoreError as e:
+        missing = "no stored oracle model" in str(e)
+        (log.info if missing else log.warning)("oracle: %s; %s uses the roofline prior", e, model)
+        return "prior", None
+    oracle.set_fitted(model, cap, ela, {**header.get("info", {}), "points": len(points)})
+    log.info("oracle: %s: loaded a fit on %d points from %s", model, len(points), directory)
+    return "gp", points
