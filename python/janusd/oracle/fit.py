@@ -78,30 +78,36 @@ def _p(x: np.ndarray, q: float) -> float | None:
 
 
 def errors(cap: Any, ela: Any, test: Points, prior: Any | None = None) -> dict[str, Any]:
-    """The eval figures on `test` (module doc); `cap` answers capacity(load) -> ResourceEstimate
-    rows via predict_capacity below, `ela` raw_attainment."""
-    pred_att = monotone_predictions(ela, test)
-    att_err = np.abs(pred_att - test.attainment) * 100.0
-    pred_cap = predict_capacity(cap, per_instance(test.features, test.instances))
-    out: dict[str, Any] = {
-        "attainment_abs_err_median_pts": _p(att_err, 50),
-        "attainment_abs_err_p90_pts": _p(att_err, 90),
-    }
+    """The figures on `test` for a capacity source (CapacityModel or anything with
+    capacity(model, load)) and a raw-attainment source, and the prior's when given."""
+    per = per_instance(test.features, test.instances)
+    prior_pred = None if prior is None else (monotone_predictions(prior, test), predict_capacity(prior, per))
+    return errors_of(test, monotone_predictions(ela, test), predict_capacity(cap, per), prior_pred)
+
+
+def _rel_p90(pred: np.ndarray, meas: np.ndarray) -> float | None:
+    ok = meas >= REL_FLOOR
+    return _p(np.abs(pred[ok] - meas[ok]) / meas[ok] * 100.0, 90)
+
+
+_KEYS = {"hbm": "hbm", "compute": "compute", "bandwidth": "bw"}
+
+
+def errors_of(test: Points, att_pred: np.ndarray, cap_pred: np.ndarray,
+              prior_pred: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Any]:
+    """The figures (module doc) from predictions in test's row order: attainment (n,),
+    per-instance demand (n, 3); the prior's pair likewise."""
+    att_err = np.abs(att_pred - test.attainment) * 100.0
+    out: dict[str, Any] = {"attainment_abs_err_median_pts": _p(att_err, 50),
+                           "attainment_abs_err_p90_pts": _p(att_err, 90)}
     for k, dim in enumerate(RESOURCE_DIMS):
-        meas = test.resources[:, k]
-        ok = meas >= REL_FLOOR
-        rel = np.abs(pred_cap[ok, k] - meas[ok]) / meas[ok] * 100.0
-        key = {"hbm": "hbm", "compute": "compute", "bandwidth": "bw"}[dim]
-        out[f"{key}_rel_err_p90_pct"] = _p(rel, 90)
-    if prior is not None:
-        prior_err = np.abs(monotone_predictions(prior, test) - test.attainment) * 100.0
-        out["prior_attainment_abs_err_p90_pts"] = _p(prior_err, 90)
-        prior_cap = predict_capacity(prior, per_instance(test.features, test.instances))
+        out[f"{_KEYS[dim]}_rel_err_p90_pct"] = _rel_p90(cap_pred[:, k], test.resources[:, k])
+    if prior_pred is not None:
+        p_att, p_cap = prior_pred
+        out["prior_attainment_abs_err_median_pts"] = _p(np.abs(p_att - test.attainment) * 100.0, 50)
+        out["prior_attainment_abs_err_p90_pts"] = _p(np.abs(p_att - test.attainment) * 100.0, 90)
         for k, dim in enumerate(RESOURCE_DIMS):
-            meas = test.resources[:, k]
-            ok = meas >= REL_FLOOR
-            key = {"hbm": "hbm", "compute": "compute", "bandwidth": "bw"}[dim]
-            out[f"prior_{key}_rel_err_p90_pct"] = _p(np.abs(prior_cap[ok, k] - meas[ok]) / meas[ok] * 100.0, 90)
+            out[f"prior_{_KEYS[dim]}_rel_err_p90_pct"] = _rel_p90(p_cap[:, k], test.resources[:, k])
     return out
 
 
