@@ -164,12 +164,29 @@ class DispatchConfig(_Section):
     max_relax: NonNegInt = 2
 
 
+class OracleConfig(_Section):
+    """The performance oracle's daemon side (server/oracle_refit.py): a roofline prior per
+    model, fits loaded from state_dir at start, online points from telemetry and refits
+    in a helper process."""
+
+    online: bool = True
+    # fitted models (NAME.json + NAME.npz per model, oracle/store.py) live in state_dir/oracle
+    state_dir: str = "~/.local/state/janusd"
+    # peak figures the usage is measured against; "" = by devices.kind (cpu: measured once)
+    device_spec: Literal["", "cpu", "h100", "h200", "ascend-910c-die"] = ""
+    sample_s: PositiveFloat = 10.0
+    refit_period_s: PositiveFloat = 180.0
+    max_points: PositiveInt = 2000
+    min_points: PositiveInt = 8
+
+
 class JanusConfig(_Section):
     server: ServerConfig = ServerConfig()
     devices: DevicesConfig = DevicesConfig()
     engine: EngineConfig = EngineConfig()
     control: ControlConfig = ControlConfig()
     dispatch: DispatchConfig = DispatchConfig()
+    oracle: OracleConfig = OracleConfig()
     models: list[ModelConfig] = []
 
     def model(self, name: str) -> ModelConfig:
@@ -241,6 +258,16 @@ decode_guard = true         # no new prefill for an instance whose device would 
                             # than the model's TPOT SLO (fitted online from inter-token gaps)
 relax_factor = 1.5          # relax: new deadline = now + original budget * factor^n
 max_relax = 2               # relax: at most this many extensions
+
+[oracle]
+online = true               # sample telemetry into training points and refit in a helper process
+state_dir = "~/.local/state/janusd"   # fitted models in STATE_DIR/oracle (JSON + npz), loaded at start
+device_spec = ""            # peaks usage is measured against: cpu | h100 | h200 | ascend-910c-die;
+                            # "" = by devices.kind (cpu peaks are measured once and cached)
+sample_s = 10.0             # one training point per model per this many seconds of traffic
+refit_period_s = 180.0      # refit a model's GPs this often when it has new points
+max_points = 2000           # training points kept per model (the oldest go first)
+min_points = 8              # no fit before a model has this many points (the prior answers)
 
 # One [[models]] table per served model. Keys and defaults:
 #   name          unique; the `model` of API requests

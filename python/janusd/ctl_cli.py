@@ -1,6 +1,6 @@
 """`janus ctl`: operate a running daemon over its admin Unix socket.
 
-status | models | instances | pools | load NAME | unload NAME | remove NAME | drain | config.
+status | models | instances | pools | load NAME | unload NAME | remove NAME | drain | config | oracle.
 Prints rich tables, or exactly one JSON object with --json (for scripts). The socket
 path comes from --socket, else from --config's server.admin_socket, else the default.
 """
@@ -13,7 +13,7 @@ import socket
 import sys
 from typing import Any
 
-SUBCOMMANDS = ("status", "models", "instances", "pools", "load", "unload", "remove", "drain", "config")
+SUBCOMMANDS = ("status", "models", "instances", "pools", "load", "unload", "remove", "drain", "config", "oracle")
 
 
 def _seconds(text: str) -> float:
@@ -64,6 +64,7 @@ def _request(args: argparse.Namespace) -> Any:
         "remove": lambda: am.RemoveReq(args.name),
         "drain": lambda: am.DrainReq(),
         "config": lambda: am.ConfigReq(),
+        "oracle": lambda: am.OracleReq(),
     }[a]()
 
 
@@ -117,7 +118,7 @@ def _print(action: str, data: dict[str, Any]) -> None:
                 "weight_pages", "kv_pages", "cached_pages", "fragmentation_pct")
         _table("pools", [{k: r[k] for k in keep if k in r} for r in data["pools"]])
         return
-    key = {"models": "models", "instances": "instances"}.get(action)
+    key = {"models": "models", "instances": "instances", "oracle": "oracle"}.get(action)
     if key:
         _table(key, data[key])
         return

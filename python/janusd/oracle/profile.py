@@ -34,7 +34,7 @@ import numpy as np
 
 from janusd.oracle.knee import HIGH, next_rate
 
-MIXES: dict[str, tuple[float, float]] = {"short": (96.0, 32.0), "long": (384.0, 96.0)}  # mean input, output
+MIXES: dict[str, tuple[float, float]] = {"tiny": (32.0, 16.0), "short": (96.0, 32.0), "long": (384.0, 96.0)}  # mean in, out
 LENGTH_SIGMA = 0.5  # lognormal spread of lengths within a mix
 MODEL_NAME = "profiled"
 

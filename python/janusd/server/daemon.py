@@ -38,6 +38,7 @@ from janusd.server.api import start_http
 from janusd.server.metrics import Metrics
 from janusd.server.model_ops import ConfigHolder, ModelOps
 from janusd.server.openai_types import Parsed
+from janusd.server.oracle_refit import OracleRefit
 from janusd.server.restart_policy import RestartBudget
 from janusd.server.workers import Liveness, WorkerError, WorkerHandle
 from janusd.telemetry import Telemetry
@@ -106,6 +107,8 @@ class Daemon:
         self.ops = ModelOps(self.core, self.workers, cfg.engine, str(cache_dir(cfg.server)),
                             cfg.server.worker_ready_timeout_s, cfg.server.drain_timeout_s, clock)
         self.clock = clock
+        # the performance oracle: priors, stored fits, online refits off the loop ([O])
+        self.oracle = OracleRefit(cfg.oracle, cfg.devices, str(cache_dir(cfg.server)))
         self.http_port: int | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -166,6 +169,7 @@ class Daemon:
             await self._stop_workers()
             raise
         self._spawn(self._poll_stats(), "stats")
+        self._spawn(self.oracle.run(self), "oracle")
         wd = sdnotify.watchdog_interval_s()
         if wd:
             self._spawn(self._watchdog(wd), "watchdog")

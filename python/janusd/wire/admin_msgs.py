@@ -62,7 +62,14 @@ class ConfigReq(msgspec.Struct, **_OPTS):
     pass
 
 
-AdminRequest = StatusReq | ModelsReq | InstancesReq | PoolsReq | LoadReq | UnloadReq | RemoveReq | DrainReq | ConfigReq
+class OracleReq(msgspec.Struct, **_OPTS):
+    """The performance oracle per model: prior or fitted, points, last fit, held-out error."""
+
+    pass
+
+
+AdminRequest = (StatusReq | ModelsReq | InstancesReq | PoolsReq | LoadReq | UnloadReq | RemoveReq | DrainReq
+                | ConfigReq | OracleReq)
 
 
 class AdminResult(msgspec.Struct, **_OPTS):
