@@ -47,3 +47,11 @@ def test_usage_counts_flops_and_bytes_from_the_config():
     assert bw == pytest.approx(nbytes / 1e9)
     c2, b2 = usage_from_results(rows, wall_s=1.0, instances=2, spec=SPEC, device=DEV)
     assert c2 == pytest.approx(compute / 2)  # per instance
+
+
+def test_a_schedule_start_before_the_first_arrival_spreads_the_rates_over_the_whole_span():
+    rows = [row(0, 1.0, 10, 2, [0.1, 0.2]), row(1, 3.0, 30, 2, [0.1, 0.2])]
+    assert features_from_results(rows, span_s=4.0).request_rate == pytest.approx(2 / 4.0)  # first arrival 1.0 to 5.0
+    z = features_from_results(rows, span_s=4.0, t0=0.0)
+    assert z.request_rate == pytest.approx(2 / 4.0) and z.input_token_rate == pytest.approx(40 / 4.0)
+    assert features_from_results(rows, span_s=8.0, t0=0.0).request_rate == pytest.approx(2 / 8.0)

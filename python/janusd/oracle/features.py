@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
 import numpy as np
 
 from janusd.hw.devices import DeviceSpec
@@ -41,19 +42,22 @@ def window_attainment(w: ModelWindow) -> float | None:
     return w.tokens_on_time / w.tokens_counted if w.tokens_counted > 0 else None
 
 
-def window_from_results(rows: Sequence[RequestResult], span_s: float, model: str | None = None) -> ModelWindow:
-    """The window a daemon's Telemetry would show at the end of the arrivals (t0 + span_s)
-    for the requests of one model of a replay: arrivals at their trace times, ends at the
-    last token (ok requests; failed ones end at their last token or arrival), a window as
-    long as the span so every arrival counts. Requests still decoding at that instant keep
-    their max_tokens prior, as live telemetry does."""
+def window_from_results(rows: Sequence[RequestResult], span_s: float, model: str | None = None,
+                        t0: float | None = None) -> ModelWindow:
+    """The window a daemon's Telemetry would show at t0 + span_s for the requests of one
+    model of a replay: arrivals at their trace times, ends at the last token (ok requests;
+    failed ones end at their last token or arrival), a window as long as the span so every
+    arrival counts. Requests still decoding at that instant keep their max_tokens prior,
+    as live telemetry does. t0: the start of the load (default: the first arrival; a
+    profile passes its schedule's start, since its first arrival comes a random gap later)."""
     if not span_s > 0:
         raise ValueError(f"span_s must be > 0, got {span_s}")
     mine = [r for r in rows if model is None or r.model == model]
     if not mine:
         raise ValueError(f"no results{'' if model is None else f' for model {model!r}'}")
     name = model or mine[0].model
-    t0 = min(r.arrival_s for r in mine)
+    if t0 is None:
+        t0 = min(r.arrival_s for r in mine)
     end = t0 + span_s
     bucket = min(1.0, span_s)
     # one bucket longer than the span: the window holds (K - n, K], so the bucket of the
@@ -72,11 +76,19 @@ def window_from_results(rows: Sequence[RequestResult], span_s: float, model: str
         else:
             ok = r.status == "ok"
             tel.on_end(i, t, ok, len(r.token_times_s) if ok else 0)
-    return tel.model(name, end)
+    w = tel.model(name, end)
+    if w.window_s > 0 and w.window_s != span_s:
+        # telemetry divides by the time since the first arrival; over a schedule that
+        # started at t0 the same counts divide by the whole span
+        k = w.window_s / span_s
+        w = msgspec.structs.replace(w, window_s=span_s, request_rate=w.request_rate * k,
+                                    input_token_rate=w.input_token_rate * k, output_token_rate=w.output_token_rate * k)
+    return w
 
 
-def features_from_results(rows: Sequence[RequestResult], span_s: float, model: str | None = None) -> LoadFeatures:
-    return LoadFeatures.from_window(window_from_results(rows, span_s, model))
+def features_from_results(rows: Sequence[RequestResult], span_s: float, model: str | None = None,
+                          t0: float | None = None) -> LoadFeatures:
+    return LoadFeatures.from_window(window_from_results(rows, span_s, model, t0))
 
 
 def token_attainment(rows: Sequence[RequestResult]) -> float:

@@ -34,10 +34,11 @@ def per_instance(features: np.ndarray, instances: np.ndarray) -> np.ndarray:
     return f
 
 
-def fit_points(points: Points, seed: int = 0) -> tuple[CapacityModel, ElasticityModel]:
+def fit_points(points: Points, seed: int = 0, prior: Any | None = None) -> tuple[CapacityModel, ElasticityModel]:
+    """Both GPs on all of `points`; with a prior, the Capacity GP learns its correction."""
     if len(points) < 3:
         raise ValueError(f"need at least 3 points to fit, got {len(points)}")
-    cap = CapacityModel.fit(per_instance(points.features, points.instances), points.resources, seed=seed)
+    cap = CapacityModel.fit(per_instance(points.features, points.instances), points.resources, prior, seed=seed)
     ela = ElasticityModel.fit(points.features, points.instances, points.attainment, seed=seed)
     return cap, ela
 

@@ -37,6 +37,7 @@ from janusd.oracle.knee import HIGH, next_rate
 MIXES: dict[str, tuple[float, float]] = {"tiny": (32.0, 16.0), "short": (96.0, 32.0), "long": (384.0, 96.0)}  # mean in, out
 LENGTH_SIGMA = 0.5  # lognormal spread of lengths within a mix
 MODEL_NAME = "profiled"
+MIN_REQUESTS = 12
 
 
 @dataclass
@@ -69,6 +70,12 @@ class Series:
     mix: str
     measured: list[tuple[float, float]] = field(default_factory=list)
     done: bool = False
+
+
+def point_seconds(rate: float, point_s: float) -> float:
+    """A point lasts point_s, longer at low rates so it holds about MIN_REQUESTS requests
+    (at most 4 x point_s): attainment over three requests is noise."""
+    return min(max(point_s, MIN_REQUESTS / rate), 4.0 * point_s)
 
 
 def make_trace(rate: float, seconds: float, mix: str, rng: np.random.Generator, ttft_ms: float, tpot_ms: float,
@@ -234,7 +241,8 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                     s.done = True
                     continue
                 t0 = time.monotonic()
-                trace = make_trace(rate, a.point_s, s.mix, rng, a.ttft_slo_ms, a.tpot_slo_ms, max_len)
+                seconds = point_seconds(rate, a.point_s)
+                trace = make_trace(rate, seconds, s.mix, rng, a.ttft_slo_ms, a.tpot_slo_ms, max_len)
                 pdir = run_dir / f"p{len(rows_f) + dropped}"
                 rows, summary, peak = _arun(_measure(port, trace, pdir, a))
                 took = time.monotonic() - t0
@@ -247,14 +255,14 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                 s.measured.append((rate, att))
                 if m == 1 and att >= HIGH:
                     knees[s.mix] = max(knees.get(s.mix, 0.0), rate)
-                span = float(trace.duration_s) or a.point_s
+                span = seconds  # the schedule's span: arrivals fall uniformly in [0, seconds)
                 wall = max(span, max(r.arrival_s + r.send_lag_ms / 1e3 + (r.token_times_s[-1] if r.token_times_s
                                                                              else 0.0) for r in rows))
                 compute, bw = usage_from_results(rows, wall, m, spec, dev)
                 devs = [peak.get(str(d), {}) for d in range(m)]
                 hbm = float(np.mean([hbm_fraction(int(p.get("weight_pages", 0)), int(p.get("kv_pages", 0)),
                                                   int(p.get("page_size", 2 * 2**20)), dev) for p in devs]))
-                rows_f.append(features_from_results(rows, span, MODEL_NAME).vector())
+                rows_f.append(features_from_results(rows, span, MODEL_NAME, t0=0.0).vector())
                 rows_m.append(m)
                 rows_r.append([hbm, compute, bw])
                 rows_a.append(att)

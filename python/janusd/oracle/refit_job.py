@@ -30,21 +30,30 @@ def describe(checkpoint: str, dtype: str, cache_dir: str, device: str, hbm_bytes
 
 
 def fit_and_store(points_npz: bytes, model: str, state_dir: str, identity: dict[str, Any], device: str,
-                  fitted_at: float, seed: int = 0) -> dict[str, Any]:
+                  fitted_at: float, prior_args: dict[str, Any] | None = None, seed: int = 0) -> dict[str, Any]:
     """Held-out error (by load point) of a fit without a third of the points, then the fit
-    on all of them, saved under state_dir; returns what `janus ctl oracle` shows."""
+    on all of them, saved under state_dir; returns what `janus ctl oracle` shows.
+    prior_args: {"model_spec", "device", "ttft_slo_s", "tpot_slo_s"} of the roofline prior
+    the Capacity GP corrects (none: it learns the demand itself)."""
+    from janusd.hw.devices import DeviceSpec
+    from janusd.hw.model_spec import ModelSpec
     from janusd.oracle import store
     from janusd.oracle.dataset import decode
     from janusd.oracle.fit import errors, fit_points, split_by_point
+    from janusd.oracle.prior import RooflinePrior
 
+    prior = None
+    if prior_args is not None:
+        prior = RooflinePrior(ModelSpec(**prior_args["model_spec"]), DeviceSpec(**prior_args["device"]),
+                              prior_args["ttft_slo_s"], prior_args["tpot_slo_s"])
     pts = decode(points_npz, f"online points of {model}")
     heldout = None
     if len(set(pts.point_id.tolist())) >= 6:
         test = split_by_point(pts.point_id, 0.3, seed)
-        cap, ela = fit_points(pts.take(~test), seed)
+        cap, ela = fit_points(pts.take(~test), seed, prior)
         heldout = errors(cap, ela, pts.take(test))
     t0 = time.perf_counter()
-    cap, ela = fit_points(pts, seed)
+    cap, ela = fit_points(pts, seed, prior)
     fit_s = time.perf_counter() - t0
     info = {"fitted_at": fitted_at, "fit_s": round(fit_s, 3), "heldout": heldout, "points": len(pts)}
     store.save(state_dir, model, pts, cap, ela, identity, device, info)

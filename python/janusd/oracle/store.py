@@ -67,18 +67,19 @@ def save(directory: str | os.PathLike[str], model: str, points: Points, cap: Cap
     np.savez(buf, **arrays)
     _atomic(stem.with_suffix(".npz"), buf.getvalue())
     header = {"format": FORMAT, "version": VERSION, "model": model, "model_spec": model_spec, "device": device,
-              "info": info, "points": len(points),
+              "info": info, "points": len(points), "capacity_base": "prior" if cap.prior is not None else "none",
               "kernels": {"capacity": [gp.to_state()[0]["kernel"] for gp in cap.gps],
                           "elasticity": ela.gp.to_state()[0]["kernel"]}}
     _atomic(stem.with_suffix(".json"), (json.dumps(header, indent=1, sort_keys=True) + "\n").encode())
     return stem.with_suffix(".json")
 
 
-def load(directory: str | os.PathLike[str], model: str, model_spec: dict[str, Any] | None = None
-         ) -> tuple[Points, CapacityModel, ElasticityModel, dict[str, Any]]:
+def load(directory: str | os.PathLike[str], model: str, model_spec: dict[str, Any] | None = None,
+         prior: Any | None = None) -> tuple[Points, CapacityModel, ElasticityModel, dict[str, Any]]:
     """(points, capacity, elasticity, header) of a stored model; StoreError (module doc).
     `model_spec`, when given, must equal the stored one (a model whose shape changed under
-    the same name is another model)."""
+    the same name is another model). A Capacity GP fitted as a correction of the prior
+    ("capacity_base": "prior") needs that prior to load."""
     stem = file_stem(Path(directory), model)
     jpath, npath = stem.with_suffix(".json"), stem.with_suffix(".npz")
     try:
@@ -96,6 +97,11 @@ def load(directory: str | os.PathLike[str], model: str, model_spec: dict[str, An
     if model_spec is not None and header.get("model_spec") != model_spec:
         raise StoreError(f"{jpath}: fitted for another shape of {model!r} ({header.get('model_spec')}); "
                          f"the model now is {model_spec}")
+    base = header.get("capacity_base", "none")
+    if base not in ("prior", "none"):
+        raise StoreError(f"{jpath}: unknown capacity_base {base!r}")
+    if base == "prior" and prior is None:
+        raise StoreError(f"{jpath}: its Capacity GP corrects the roofline prior, and no prior was given")
     try:
         with np.load(npath, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
@@ -108,8 +114,11 @@ def load(directory: str | os.PathLike[str], model: str, model_spec: dict[str, An
         points.check(str(npath))
         if len(points) != header.get("points"):
             raise ValueError(f"{len(points)} points, the JSON says {header.get('points')}")
-        cx = capacity_inputs(per_instance(points.features, points.instances))
-        gps = [GPRegressor.from_state({"x": cx, "y": points.resources[:, k], "theta": arrays[f"cap{k}_theta"],
+        per = per_instance(points.features, points.instances)
+        cx = capacity_inputs(per)
+        cap_prior = prior if base == "prior" else None
+        cy = CapacityModel.targets(per, points.resources, cap_prior)
+        gps = [GPRegressor.from_state({"x": cx, "y": cy[:, k], "theta": arrays[f"cap{k}_theta"],
                                        "x_mean": arrays[f"cap{k}_x_mean"], "x_std": arrays[f"cap{k}_x_std"]})
                for k in range(3)]
         ex = elasticity_inputs(points.features, points.instances)
@@ -119,7 +128,7 @@ def load(directory: str | os.PathLike[str], model: str, model_spec: dict[str, An
         raise StoreError(f"{npath}: missing array {e.args[0]!r}") from None
     except (ValueError, np.linalg.LinAlgError) as e:
         raise StoreError(f"{npath}: inconsistent: {e}") from None
-    return points, CapacityModel(gps), ElasticityModel(ela), header
+    return points, CapacityModel(gps, cap_prior), ElasticityModel(ela), header
 
 
 def load_into(oracle: Any, directory: str | os.PathLike[str], model: str, model_spec: dict[str, Any],
@@ -128,7 +137,7 @@ def load_into(oracle: Any, directory: str | os.PathLike[str], model: str, model_
     there is none, or it is refused, log why (naming the file) and leave the model on its
     prior: ("prior", None)."""
     try:
-        points, cap, ela, header = load(directory, model, model_spec)
+        points, cap, ela, header = load(directory, model, model_spec, oracle.entry(model).prior)
     except StoreError as e:
         missing = "no stored oracle model" in str(e)
         (log.info if missing else log.warning)("oracle: %s; %s uses the roofline prior", e, model)

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
+
 from janusd.config import DevicesConfig, OracleConfig
 from janusd.hw.devices import DEFAULT_FOR_KIND, DeviceSpec
 from janusd.hw.model_spec import ModelSpec
@@ -46,8 +48,8 @@ def _one_blas_thread(fn: Any, *args: Any) -> Any:
         return fn(*args)
 
 
-def _load_one_thread(directory: Path, name: str, identity: dict[str, Any]) -> Any:
-    return _one_blas_thread(store.load, directory, name, identity)
+def _load_one_thread(directory: Path, name: str, identity: dict[str, Any], prior: Any) -> Any:
+    return _one_blas_thread(store.load, directory, name, identity, prior)
 
 
 class OracleHost(Protocol):
@@ -126,10 +128,15 @@ class OracleRefit:
         assert m.buffer is not None and m.identity is not None
         data = encode(m.buffer.points)
         m.buffer.new_since_fit = 0
+        prior = self.oracle.entry(name).prior
+        prior_args = None if prior is None else {
+            "model_spec": msgspec.to_builtins(prior.model), "device": msgspec.to_builtins(prior.device),
+            "ttft_slo_s": prior.ttft_slo_s, "tpot_slo_s": prior.tpot_slo_s}
         try:
             info = await self._in_helper(refit_job.fit_and_store, data, name, str(self.state_dir), m.identity,
-                                         self.device.name if self.device else "", now)
-            points, cap, ela, header = await asyncio.to_thread(_load_one_thread, self.state_dir, name, m.identity)
+                                         self.device.name if self.device else "", now, prior_args)
+            points, cap, ela, header = await asyncio.to_thread(_load_one_thread, self.state_dir, name, m.identity,
+                                                               prior)
         except Exception as e:  # noqa: BLE001 - logged; the model keeps what it had
             log.warning("oracle: %s: refit failed: %s: %s", name, type(e).__name__, e)
             return
