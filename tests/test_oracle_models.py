@@ -156,3 +156,17 @@ def test_fitting_2000_points_is_fast_enough_for_a_background_refit():
     took = time.monotonic() - t0
     assert took < 90.0, f"a fit of 2,000 points took {took:.1f} s"  # refits run every few minutes
     assert cap.predict(f[:5])[0].shape == (5, 3)
+
+
+def test_capacity_gp_over_the_prior_learns_its_correction_from_a_few_points():
+    """Measured demand = the prior's x a load-dependent factor: 8 points suffice."""
+    prior = RooflinePrior(SPEC, device_spec("h100"), ttft_slo_s=1.0, tpot_slo_s=0.05)
+    rng = np.random.default_rng(4)
+    f = loads(rng, 8)
+    base = np.array([prior.capacity("", LoadFeatures(*r.tolist())).mean for r in f])
+    factor = lambda f: np.stack([np.full(len(f), 1.1), 0.4 + 0.01 * f[:, 0], np.full(len(f), 2.0)], axis=1)  # noqa: E731
+    cap = CapacityModel.fit(f, base * factor(f), prior)
+    ft = loads(rng, 40)
+    bt = np.array([prior.capacity("", LoadFeatures(*r.tolist())).mean for r in ft])
+    rel = np.abs(cap.predict(ft)[0] - bt * factor(ft)) / (bt * factor(ft))
+    assert np.percentile(rel, 90) < 0.1, np.percentile(rel, 90, axis=0)

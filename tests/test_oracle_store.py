@@ -31,10 +31,13 @@ def points(n: int = 30, seed: int = 0) -> Points:
     return Points({"model": "demo/a:1", "source": "test"}, f, m, res, att, np.arange(n) // 2)
 
 
+PRIOR = RooflinePrior(SPEC, device_spec("h100"), 1.0, 0.05)
+
+
 @pytest.fixture(scope="module")
 def fitted():
     p = points()
-    return p, *fit_points(p)
+    return p, *fit_points(p, prior=PRIOR)
 
 
 def test_points_file_round_trips_and_refuses_foreign_or_corrupt_files(tmp_path):
@@ -60,7 +63,9 @@ def test_points_file_round_trips_and_refuses_foreign_or_corrupt_files(tmp_path):
 def test_store_round_trips_predictions_exactly(tmp_path, fitted):
     p, cap, ela = fitted
     store.save(tmp_path, "demo/a:1", p, cap, ela, SPEC.identity(), "cpu", {"fitted_at": 12.5})
-    q, cap2, ela2, header = store.load(tmp_path, "demo/a:1", SPEC.identity())
+    with pytest.raises(store.StoreError, match="corrects the roofline prior, and no prior was given"):
+        store.load(tmp_path, "demo/a:1", SPEC.identity())
+    q, cap2, ela2, header = store.load(tmp_path, "demo/a:1", SPEC.identity(), PRIOR)
     assert header["info"]["fitted_at"] == 12.5 and len(q) == len(p)
     rng = np.random.default_rng(5)
     probe = np.abs(rng.normal(1, 0.5, (20, 7))) * [5, 500, 200, 50, 25, 30, 9]
@@ -73,7 +78,7 @@ def test_store_round_trips_predictions_exactly(tmp_path, fitted):
 
 def test_missing_corrupt_or_foreign_store_leaves_the_logged_prior(tmp_path, fitted, caplog):
     p, cap, ela = fitted
-    prior = RooflinePrior(SPEC, device_spec("h100"), 1.0, 0.05)
+    prior = PRIOR
     z = LoadFeatures(2, 200, 100, 100, 0, 50, 0)
 
     def install(name: str) -> tuple[str, Oracle]:
