@@ -20,7 +20,7 @@ the roofline prior (oracle/prior.py), so both obey the same rule.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -33,21 +33,42 @@ class RawAttainment(Protocol):
     def raw_attainment(self, load: LoadFeatures, instances: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
 
+def pressure_column(prior: Any, features: np.ndarray, instances: np.ndarray) -> np.ndarray:
+    """(n, 1) log of the prior's pressure (prior.py) of each row: the prior's one-number
+    summary of how hard m instances are pushed by the load, an input that lets a few
+    points of one length mix speak for another."""
+    rho = [prior.pressure(LoadFeatures(*f.tolist()), int(m)) for f, m in zip(features, instances, strict=True)]
+    return np.log(np.maximum(np.array(rho, dtype=np.float64), 1e-9))[:, None]
+
+
 class ElasticityModel:
-    def __init__(self, gp: GPRegressor) -> None:
+    """The attainment GP; with a prior, its pressure is one more input (pressure_column)."""
+
+    def __init__(self, gp: GPRegressor, prior: Any | None = None) -> None:
         self.gp = gp
+        self.prior = prior
+
+    @staticmethod
+    def inputs(features: np.ndarray, instances: np.ndarray, prior: Any | None) -> np.ndarray:
+        x = elasticity_inputs(features, instances)
+        if prior is None:
+            return x
+        f = np.atleast_2d(np.asarray(features, dtype=np.float64))
+        f = np.broadcast_to(f, (len(x), f.shape[1])) if len(f) == 1 else f
+        return np.hstack([x, pressure_column(prior, f, np.asarray(instances).reshape(-1))])
 
     @classmethod
-    def fit(cls, features: np.ndarray, instances: np.ndarray, attainment: np.ndarray, seed: int = 0) -> ElasticityModel:
+    def fit(cls, features: np.ndarray, instances: np.ndarray, attainment: np.ndarray, seed: int = 0,
+            prior: Any | None = None) -> ElasticityModel:
         """features: (n, 7) the model's whole load; instances: (n,) m; attainment: (n,) in [0, 1]."""
         a = np.asarray(attainment, dtype=np.float64)
         if a.shape != (len(features),) or np.any((a < 0) | (a > 1)):
             raise ValueError("attainment must be (n,) values in [0, 1]")
-        return cls(GPRegressor.fit(elasticity_inputs(features, instances), a, seed=seed))
+        return cls(GPRegressor.fit(cls.inputs(features, instances, prior), a, seed=seed), prior)
 
     def predict_rows(self, features: np.ndarray, instances: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Raw (not yet monotone) mean and std per row."""
-        return self.gp.predict(elasticity_inputs(features, instances))
+        return self.gp.predict(self.inputs(features, instances, self.prior))
 
     def raw_attainment(self, load: LoadFeatures, instances: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ms = np.asarray(instances, dtype=np.float64)

@@ -39,7 +39,7 @@ def fit_points(points: Points, seed: int = 0, prior: Any | None = None) -> tuple
     if len(points) < 3:
         raise ValueError(f"need at least 3 points to fit, got {len(points)}")
     cap = CapacityModel.fit(per_instance(points.features, points.instances), points.resources, prior, seed=seed)
-    ela = ElasticityModel.fit(points.features, points.instances, points.attainment, seed=seed)
+    ela = ElasticityModel.fit(points.features, points.instances, points.attainment, seed=seed, prior=prior)
     return cap, ela
 
 

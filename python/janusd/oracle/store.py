@@ -31,7 +31,7 @@ from janusd.oracle.dataset import Points
 from janusd.oracle.elasticity import ElasticityModel
 from janusd.oracle.fit import per_instance
 from janusd.oracle.gp import GPRegressor
-from janusd.oracle.inputs import capacity_inputs, elasticity_inputs
+from janusd.oracle.inputs import capacity_inputs
 
 FORMAT = "janusd-oracle-model"
 VERSION = 1
@@ -67,7 +67,7 @@ def save(directory: str | os.PathLike[str], model: str, points: Points, cap: Cap
     np.savez(buf, **arrays)
     _atomic(stem.with_suffix(".npz"), buf.getvalue())
     header = {"format": FORMAT, "version": VERSION, "model": model, "model_spec": model_spec, "device": device,
-              "info": info, "points": len(points), "capacity_base": "prior" if cap.prior is not None else "none",
+              "info": info, "points": len(points), "capacity_base": "prior" if cap.prior is not None else "none",  # both GPs use the prior or neither
               "kernels": {"capacity": [gp.to_state()[0]["kernel"] for gp in cap.gps],
                           "elasticity": ela.gp.to_state()[0]["kernel"]}}
     _atomic(stem.with_suffix(".json"), (json.dumps(header, indent=1, sort_keys=True) + "\n").encode())
@@ -121,14 +121,14 @@ def load(directory: str | os.PathLike[str], model: str, model_spec: dict[str, An
         gps = [GPRegressor.from_state({"x": cx, "y": cy[:, k], "theta": arrays[f"cap{k}_theta"],
                                        "x_mean": arrays[f"cap{k}_x_mean"], "x_std": arrays[f"cap{k}_x_std"]})
                for k in range(3)]
-        ex = elasticity_inputs(points.features, points.instances)
+        ex = ElasticityModel.inputs(points.features, points.instances, cap_prior)
         ela = GPRegressor.from_state({"x": ex, "y": points.attainment, "theta": arrays["ela_theta"],
                                       "x_mean": arrays["ela_x_mean"], "x_std": arrays["ela_x_std"]})
     except KeyError as e:
         raise StoreError(f"{npath}: missing array {e.args[0]!r}") from None
     except (ValueError, np.linalg.LinAlgError) as e:
         raise StoreError(f"{npath}: inconsistent: {e}") from None
-    return points, CapacityModel(gps, cap_prior), ElasticityModel(ela), header
+    return points, CapacityModel(gps, cap_prior), ElasticityModel(ela, cap_prior), header
 
 
 def load_into(oracle: Any, directory: str | os.PathLike[str], model: str, model_spec: dict[str, Any],
