@@ -11,7 +11,7 @@ import numpy as np
 
 from janusd.oracle.dataset import read_points
 from janusd.oracle.profile import MIXES, make_trace, point_seconds, pool_pages
-from tests.daemon_harness import ROOT, SHARED_CACHE
+from daemon_harness import ROOT, SHARED_CACHE
 
 METRICS = """# TYPE janusd_pool_pages gauge
 janusd_pool_pages{device="0",kind="weight_pages"} 3.0

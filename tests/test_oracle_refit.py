@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from janusd.oracle.dataset import Points
 from janusd.oracle.fit import per_instance
 from janusd.oracle.online import OnlinePoints
 from janusd.server.oracle_refit import OracleRefit, _Model
-from tests.daemon_harness import server_section, start_daemon, wait_until
+from daemon_harness import server_section, start_daemon, wait_until
 
 SPEC = ModelSpec.from_config({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                               "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512})
@@ -71,7 +72,7 @@ def test_a_2000_point_refit_never_blocks_the_event_loop(tmp_path):
 def test_daemon_answers_from_the_prior_then_from_its_online_fit(tmp_path):
     (tmp_path / "state" / "oracle").mkdir(parents=True)
     (tmp_path / "state" / "oracle" / "llm.json").write_text("{broken")
-    cfg = server_section(tmp_path) + (
+    cfg = server_section(Path("@RUN@")) + (
         '[devices]\nkind = "cpu"\ncount = 1\nmemory_mib = 256\n'
         f'[oracle]\nstate_dir = "{tmp_path / "state"}"\nsample_s = 0.5\nrefit_period_s = 1.0\nmin_points = 4\n'
         '[[models]]\nname = "llm"\ncheckpoint = "demo:llama-tiny"\nkv_cache_mib = 32\ndevices = [0]\n')
@@ -80,9 +81,10 @@ def test_daemon_answers_from_the_prior_then_from_its_online_fit(tmp_path):
         from janusd.wire import admin_msgs as am
 
         def oracle_row() -> dict:
-            return d.ctl(am.OracleReq()).data["oracle"][0]
+            rows = d.ctl(am.OracleReq()).data["oracle"]
+            return rows[0] if rows else {}
 
-        row = wait_until(lambda: (r := oracle_row())["source"] == "prior" and r, 60.0)
+        row = wait_until(lambda: (r := oracle_row()).get("source") == "prior" and r, 60.0)
         assert row["model"] == "llm" and row["device_spec"] == "cpu"
         assert "llm.json: unreadable" in d.log_text() and "llm uses the roofline prior" in d.log_text()
         body = {"model": "llm", "prompt": "once upon a time", "max_tokens": 8, "min_tokens": 8, "ignore_eos": True}
