@@ -25,7 +25,7 @@ janusd_pool_stat{device="0",stat="page_size"} 2097152.0
 def test_pool_pages_and_traces():
     assert pool_pages(METRICS) == {"0": {"weight_pages": 3.0, "kv_pages": 5.0, "num_pages": 128.0,
                                          "page_size": 2097152.0}}
-    assert point_seconds(0.5, 8.0) == 24.0 and point_seconds(10.0, 8.0) == 8.0 and point_seconds(0.01, 8.0) == 32.0
+    assert point_seconds(0.5, 8.0) == 16.0 and point_seconds(10.0, 8.0) == 8.0 and point_seconds(0.01, 8.0) == 24.0
     t = make_trace(20.0, 30.0, "short", np.random.default_rng(0), 500.0, 50.0, 2048)
     assert 500 < len(t) < 700 and t.arrival_s.min() >= 0 and t.arrival_s.max() < 30.0
     assert abs(t.input_tokens.mean() / MIXES["short"][0] - 1) < 0.1

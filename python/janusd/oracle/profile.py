@@ -37,7 +37,7 @@ from janusd.oracle.knee import HIGH, next_rate
 MIXES: dict[str, tuple[float, float]] = {"tiny": (32.0, 16.0), "short": (96.0, 32.0), "long": (384.0, 96.0)}  # mean in, out
 LENGTH_SIGMA = 0.5  # lognormal spread of lengths within a mix
 MODEL_NAME = "profiled"
-MIN_REQUESTS = 12
+MIN_REQUESTS = 8
 
 
 @dataclass
@@ -74,8 +74,8 @@ class Series:
 
 def point_seconds(rate: float, point_s: float) -> float:
     """A point lasts point_s, longer at low rates so it holds about MIN_REQUESTS requests
-    (at most 4 x point_s): attainment over three requests is noise."""
-    return min(max(point_s, MIN_REQUESTS / rate), 4.0 * point_s)
+    (at most 3 x point_s): attainment over two or three requests is noise."""
+    return min(max(point_s, MIN_REQUESTS / rate), 3.0 * point_s)
 
 
 def make_trace(rate: float, seconds: float, mix: str, rng: np.random.Generator, ttft_ms: float, tpot_ms: float,
@@ -279,7 +279,8 @@ def run(a: ProfileArgs) -> dict[str, Any]:
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "source": "profile",
         "notes": {"engine_device": a.device, "mixes": {k: MIXES[k] for k in a.mixes}, "point_s": a.point_s,
                   "budget_s": a.budget_s, "max_instances": a.max_instances, "dropped_points": dropped,
-                  "length_sigma": LENGTH_SIGMA, "dtype": a.dtype, "memory_mib": a.memory_mib},
+                  "length_sigma": LENGTH_SIGMA, "dtype": a.dtype, "memory_mib": a.memory_mib,
+                  "min_requests": MIN_REQUESTS},
     }
     pts = Points(header, np.array(rows_f, dtype=np.float64).reshape(n, 7), np.array(rows_m, dtype=np.int64),
                  np.array(rows_r, dtype=np.float64).reshape(n, 3), np.clip(np.array(rows_a, dtype=np.float64), 0, 1),
