@@ -11,7 +11,8 @@ against the device's peaks (hw/devices.py), per instance (an instance is one dev
   token (at its context) done during the run, per second, over peak FLOP/s;
 - bandwidth: every decode step reads the weights once and every decoding sequence's KV;
   steps per second = the time some request was decoding (union of first-to-last-token
-  intervals, over the instances) / the mean inter-token gap (the measured step time);
+  intervals) / the mean inter-token gap (the measured step time), times how many
+  instances were decoding at once (the mean overlap of those intervals, capped at m);
   plus the KV bytes each decode token reads and every prefill's weight read; over peak
   bytes/s;
 - HBM: weight pages plus peak KV pages, as a fraction of the device's memory (from the

@@ -21,8 +21,7 @@ import numpy as np
 from janusd.oracle.capacity import CapacityModel
 from janusd.oracle.dataset import Points
 from janusd.oracle.elasticity import ElasticityModel, monotone_curve
-from janusd.oracle.inputs import feature_matrix
-from janusd.oracle.types import LoadFeatures, RESOURCE_DIMS
+from janusd.oracle.types import RESOURCE_DIMS, LoadFeatures
 
 REL_FLOOR = 1e-3
 _RATES = [0, 1, 2]
@@ -118,9 +117,3 @@ def predict_capacity(source: Any, features: np.ndarray) -> np.ndarray:
         return source.predict(features)[0]
     return np.array([source.capacity("", LoadFeatures(*row.tolist())).mean for row in features]).reshape(-1, 3)
 
-
-def loads_of(points: Points) -> list[LoadFeatures]:
-    return [LoadFeatures(*row.tolist()) for row in points.features]
-
-
-__all__ = ["bound", "errors", "feature_matrix", "fit_points", "split_by_point"]

@@ -203,7 +203,10 @@ def run(a: ProfileArgs) -> dict[str, Any]:
     dev = device_spec(dev_name, hbm_bytes=a.memory_mib * 2**20 if a.device == "cpu" else None,
                       cache_dir=Path(a.cache_dir) if a.cache_dir else None)
     rng = np.random.default_rng(a.seed)
-    rows_f, rows_m, rows_r, rows_a = [], [], [], []
+    rows_f: list[list[float]] = []
+    rows_m: list[int] = []
+    rows_r: list[list[float]] = []
+    rows_a: list[float] = []
     dropped = 0
     longest_point = 0.0
     work = Path(a.keep_dir) if a.keep_dir else Path(tempfile.mkdtemp(prefix="janus-profile-"))

@@ -64,7 +64,7 @@ def save(directory: str | os.PathLike[str], model: str, points: Points, cap: Cap
         arrays |= {f"cap{k}_theta": gp.theta, f"cap{k}_x_mean": gp.x_mean, f"cap{k}_x_std": gp.x_std}
     arrays |= {"ela_theta": ela.gp.theta, "ela_x_mean": ela.gp.x_mean, "ela_x_std": ela.gp.x_std}
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
     _atomic(stem.with_suffix(".npz"), buf.getvalue())
     header = {"format": FORMAT, "version": VERSION, "model": model, "model_spec": model_spec, "device": device,
               "info": info, "points": len(points), "capacity_base": "prior" if cap.prior is not None else "none",  # both GPs use the prior or neither
