@@ -4,7 +4,10 @@ Shared by `janus oracle eval`, `janus profile` (which fits what it measured) and
 daemon's online refit, so the three report errors the same way. Pure.
 
 - The Capacity GP learns per-instance demand from the load one instance carried: the
-  point's rates divided by m (lengths unchanged).
+  point's rates divided by m (lengths unchanged), and only from points whose load was
+  served (attainment >= SERVED): past the knee the device saturates, and what it then
+  uses is its own limit, not what the load asks for (placement wants the demand). Its
+  errors are reported over the same points.
 - The held-out split is by load point (point_id): whole replays are held out, never rows
   of one replay on both sides.
 - Errors: attainment as absolute error in percentage points; capacity as relative error
@@ -24,6 +27,7 @@ from janusd.oracle.elasticity import ElasticityModel, monotone_curve
 from janusd.oracle.types import RESOURCE_DIMS, LoadFeatures
 
 REL_FLOOR = 1e-3
+SERVED = 0.8
 _RATES = [0, 1, 2]
 
 
@@ -37,7 +41,11 @@ def fit_points(points: Points, seed: int = 0, prior: Any | None = None) -> tuple
     """Both GPs on all of `points`; with a prior, the Capacity GP learns its correction."""
     if len(points) < 3:
         raise ValueError(f"need at least 3 points to fit, got {len(points)}")
-    cap = CapacityModel.fit(per_instance(points.features, points.instances), points.resources, prior, seed=seed)
+    served = points.attainment >= SERVED
+    if served.sum() < 3:
+        raise ValueError(f"need at least 3 points with attainment >= {SERVED} to fit capacity, got {int(served.sum())}")
+    cap = CapacityModel.fit(per_instance(points.features[served], points.instances[served]), points.resources[served],
+                            prior, seed=seed)
     ela = ElasticityModel.fit(points.features, points.instances, points.attainment, seed=seed, prior=prior)
     return cap, ela
 
@@ -85,8 +93,8 @@ def errors(cap: Any, ela: Any, test: Points, prior: Any | None = None) -> dict[s
     return errors_of(test, monotone_predictions(ela, test), predict_capacity(cap, per), prior_pred)
 
 
-def _rel_p90(pred: np.ndarray, meas: np.ndarray) -> float | None:
-    ok = meas >= REL_FLOOR
+def _rel_p90(pred: np.ndarray, meas: np.ndarray, served: np.ndarray) -> float | None:
+    ok = (meas >= REL_FLOOR) & served
     return _p(np.abs(pred[ok] - meas[ok]) / meas[ok] * 100.0, 90)
 
 
@@ -100,14 +108,15 @@ def errors_of(test: Points, att_pred: np.ndarray, cap_pred: np.ndarray,
     att_err = np.abs(att_pred - test.attainment) * 100.0
     out: dict[str, Any] = {"attainment_abs_err_median_pts": _p(att_err, 50),
                            "attainment_abs_err_p90_pts": _p(att_err, 90)}
+    served = test.attainment >= SERVED
     for k, dim in enumerate(RESOURCE_DIMS):
-        out[f"{_KEYS[dim]}_rel_err_p90_pct"] = _rel_p90(cap_pred[:, k], test.resources[:, k])
+        out[f"{_KEYS[dim]}_rel_err_p90_pct"] = _rel_p90(cap_pred[:, k], test.resources[:, k], served)
     if prior_pred is not None:
         p_att, p_cap = prior_pred
         out["prior_attainment_abs_err_median_pts"] = _p(np.abs(p_att - test.attainment) * 100.0, 50)
         out["prior_attainment_abs_err_p90_pts"] = _p(np.abs(p_att - test.attainment) * 100.0, 90)
         for k, dim in enumerate(RESOURCE_DIMS):
-            out[f"prior_{_KEYS[dim]}_rel_err_p90_pct"] = _rel_p90(p_cap[:, k], test.resources[:, k])
+            out[f"prior_{_KEYS[dim]}_rel_err_p90_pct"] = _rel_p90(p_cap[:, k], test.resources[:, k], served)
     return out
 
 

@@ -29,7 +29,7 @@ import numpy as np
 from janusd.oracle.capacity import CapacityModel
 from janusd.oracle.dataset import Points
 from janusd.oracle.elasticity import ElasticityModel
-from janusd.oracle.fit import per_instance
+from janusd.oracle.fit import SERVED, per_instance
 from janusd.oracle.gp import GPRegressor
 from janusd.oracle.inputs import capacity_inputs
 
@@ -114,10 +114,11 @@ def load(directory: str | os.PathLike[str], model: str, model_spec: dict[str, An
         points.check(str(npath))
         if len(points) != header.get("points"):
             raise ValueError(f"{len(points)} points, the JSON says {header.get('points')}")
-        per = per_instance(points.features, points.instances)
+        served = points.attainment >= SERVED  # fit.py's rule: capacity learns from served loads only
+        per = per_instance(points.features[served], points.instances[served])
         cx = capacity_inputs(per)
         cap_prior = prior if base == "prior" else None
-        cy = CapacityModel.targets(per, points.resources, cap_prior)
+        cy = CapacityModel.targets(per, points.resources[served], cap_prior)
         gps = [GPRegressor.from_state({"x": cx, "y": cy[:, k], "theta": arrays[f"cap{k}_theta"],
                                        "x_mean": arrays[f"cap{k}_x_mean"], "x_std": arrays[f"cap{k}_x_std"]})
                for k in range(3)]
