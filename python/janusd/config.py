@@ -205,6 +205,22 @@ class LifecycleConfig(_Section):
     host_image: bool = True
 
 
+class OracleConfig(_Section):
+    """The performance oracle's daemon side (server/oracle_refit.py): a roofline prior per
+    model, fits loaded from state_dir at start, online points from telemetry and refits
+    in a helper process."""
+
+    online: bool = True
+    # fitted models (NAME.json + NAME.npz per model, oracle/store.py) live in state_dir/oracle
+    state_dir: str = "~/.local/state/janusd"
+    # peak figures the usage is measured against; "" = by devices.kind (cpu: measured once)
+    device_spec: Literal["", "cpu", "h100", "h200", "ascend-910c-die"] = ""
+    sample_s: PositiveFloat = 10.0
+    refit_period_s: PositiveFloat = 180.0
+    max_points: PositiveInt = 2000
+    min_points: PositiveInt = 8
+
+
 class JanusConfig(_Section):
     server: ServerConfig = ServerConfig()
     devices: DevicesConfig = DevicesConfig()
@@ -212,6 +228,7 @@ class JanusConfig(_Section):
     control: ControlConfig = ControlConfig()
     dispatch: DispatchConfig = DispatchConfig()
     lifecycle: LifecycleConfig = LifecycleConfig()
+    oracle: OracleConfig = OracleConfig()
     models: list[ModelConfig] = []
 
     def model(self, name: str) -> ModelConfig:
@@ -300,6 +317,16 @@ fork_verify_block_kib = 64  # size of one sampled block
 host_image = true           # keep a converted image of each checkpoint under server.cache_dir/images
                             # (weights as laid out on the device, tokenizer, tensor table): Cold starts
                             # map it instead of reading and converting the checkpoint again
+
+[oracle]
+online = true               # sample telemetry into training points and refit in a helper process
+state_dir = "~/.local/state/janusd"   # fitted models in STATE_DIR/oracle (JSON + npz), loaded at start
+device_spec = ""            # peaks usage is measured against: cpu | h100 | h200 | ascend-910c-die;
+                            # "" = by devices.kind (cpu peaks are measured once and cached)
+sample_s = 10.0             # one training point per model per this many seconds of traffic
+refit_period_s = 180.0      # refit a model's GPs this often when it has new points
+max_points = 2000           # training points kept per model (the oldest go first)
+min_points = 8              # no fit before a model has this many points (the prior answers)
 
 # One [[models]] table per served model. Keys and defaults:
 #   name          unique; the `model` of API requests

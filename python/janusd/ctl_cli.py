@@ -1,7 +1,7 @@
 """`janus ctl`: operate a running daemon over its admin Unix socket.
 
 status | models | instances | pools | load NAME | unload NAME | remove NAME | drain | config |
-state NAME --device N active|warm|cold | fork NAME --from N --to M.
+state NAME --device N active|warm|cold | fork NAME --from N --to M | oracle.
 Prints rich tables, or exactly one JSON object with --json (for scripts). The socket
 path comes from --socket, else from --config's server.admin_socket, else the default.
 """
@@ -14,7 +14,8 @@ import socket
 import sys
 from typing import Any
 
-SUBCOMMANDS = ("status", "models", "instances", "pools", "load", "unload", "remove", "drain", "config", "state", "fork")
+SUBCOMMANDS = ("status", "models", "instances", "pools", "load", "unload", "remove", "drain", "config", "state", "fork",
+               "oracle")
 _NAMED = ("load", "unload", "remove", "state", "fork")
 
 
@@ -79,6 +80,7 @@ def _request(args: argparse.Namespace) -> Any:
         "config": lambda: am.ConfigReq(),
         "state": lambda: am.StateReq(args.name, args.device[0] if args.device else 0, args.target or ""),
         "fork": lambda: am.ForkReq(args.name, args.from_device, args.to_device),
+        "oracle": lambda: am.OracleReq(),
     }[a]()
 
 
@@ -132,7 +134,7 @@ def _print(action: str, data: dict[str, Any]) -> None:
                 "weight_pages", "kv_pages", "cached_pages", "fragmentation_pct")
         _table("pools", [{k: r[k] for k in keep if k in r} for r in data["pools"]])
         return
-    key = {"models": "models", "instances": "instances"}.get(action)
+    key = {"models": "models", "instances": "instances", "oracle": "oracle"}.get(action)
     if key:
         _table(key, data[key])
         return

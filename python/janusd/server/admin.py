@@ -21,6 +21,7 @@ import msgspec
 from janusd.config import JanusConfig
 from janusd.core.serving import ServingCore
 from janusd.server.model_ops import ConfigHolder
+from janusd.server.oracle_refit import OracleRefit
 from janusd.server.workers import WorkerHandle
 from janusd.wire import admin_msgs as am
 from janusd.wire.framing import FrameError, encode_frame, read_frame
@@ -36,6 +37,7 @@ class AdminBackend(Protocol):
     started_loop: float
     http_port: int | None
     clock: Callable[[], float]
+    oracle: OracleRefit
 
     @property
     def cfg(self) -> JanusConfig: ...
@@ -204,6 +206,8 @@ async def handle(daemon: AdminBackend, req: Any) -> dict[str, Any]:
         n = core.requests.count()
         daemon.request_shutdown()
         return {"draining": n, "drain_timeout_s": daemon.cfg.server.drain_timeout_s}
+    if isinstance(req, am.OracleReq):
+        return {"oracle": daemon.oracle.status(now)}
     if isinstance(req, am.ConfigReq):
         return {"toml": daemon.config_toml(), "path": daemon.config.path,
                 "source": daemon.config.path or "embedded default",

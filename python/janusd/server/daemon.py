@@ -39,6 +39,7 @@ from janusd.server.metrics import Metrics
 from janusd.server.lifecycle_ops import LifecycleOps
 from janusd.server.model_ops import ConfigHolder, ModelOps
 from janusd.server.openai_types import Parsed
+from janusd.server.oracle_refit import OracleRefit
 from janusd.server.restart_policy import RestartBudget
 from janusd.server.workers import Liveness, WorkerError, WorkerHandle
 from janusd.telemetry import Telemetry
@@ -109,6 +110,8 @@ class Daemon:
         self.life = LifecycleOps(self.ops, cfg.lifecycle, self.metrics.lifecycle)
         self.ops.starter = self.life.start
         self.clock = clock
+        # the performance oracle: priors, stored fits, online refits off the loop ([O])
+        self.oracle = OracleRefit(cfg.oracle, cfg.devices, str(cache_dir(cfg.server)))
         self.http_port: int | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -172,6 +175,7 @@ class Daemon:
             await self._stop_workers()
             raise
         self._spawn(self._poll_stats(), "stats")
+        self._spawn(self.oracle.run(self), "oracle")
         wd = sdnotify.watchdog_interval_s()
         if wd:
             self._spawn(self._watchdog(wd), "watchdog")

@@ -80,8 +80,14 @@ class ConfigReq(msgspec.Struct, **_OPTS):
     pass
 
 
+class OracleReq(msgspec.Struct, **_OPTS):
+    """The performance oracle per model: prior or fitted, points, last fit, held-out error."""
+
+    pass
+
+
 AdminRequest = (StatusReq | ModelsReq | InstancesReq | PoolsReq | LoadReq | UnloadReq | RemoveReq | DrainReq | ConfigReq
-                | StateReq | ForkReq)
+                | StateReq | ForkReq | OracleReq)
 
 
 class AdminResult(msgspec.Struct, **_OPTS):

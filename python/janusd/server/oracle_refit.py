@@ -1,0 +1,229 @@
+"""The oracle in the daemon: priors, stored fits, online points and background refits.
+
+What runs where (a fit must never delay a request):
+- the event loop only samples telemetry into bounded point buffers (oracle/online.py,
+  microseconds per model) and hands work out;
+- a spawned helper process (one, started on first use, spawn not fork: DESIGN.md) reads
+  each model's checkpoint for its ModelSpec and fits GPs (oracle/refit_job.py), writing
+  the fit to the store (state_dir/oracle, oracle/store.py);
+- a thread loads a written fit back (one Cholesky in LAPACK, outside the GIL) and the
+  loop installs it in the Oracle: one assignment.
+A model starts on its roofline prior (logged), moves to a stored fit when one loads, and
+to online fits every refit_period_s while it has new points. `janus ctl oracle` shows
+status(). Every failure of the helper (a checkpoint it cannot read, a fit that raises)
+is logged and leaves the model on what it had; none reaches a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import multiprocessing
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+
+from janusd.config import DevicesConfig, OracleConfig
+from janusd.hw.devices import DEFAULT_FOR_KIND, DeviceSpec
+from janusd.hw.model_spec import ModelSpec
+from janusd.oracle import refit_job, store
+from janusd.oracle.dataset import encode
+from janusd.oracle.online import OnlinePoints
+from janusd.oracle.oracle import Oracle
+from janusd.oracle.prior import RooflinePrior
+
+log = logging.getLogger("janusd.oracle")
+
+
+def _one_blas_thread(fn: Any, *args: Any) -> Any:
+    """Run fn with BLAS/LAPACK on one thread: a load's matrix inverse must leave a core to
+    the event loop (with every core in BLAS, the loop thread waits for the OS scheduler)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        return fn(*args)
+
+
+def _load_one_thread(directory: Path, name: str, identity: dict[str, Any], prior: Any) -> Any:
+    return _one_blas_thread(store.load, directory, name, identity, prior)
+
+
+class OracleHost(Protocol):
+    """What the refit needs of the daemon."""
+
+    core: Any  # ServingCore: registry (models, Active instances), telemetry
+    workers: Any  # WorkerHandles: last_stats.kv_usage
+    clock: Any
+
+
+@dataclass
+class _Model:
+    checkpoint: str
+    spec: ModelSpec | None = None
+    identity: dict[str, Any] | None = None
+    buffer: OnlinePoints | None = None
+    busy: bool = False  # a describe or fit job in flight
+    failed: str | None = None
+    last_fit: float | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class OracleRefit:
+    def __init__(self, cfg: OracleConfig, devices: DevicesConfig, cache_dir: str) -> None:
+        self.cfg = cfg
+        self.devices = devices
+        self.cache_dir = cache_dir
+        self.oracle = Oracle()
+        self.device: DeviceSpec | None = None
+        self.state_dir = Path(os.path.expanduser(cfg.state_dir)) / "oracle"
+        self._models: dict[str, _Model] = {}
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ---- helper process
+    def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    async def _in_helper(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor(), fn, *args)
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    # ---- per model
+    async def _describe(self, name: str, m: _Model, dtype: str, slo: tuple[float, float]) -> None:
+        kind = self.cfg.device_spec or DEFAULT_FOR_KIND[self.devices.kind]
+        hbm = self.devices.memory_mib * 2**20 if kind == "cpu" else None
+        try:
+            out = await self._in_helper(refit_job.describe, m.checkpoint, dtype, self.cache_dir, kind, hbm)
+            m.spec = ModelSpec(**out["model_spec"])
+            m.identity = out["identity"]
+            self.device = DeviceSpec(**out["device"])
+        except Exception as e:  # noqa: BLE001 - the helper's failure is logged, never raised into the daemon
+            m.failed = f"describe: {type(e).__name__}: {e}"
+            log.warning("oracle: %s: cannot read the model's config (%s); no predictions for it", name, m.failed)
+            return
+        finally:
+            m.busy = False
+        self.oracle.set_prior(name, RooflinePrior(m.spec, self.device, slo[0], slo[1]))
+        header = {"model": name, "model_spec": m.identity, "device": out["device"], "source": "online"}
+        m.buffer = OnlinePoints(header, self.cfg.max_points)
+        _, points = await asyncio.to_thread(_one_blas_thread, store.load_into, self.oracle, self.state_dir, name,
+                                            m.identity, log)
+        if points is not None:
+            m.buffer.seed(points)
+            m.info = dict(self.oracle.entry(name).info)
+        elif self.oracle.source(name) == "prior":
+            log.info("oracle: %s answers from the roofline prior (%s)", name, self.device.name)
+
+    async def _fit(self, name: str, m: _Model, now: float) -> None:
+        assert m.buffer is not None and m.identity is not None
+        data = encode(m.buffer.points)
+        m.buffer.new_since_fit = 0
+        prior = self.oracle.entry(name).prior
+        prior_args = None if prior is None else {
+            "model_spec": msgspec.to_builtins(prior.model), "device": msgspec.to_builtins(prior.device),
+            "ttft_slo_s": prior.ttft_slo_s, "tpot_slo_s": prior.tpot_slo_s}
+        try:
+            info = await self._in_helper(refit_job.fit_and_store, data, name, str(self.state_dir), m.identity,
+                                         self.device.name if self.device else "", now, prior_args)
+            points, cap, ela, header = await asyncio.to_thread(_load_one_thread, self.state_dir, name, m.identity,
+                                                               prior)
+        except Exception as e:  # noqa: BLE001 - logged; the model keeps what it had
+            log.warning("oracle: %s: refit failed: %s: %s", name, type(e).__name__, e)
+            return
+        finally:
+            m.busy = False
+        if name in self._models:  # not removed meanwhile
+            self.oracle.set_fitted(name, cap, ela, info)
+            m.last_fit, m.info = now, info
+            log.info("oracle: %s refitted on %d points in %.1f s", name, len(points), info.get("fit_s", 0.0))
+
+    def step(self, host: OracleHost, now: float) -> None:
+        """One sample period: follow the registry, sample every described model, start
+        describes and due fits. Cheap; called on the event loop."""
+        core = host.core
+        models = core.registry.models
+        for name in [n for n in self._models if n not in models]:
+            del self._models[name]
+            self.oracle.forget(name)
+        kv_used: dict[str, float] = {}
+        for w in host.workers:
+            st = getattr(w, "last_stats", None)
+            if st is not None and getattr(w, "ready", False):
+                for model, frac in st.kv_usage.items():
+                    kv_used[model] = max(kv_used.get(model, 0.0), float(frac))
+        for name, reg in models.items():
+            m = self._models.get(name)
+            if m is None or m.checkpoint != reg.cfg.checkpoint:
+                m = self._models[name] = _Model(reg.cfg.checkpoint)
+                self.oracle.forget(name)
+            if m.failed:
+                continue
+            if m.spec is None:
+                if not m.busy:
+                    m.busy = True
+                    slo = (reg.cfg.ttft_slo_ms / 1e3, reg.cfg.tpot_slo_ms / 1e3)
+                    self._spawn(self._describe(name, m, reg.cfg.dtype, slo))
+                continue
+            assert m.buffer is not None and self.device is not None
+            if self.cfg.online:
+                win = core.telemetry.model(name, now)
+                kv = kv_used.get(name, 0.0) * reg.cfg.kv_cache_mib * 2**20
+                m.buffer.add(win, len(reg.active), m.spec, self.device, kv)
+                due_time = m.last_fit is None or now - m.last_fit >= self.cfg.refit_period_s
+                if not m.busy and due_time and m.buffer.due(self.cfg.min_points, 1):
+                    m.busy = True
+                    self._spawn(self._fit(name, m, now))
+
+    async def run(self, host: OracleHost) -> None:
+        """The daemon's oracle task: step every sample_s until cancelled. The first step
+        waits one period: a daemon that lives seconds (tests, a failed start) never
+        starts the helper process."""
+        try:
+            while True:
+                await asyncio.sleep(self.cfg.sample_s)
+                try:
+                    self.step(host, host.clock())
+                except Exception:  # noqa: BLE001 - a bug here must not end serving
+                    log.exception("oracle: sampling failed")
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._pool is not None:
+            # a fit in progress is abandoned, not waited for: the daemon must exit promptly
+            # (the executor has no public way to stop a running job, hence _processes)
+            procs = list(getattr(self._pool, "_processes", {}).values())
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            for p in procs:
+                p.terminate()
+            self._pool = None
+
+    def status(self, now: float) -> list[dict[str, Any]]:
+        """Per model: source, points, last fit, held-out error (what `janus ctl oracle` shows)."""
+        rows = []
+        for name, m in sorted(self._models.items()):
+            heldout = m.info.get("heldout") or {}
+            rows.append({
+                "model": name, "source": self.oracle.source(name),
+                "points": len(m.buffer.points) if m.buffer else 0,
+                "new_points": m.buffer.new_since_fit if m.buffer else 0,
+                "last_fit_age_s": None if m.last_fit is None else round(now - m.last_fit, 1),
+                "fit_s": m.info.get("fit_s"), "busy": m.busy, "error": m.failed,
+                "heldout_att_p90_pts": heldout.get("attainment_abs_err_p90_pts"),
+                "heldout_compute_p90_pct": heldout.get("compute_rel_err_p90_pct"),
+                "device_spec": self.device.name if self.device else None,
+            })
+        return rows
