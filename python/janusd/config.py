@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from janusd.policy.policy_config import DemandConfig, KeepAliveConfig, ScalingConfig
+
 PositiveInt = Annotated[int, Meta(gt=0)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 PositiveFloat = Annotated[float, Meta(gt=0)]
@@ -128,6 +130,10 @@ class ModelConfig(_Section):
     # held); the rest of `devices` start Active
     warm_devices: list[NonNegInt] = []
     cold_devices: list[NonNegInt] = []
+    # with control.managed: elastic = the controller scales the model's Active instances
+    # among its `devices` (the others Warm/Cold) by the oracle's m*; steady = it stays
+    # as configured. Either way an idle model goes Warm, then Cold (control.keepalive).
+    pool: Literal["steady", "elastic"] = "steady"
 
     def start_state(self, device: int) -> str:
         """"active", "warm" or "cold": the state this model starts in on `device`."""
@@ -158,6 +164,13 @@ class ControlConfig(_Section):
 
     slow_period_s: PositiveFloat = 30.0
     fast_period_s: PositiveFloat = 0.5
+    # run the controller (server/controller.py): elastic models scale, idle models go
+    # Warm then Cold; false = every model stays as configured (the operator's states)
+    managed: bool = False
+    # the policies' own settings (policy/policy_config.py), each section its own table
+    demand: DemandConfig = DemandConfig()
+    scaling: ScalingConfig = ScalingConfig()
+    keepalive: KeepAliveConfig = KeepAliveConfig()
 
 
 class DispatchConfig(_Section):
@@ -286,9 +299,24 @@ max_num_batched_tokens = 512   # token budget of one engine step
 kv_wait_timeout_s = 30.0    # a request waits this long for KV pages others hold, then fails (0: at once)
 
 [control]
-# Not used yet: the two control loops are not built; the keys are accepted and checked.
-slow_period_s = 30.0        # steady-pool placement loop
-fast_period_s = 0.5         # elastic-pool scaling loop
+managed = false             # true: the controller scales models with pool = "elastic" among their
+                            # devices (Active <-> Warm) by the oracle's m*, and idle models go Warm, then Cold
+slow_period_s = 30.0        # slow loop: keep-alive (steady placement is planned, not executed yet)
+fast_period_s = 0.5         # fast loop: elastic scaling
+
+[control.demand]
+attainment_target = 0.95    # m* = fewest instances whose predicted attainment - margin * std reaches this
+attainment_margin = 1.0
+max_elastic_instances = 64
+
+[control.scaling]
+debounce_plans = 2          # a count moves only when the last N demands lie on the same side of it
+min_instances_per_app = 1   # under compression each elastic model keeps this many when possible
+
+[control.keepalive]
+warm_after_s = 300.0        # no request for this long: Active -> Warm
+cold_after_s = 3600.0       # no request for this long: Warm -> Cold
+demote_pinned = false       # true: models with pool = "steady" also go Warm / Cold when idle
 
 [dispatch]
 policy = "lst_imh"          # lst_imh | round_robin | least_load
@@ -345,6 +373,8 @@ min_points = 8              # no fit before a model has this many points (the pr
 #   default_max_tokens = 0  max_tokens of a request that omits it; 0 = server.default_max_tokens
 #   warm_devices = [], cold_devices = []   of `devices`: start Warm (host copy, nothing on the
 #                 device) or Cold (nothing held) there; the others start Active
+#   pool = "steady"     steady | elastic: with control.managed, an elastic model's Active count
+#                 among its devices follows the oracle's m* (the others Warm or Cold)
 [[models]]
 name = "smollm2-135m-instruct"
 checkpoint = "builtin:smollm2-135m-instruct"

@@ -1,7 +1,7 @@
 """`janus ctl`: operate a running daemon over its admin Unix socket.
 
 status | models | instances | pools | load NAME | unload NAME | remove NAME | drain | config |
-state NAME --device N active|warm|cold | fork NAME --from N --to M | oracle.
+state NAME --device N active|warm|cold | fork NAME --from N --to M | oracle | plan.
 Prints rich tables, or exactly one JSON object with --json (for scripts). The socket
 path comes from --socket, else from --config's server.admin_socket, else the default.
 """
@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 SUBCOMMANDS = ("status", "models", "instances", "pools", "load", "unload", "remove", "drain", "config", "state", "fork",
-               "oracle")
+               "oracle", "plan")
 _NAMED = ("load", "unload", "remove", "state", "fork")
 
 
@@ -81,6 +81,7 @@ def _request(args: argparse.Namespace) -> Any:
         "state": lambda: am.StateReq(args.name, args.device[0] if args.device else 0, args.target or ""),
         "fork": lambda: am.ForkReq(args.name, args.from_device, args.to_device),
         "oracle": lambda: am.OracleReq(),
+        "plan": lambda: am.PlanReq(),
     }[a]()
 
 
@@ -143,6 +144,18 @@ def _print(action: str, data: dict[str, Any]) -> None:
         _table("janusd", [flat])
         _table("workers", data["workers"])
         _table("dispatch", [data["dispatch"]])
+        return
+    if action == "plan":
+        p = data["plan"]
+        if not p.get("managed"):
+            _table("plan", [p])
+            return
+        e = p["elastic"]
+        _table("elastic", [{k: v for k, v in e.items() if k != "apps"}])
+        _table("elastic models", e["apps"])
+        _table("keep-alive", p["keepalive"])
+        _table("in flight", p["in_flight"])
+        _table("recent operations", [{k: v for k, v in r.items() if k != "phases"} for r in p["recent"]])
         return
     if action in ("state", "fork"):  # one row for the move, one for its phases
         _table(action, [{k: v for k, v in data.items() if k != "phases"}])

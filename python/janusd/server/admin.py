@@ -20,6 +20,7 @@ import msgspec
 
 from janusd.config import JanusConfig
 from janusd.core.serving import ServingCore
+from janusd.server.controller import Controller
 from janusd.server.model_ops import ConfigHolder
 from janusd.server.oracle_refit import OracleRefit
 from janusd.server.workers import WorkerHandle
@@ -38,6 +39,7 @@ class AdminBackend(Protocol):
     http_port: int | None
     clock: Callable[[], float]
     oracle: OracleRefit
+    controller: Controller | None
 
     @property
     def cfg(self) -> JanusConfig: ...
@@ -206,6 +208,10 @@ async def handle(daemon: AdminBackend, req: Any) -> dict[str, Any]:
         n = core.requests.count()
         daemon.request_shutdown()
         return {"draining": n, "drain_timeout_s": daemon.cfg.server.drain_timeout_s}
+    if isinstance(req, am.PlanReq):
+        if daemon.controller is None:
+            return {"plan": {"managed": False, "note": "control.managed is false: every model stays as configured"}}
+        return {"plan": daemon.controller.view(now)}
     if isinstance(req, am.OracleReq):
         return {"oracle": daemon.oracle.status(now)}
     if isinstance(req, am.ConfigReq):

@@ -39,6 +39,7 @@ from janusd.server.metrics import Metrics
 from janusd.server.lifecycle_ops import LifecycleOps
 from janusd.server.model_ops import ConfigHolder, ModelOps
 from janusd.server.openai_types import Parsed
+from janusd.server.controller import Controller
 from janusd.server.oracle_refit import OracleRefit
 from janusd.server.restart_policy import RestartBudget
 from janusd.server.workers import Liveness, WorkerError, WorkerHandle
@@ -112,6 +113,10 @@ class Daemon:
         self.clock = clock
         # the performance oracle: priors, stored fits, online refits off the loop ([O])
         self.oracle = OracleRefit(cfg.oracle, cfg.devices, str(cache_dir(cfg.server)))
+        # the two control loops ([C]); None unless control.managed
+        self.controller: Controller | None = None
+        if cfg.control.managed:
+            self.controller = Controller(self, clock, self.metrics.controller_op, self.metrics.controller_elastic)
         self.http_port: int | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -176,6 +181,8 @@ class Daemon:
             raise
         self._spawn(self._poll_stats(), "stats")
         self._spawn(self.oracle.run(self), "oracle")
+        if self.controller is not None:
+            self._spawn(self.controller.run(), "controller")
         wd = sdnotify.watchdog_interval_s()
         if wd:
             self._spawn(self._watchdog(wd), "watchdog")
@@ -396,10 +403,14 @@ class Daemon:
     async def remove_model(self, name: str) -> dict[str, Any]:
         return await model_ops.remove_model(self.ops, self.config, name)
 
-    async def set_state(self, name: str, device: int, target: str) -> dict[str, Any]:
-        out = await self.life.set_state(name, device, target)
+    async def set_state(self, name: str, device: int, target: str, probe: bool = True) -> dict[str, Any]:
+        out = await self.life.set_state(name, device, target, probe)
         self.poke()
         return out
+
+    def predictor(self) -> Any:
+        """The oracle the controller asks (a fitted GP or the roofline prior per model)."""
+        return self.oracle.oracle
 
     async def fork(self, name: str, src: int, dst: int) -> dict[str, Any]:
         out = await self.life.fork(name, src, dst)

@@ -183,6 +183,12 @@ class Metrics:
                                "| first_token)", ["model", "op", "phase"], buckets=_PHASE_BUCKETS, registry=r)
         self.lifecycle_ops = Counter("janusd_lifecycle_ops", "instance state changes by outcome (ok | fallback | "
                                      "failed)", ["model", "op", "outcome"], registry=r)
+        self.controller_ops = Counter("janusd_controller_ops", "lifecycle operations the controller started, by "
+                                      "target state (active | warm | cold) and outcome (ok | failed)",
+                                      ["target", "outcome"], registry=r)
+        self.elastic = Gauge("janusd_controller_elastic_instances", "an elastic model's instances at the last fast "
+                             "tick (kind: demand = the oracle's m*, count = given within the budget)",
+                             ["model", "kind"], registry=r)
         r.register(_Live(snapshot))
         self._tot: dict[str, tuple[int, int]] = {}
 
@@ -229,6 +235,13 @@ class Metrics:
         self.lifecycle_ops.labels(model, op, outcome).inc()
         for phase, seconds in phases.items():
             self.phase.labels(model, op, phase).observe(max(0.0, seconds))
+
+    def controller_op(self, target: str, outcome: str) -> None:
+        self.controller_ops.labels(target, outcome).inc()
+
+    def controller_elastic(self, model: str, demand: int, count: int) -> None:
+        self.elastic.labels(model, "demand").set(demand)
+        self.elastic.labels(model, "count").set(count)
 
     def reject(self, model: str, reason: str) -> None:
         self.rejected.labels(model, reason).inc()

@@ -67,6 +67,7 @@ class ModelWindow(msgspec.Struct, frozen=True):
     ttft_mean_s: float  # over first tokens in the window (0 if none)
     tokens_on_time: int  # per-token SLO figures of requests ended in the window
     tokens_counted: int
+    last_arrival_s: float | None = None  # the latest arrival ever (keep-alive: idle since then)
 
 
 class TelemetrySnapshot(msgspec.Struct, frozen=True):
@@ -91,11 +92,12 @@ class _Live:
 class _ModelState:
     """A model's window, first arrival and in-flight prior (exact integer sums)."""
 
-    __slots__ = ("window", "first_arrival", "live", "prior_s1", "prior_s2")
+    __slots__ = ("window", "first_arrival", "last_arrival", "live", "prior_s1", "prior_s2")
 
     def __init__(self, window_s: float, bucket_s: float, now: float) -> None:
         self.window = SlidingWindow(window_s, bucket_s, _CHANNELS)
         self.first_arrival = now
+        self.last_arrival = now
         self.live = 0
         self.prior_s1 = 0
         self.prior_s2 = 0
@@ -145,6 +147,7 @@ class Telemetry:
         max_tokens = max(0, int(max_tokens))
         self._live[rid] = _Live(model, t, max_tokens)
         st.admit(max_tokens)
+        st.last_arrival = t
         st.window.add(t, _ARR, max(0, int(prompt_tokens)))
 
     def on_first_token(self, rid: int, now: float) -> None:
@@ -222,4 +225,5 @@ class Telemetry:
             ttft_mean_s=float(ttft.mean),
             tokens_on_time=int(ontime.total),
             tokens_counted=int(counted.total),
+            last_arrival_s=st.last_arrival,
         )

@@ -80,6 +80,12 @@ class ConfigReq(msgspec.Struct, **_OPTS):
     pass
 
 
+class PlanReq(msgspec.Struct, **_OPTS):
+    """The controller's last decisions: elastic counts (m*, budget), keep-alive, operations."""
+
+    pass
+
+
 class OracleReq(msgspec.Struct, **_OPTS):
     """The performance oracle per model: prior or fitted, points, last fit, held-out error."""
 
@@ -87,7 +93,7 @@ class OracleReq(msgspec.Struct, **_OPTS):
 
 
 AdminRequest = (StatusReq | ModelsReq | InstancesReq | PoolsReq | LoadReq | UnloadReq | RemoveReq | DrainReq | ConfigReq
-                | StateReq | ForkReq | OracleReq)
+                | StateReq | ForkReq | OracleReq | PlanReq)
 
 
 class AdminResult(msgspec.Struct, **_OPTS):

@@ -1,0 +1,299 @@
+"""The controller: the daemon's shell around the policies (PAPER.md §2, §4, §5, §8).
+
+With `control.managed`, two loops run in the daemon:
+- fast (control.fast_period_s, 0.5 s): every model with `pool = "elastic"` that has
+  traffic gets m* from the oracle (policy/demand.py, through oracle/types.py's
+  ElasticityPredictor: a fitted GP or the roofline prior), the counts are debounced and
+  compressed to the elastic budget (policy/scaling.py), and each count is met with the
+  instances the model already has on its `devices`: a Warm (else Cold) one is activated
+  (lifecycle_ops picks D2D fork, H2D or a checkpoint read by estimated time), a surplus
+  Active one goes Warm after draining;
+- slow (control.slow_period_s, 30 s): keep-alive (policy/keepalive.py): a model without
+  a request for `warm_after_s` goes Warm on every device, after `cold_after_s` Cold; its
+  next request is held and wakes it (lifecycle_ops.wake), never refused.
+Each loop computes its plan from a snapshot (plan_fast / plan_slow: no awaiting, so a
+test drives them with a fake clock) and then starts the operations; an operation in
+flight is never started twice, a failed one is logged, counted and planned again next
+period, never left half done (lifecycle_ops rolls an instance back to where it was). A
+loop that overruns its period logs it and skips the missed ticks, never stacks them.
+
+Not executed yet: the steady pool's bin packing (policy/placement.py) needs instances on
+devices the config does not list, and the automatic bursty classification
+(policy/classify.py) needs per-app short-window peaks; here the operator's `pool` pin
+decides. `janus ctl plan` shows what the loops decided and why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from janusd.config import JanusConfig
+from janusd.core.registry import Instance, Model
+from janusd.core.serving import ServingCore
+from janusd.lifecycle.states import COMING_UP, RESTORABLE, InstanceState
+from janusd.log import log
+from janusd.oracle.types import ElasticityPredictor, LoadFeatures
+from janusd.policy.demand import elastic_demand
+from janusd.policy.keepalive import residency
+from janusd.policy.scaling import scale
+from janusd.policy.snapshot import ElasticApp, ModelActivity, ScalingPlan, ScalingState
+
+S = InstanceState
+
+
+def _log(msg: str, level: int = logging.INFO) -> None:
+    log.log(level, msg)
+
+
+class ControllerHost(Protocol):
+    """What the controller needs of the daemon (server/daemon.py implements it)."""
+
+    core: ServingCore
+
+    @property
+    def cfg(self) -> JanusConfig: ...
+
+    def predictor(self) -> ElasticityPredictor: ...
+
+    async def set_state(self, name: str, device: int, target: str, probe: bool = True) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Op:
+    """One lifecycle operation a plan asks for, with the reason shown by `ctl plan`."""
+
+    model: str
+    device: int
+    target: str  # "active" | "warm" | "cold"
+    reason: str
+
+
+@dataclass
+class _Done:
+    op: Op
+    started: float
+    seconds: float
+    outcome: str  # "ok" or the error
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+def _serving(i: Instance) -> bool:
+    """Active, or on its way there: counts toward a model's instances."""
+    return i.state is S.ACTIVE or i.state in COMING_UP
+
+
+class Controller:
+    def __init__(self, host: ControllerHost, clock: Callable[[], float] = time.monotonic,
+                 on_op: Callable[[str, str], None] = lambda op, outcome: None,
+                 on_elastic: Callable[[str, int, int], None] = lambda model, demand, count: None) -> None:
+        """Metrics' hooks: `on_op(target, outcome)` once per finished operation,
+        `on_elastic(model, m*, count given)` per elastic model at each fast tick."""
+        self.host = host
+        self.clock = clock
+        self.on_op = on_op
+        self.on_elastic = on_elastic
+        self.scaling_state = ScalingState()
+        self.last_scaling: ScalingPlan | None = None
+        self.demands: dict[str, tuple[int, str]] = {}  # model -> (m*, reason) at the last fast tick
+        self.residency: dict[str, tuple[str, float]] = {}  # model -> (residency, since)
+        self.last_keepalive: list[dict[str, Any]] = []
+        self.in_flight: dict[tuple[str, int], tuple[Op, float]] = {}
+        self.recent: deque[_Done] = deque(maxlen=50)
+        self.overruns = {"fast": 0, "slow": 0}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ------------------------------------------------------------------ plans
+    def _elastic(self) -> list[Model]:
+        return [m for m in self.host.core.registry.models.values()
+                if m.cfg.pool == "elastic" and not m.cfg.prefill_devices and m.instances]
+
+    def plan_fast(self, now: float) -> list[Op]:
+        """Elastic scaling: m* per elastic model with traffic, debounced and compressed to
+        the budget (the devices the elastic models may use), then met with their own
+        Warm/Cold/Active instances. A model without traffic in the telemetry window is
+        left to keep-alive (a request wakes it)."""
+        cfg = self.host.cfg.control
+        tel = self.host.core.telemetry
+        pred = self.host.predictor()
+        apps: list[ElasticApp] = []
+        models: dict[str, Model] = {}
+        devices: set[int] = set()
+        self.demands = {}
+        for m in self._elastic():
+            w = tel.model(m.name, now)
+            if w.request_rate <= 0.0 and w.in_flight == 0:
+                continue
+            try:
+                want, why = elastic_demand(m.name, LoadFeatures.from_window(w), pred, cfg.demand)
+            except KeyError as e:  # the oracle has no prior for it yet (its spec is being read)
+                _log(f"controller: {m.name}: {e}; keeping its instances as they are", logging.DEBUG)
+                continue
+            usable = sum(1 for i in m.instances.values() if _serving(i) or i.state in RESTORABLE)
+            want = max(1, min(want, usable))
+            self.demands[m.name] = (want, why)
+            apps.append(ElasticApp(app=m.name, demand=want,
+                                   current=sum(1 for i in m.instances.values() if _serving(i))))
+            models[m.name] = m
+            devices.update(m.instances)
+        if not apps:
+            return []
+        plan = scale(apps, len(devices), self.scaling_state, cfg.scaling)
+        self.scaling_state, self.last_scaling = plan.state, plan
+        ops: list[Op] = []
+        for a in plan.apps:
+            self.on_elastic(a.app, a.demand, a.count)
+            ops += self._meet(models[a.app], max(1, a.count), f"m*={a.demand} (debounced {a.debounced}, "
+                                                              f"given {a.count}): {a.reason}")
+        return ops
+
+    def _meet(self, m: Model, count: int, reason: str) -> list[Op]:
+        """Operations that bring model `m` to `count` serving instances, none of them on an
+        instance with an operation in flight."""
+        insts = sorted(m.instances.values(), key=lambda i: i.device)
+        pending = {d: op.target for (name, d), (op, _) in self.in_flight.items() if name == m.name}
+        free = [i for i in insts if i.device not in pending]
+        # an operation in flight counts as done: its instance is (about to be) where it goes
+        serving = sum(1 for i in insts if pending.get(i.device, "active" if _serving(i) else "") == "active")
+        ops: list[Op] = []
+        if serving < count:
+            # Warm before Cold (less to move), then the lowest device
+            for i in sorted((i for i in free if i.state in RESTORABLE), key=lambda i: (i.state is S.COLD, i.device)):
+                if serving >= count:
+                    break
+                ops.append(Op(m.name, i.device, "active", f"scale out: {reason}"))
+                serving += 1
+        elif serving > count:
+            busy = self.host.core.requests.on_device
+            active = [i for i in free if i.state is S.ACTIVE]
+            # the one with the least work in flight goes first (its drain is shortest)
+            for i in sorted(active, key=lambda i: (len(busy(i.device)), -i.device)):
+                if serving <= max(count, 1):  # never below one Active instance
+                    break
+                ops.append(Op(m.name, i.device, "warm", f"scale in: {reason}"))
+                serving -= 1
+        return ops
+
+    def plan_slow(self, now: float) -> list[Op]:
+        """Keep-alive: each model's residency (its most-alive instance) against its last
+        request; Warm and Cold apply to every instance of the model."""
+        cfg = self.host.cfg.control
+        tel = self.host.core.telemetry
+        acts: list[ModelActivity] = []
+        models: dict[str, Model] = {}
+        for m in self.host.core.registry.models.values():
+            if not m.instances or m.cfg.prefill_devices:
+                continue
+            states = {i.state for i in m.instances.values()}
+            res = "active" if any(_serving(i) for i in m.instances.values()) else \
+                  "warm" if S.WARM in states else "cold" if S.COLD in states else None
+            if res is None:  # unloaded or failed: not the keep-alive's
+                continue
+            prev = self.residency.get(m.name)
+            since = prev[1] if prev is not None and prev[0] == res else now
+            self.residency[m.name] = (res, since)
+            w = tel.model(m.name, now)
+            acts.append(ModelActivity(model=m.name, residency=res, since=since, last_request_at=w.last_arrival_s,
+                                      in_flight=self.host.core.requests.count(m.name),
+                                      pinned=m.cfg.pool == "steady"))
+            models[m.name] = m
+        decisions = residency(acts, now, cfg.keepalive)
+        self.last_keepalive = [{"model": d.model, "residency": d.residency, "changed": d.changed, "reason": d.reason}
+                               for d in decisions]
+        ops: list[Op] = []
+        for d in decisions:
+            if not d.changed or d.residency == "active":  # coming back is the waking request's
+                continue
+            m = models[d.model]
+            src = S.ACTIVE if d.residency == "warm" else S.WARM
+            for i in sorted(m.instances.values(), key=lambda i: i.device):
+                if (i.state is src or (d.residency == "cold" and i.state is S.ACTIVE)) \
+                        and (m.name, i.device) not in self.in_flight:
+                    ops.append(Op(m.name, i.device, d.residency, f"keep-alive: {d.reason}"))
+        return ops
+
+    # -------------------------------------------------------------- execution
+    def start(self, ops: list[Op]) -> None:
+        """Start each operation not already in flight (the plan never repeats one)."""
+        for op in ops:
+            key = (op.model, op.device)
+            if key in self.in_flight:
+                continue
+            self.in_flight[key] = (op, self.clock())
+            _log(f"controller: {op.model} on device {op.device} -> {op.target} ({op.reason})")
+            t = asyncio.get_running_loop().create_task(self._run(op), name=f"ctl-{op.model}-{op.device}")
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+    async def _run(self, op: Op) -> None:
+        t0 = self.clock()
+        key = (op.model, op.device)
+        phases: dict[str, float] = {}
+        try:
+            reply = await self.host.set_state(op.model, op.device, op.target, probe=False)
+            phases = {k: float(v) for k, v in (reply.get("phases") or {}).items()}
+            outcome = "ok"
+        except Exception as e:  # a refused or failed move: planned again next period
+            outcome = f"{type(e).__name__}: {e}"
+            _log(f"controller: {op.model} on device {op.device} -> {op.target} failed: {e}", logging.WARNING)
+        finally:
+            self.in_flight.pop(key, None)
+        self.recent.append(_Done(op, t0, self.clock() - t0, outcome, phases))
+        self.on_op(op.target, "ok" if outcome == "ok" else "failed")
+
+    async def run(self) -> None:
+        cfg = self.host.cfg.control
+        await asyncio.gather(self._loop("fast", cfg.fast_period_s, self.plan_fast),
+                             self._loop("slow", cfg.slow_period_s, self.plan_slow))
+
+    async def _loop(self, name: str, period: float, plan: Callable[[float], list[Op]]) -> None:
+        nxt = self.clock()
+        while True:
+            now = self.clock()
+            try:
+                self.start(plan(now))
+            except Exception as e:  # a policy's ValueError on odd input: logged, the loop lives on
+                _log(f"controller {name} loop: {type(e).__name__}: {e}", logging.ERROR)
+            took = self.clock() - now
+            nxt += period
+            if self.clock() > nxt:
+                skipped = int((self.clock() - nxt) // period) + 1
+                self.overruns[name] += 1
+                _log(f"controller {name} loop overran its {period:g} s period ({took:.3f} s); "
+                     f"skipping {skipped} tick(s)", logging.WARNING)
+                nxt += skipped * period
+            await asyncio.sleep(max(0.0, nxt - self.clock()))
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ views
+    def view(self, now: float) -> dict[str, Any]:
+        """`janus ctl plan`: elastic counts with m* and the budget, keep-alive decisions,
+        operations in flight and recent ones with their timings and reasons."""
+        sp = self.last_scaling
+        return {
+            "managed": self.host.cfg.control.managed,
+            "elastic": {
+                "budget": sp.budget if sp else None,
+                "asked": sp.asked if sp else None,
+                "given": sp.given if sp else None,
+                "compressed": sp.compressed if sp else None,
+                "apps": [{"model": a.app, "demand": a.demand, "debounced": a.debounced, "count": a.count,
+                          "reason": a.reason} for a in (sp.apps if sp else ())],
+            },
+            "keepalive": self.last_keepalive,
+            "in_flight": [{"model": op.model, "device": op.device, "target": op.target, "reason": op.reason,
+                           "for_s": round(now - t, 3)} for op, t in self.in_flight.values()],
+            "recent": [{"model": d.op.model, "device": d.op.device, "target": d.op.target, "reason": d.op.reason,
+                        "seconds": round(d.seconds, 3), "outcome": d.outcome,
+                        "phases": {k: round(v, 4) for k, v in d.phases.items()}} for d in self.recent],
+            "overruns": dict(self.overruns),
+        }

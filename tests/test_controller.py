@@ -1,0 +1,205 @@
+"""server/controller.py's plans, driven by the real ServingCore with a fake clock and fake
+workers (tests/core_fakes.py) and a closed-form predictor behind oracle/types.py's
+Protocol (fakes at the edge only); execution against a recording host."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import msgspec
+import pytest
+
+from janusd.config import ControlConfig, JanusConfig
+from janusd.lifecycle.states import InstanceState
+from janusd.oracle.types import AttainmentEstimate, LoadFeatures, MinInstances
+from janusd.policy.policy_config import KeepAliveConfig, ScalingConfig
+from janusd.server.controller import Controller, Op
+
+from core_fakes import Rig
+
+S = InstanceState
+
+
+class PerTwoRps:
+    """m* = ceil(request rate / 2): one instance per 2 requests per second."""
+
+    def attainment(self, model: str, load: LoadFeatures, instances: int) -> AttainmentEstimate:
+        return AttainmentEstimate(1.0 if instances * 2 >= load.request_rate else 0.5, 0.0, "test")
+
+    def min_instances(self, model: str, load: LoadFeatures, target: float, margin: float, limit: int) -> MinInstances:
+        m = max(1, math.ceil(load.request_rate / 2))
+        return MinInstances(m if m <= limit else None, None, f"{load.request_rate:.1f} rps / 2")
+
+
+class Host:
+    def __init__(self, rig: Rig, control: ControlConfig) -> None:
+        self.core = rig.core
+        self._cfg = JanusConfig(control=control)
+        self.rig = rig
+        self.calls: list[tuple[str, int, str]] = []
+
+    @property
+    def cfg(self) -> JanusConfig:
+        return self._cfg
+
+    def predictor(self) -> Any:
+        return PerTwoRps()
+
+    async def set_state(self, name: str, device: int, target: str, probe: bool = True) -> dict[str, Any]:
+        self.calls.append((name, device, target))
+        inst = self.core.instance(name, device)
+        now = self.rig.now
+        if target == "active":
+            self.core.set_state(inst, S.RESTORING, now)
+            self.core.loaded(inst, now, 2048, 0.01)
+        else:
+            self.core.set_state(inst, S.DRAINING, now)
+            self.core.set_state(inst, S.WARM if target == "warm" else S.COLD, now)
+        return {"phases": {"transfer": 0.01}}
+
+
+def _hot(rig: Rig, devices: int = 4, pool: str = "elastic") -> None:
+    rig.model("hot", list(range(devices)), pool=pool, warm_devices=list(range(1, devices)))
+    rig.activate("hot", 0)
+    for d in range(1, devices):
+        inst = rig.core.instance("hot", d)
+        rig.core.set_state(inst, S.LOADING, rig.now)
+        rig.core.set_state(inst, S.WARM, rig.now)
+
+
+def _burst(rig: Rig, n: int) -> None:
+    for _ in range(n):
+        rig.submit("hot", max_tokens=2)
+
+
+def test_a_burst_activates_warm_instances_at_once_and_never_twice():
+    """The first plan of an app has nothing to debounce against: a burst scales out on
+    the first fast tick (the 2 s goal); an operation in flight is not planned again."""
+    rig = Rig(devices=4)
+    _hot(rig)
+    host = Host(rig, ControlConfig(managed=True))
+    ctl = Controller(host, clock=lambda: rig.now)
+    assert ctl.plan_fast(rig.now) == []  # no traffic: keep-alive's, not scaling's
+    _burst(rig, 6)  # 6 requests in the first second of the window: 6 rps -> m* = 3
+    ops = ctl.plan_fast(rig.now)
+    assert [(o.device, o.target) for o in ops] == [(1, "active"), (2, "active")]
+    assert ops[0].reason.startswith("scale out: m*=3")
+    assert ctl.demands["hot"][0] == 3
+    for o in ops:  # still in flight: not planned again
+        ctl.in_flight[("hot", o.device)] = (o, rig.now)
+    rig.now += 0.5
+    assert ctl.plan_fast(rig.now) == []
+
+
+def test_the_debounce_holds_a_one_tick_dip():
+    rig = Rig(devices=4)
+    _hot(rig)
+    host = Host(rig, ControlConfig(managed=True))
+    ctl = Controller(host, clock=lambda: rig.now)
+    _burst(rig, 6)
+    asyncio.run(_execute(ctl, ctl.plan_fast(rig.now)))
+    rig.now += 2.0  # 6 arrivals over 3 s of window: 2 rps -> m* = 1, once
+    assert ctl.plan_fast(rig.now) == [], "one low demand does not scale in"
+    assert ctl.last_scaling is not None and ctl.last_scaling.apps[0].count == 3
+
+
+def test_scale_in_drains_the_idlest_active_instance_and_keeps_one():
+    rig = Rig(devices=4)
+    _hot(rig)
+    host = Host(rig, ControlConfig(managed=True, scaling=ScalingConfig(debounce_plans=1)))
+    ctl = Controller(host, clock=lambda: rig.now)
+    _burst(rig, 8)  # m* = 4
+    ops = ctl.plan_fast(rig.now)
+    asyncio.run(_execute(ctl, ops))
+    assert sorted(host.calls) == [("hot", 1, "active"), ("hot", 2, "active"), ("hot", 3, "active")]
+    rig.tick()  # the queued requests go out, spread over the four
+    busy = {d: len(rig.core.requests.on_device(d)) for d in range(4)}
+    # the load falls: a window of 60 s with 8 arrivals is 0.13 rps later on -> m* = 1
+    rig.now += 59.0
+    ops = ctl.plan_fast(rig.now)
+    assert len(ops) == 3 and {o.target for o in ops} == {"warm"}
+    kept = ({0, 1, 2, 3} - {o.device for o in ops}).pop()
+    assert busy[kept] == max(busy.values())  # the busiest stays; the idlest drain first
+
+
+async def _execute(ctl: Controller, ops: list[Op]) -> None:
+    ctl.start(ops)
+    await asyncio.gather(*ctl._tasks)
+
+
+def test_budget_compresses_two_elastic_models_to_their_shared_devices():
+    rig = Rig(devices=2)
+    rig.model("a", [0, 1], pool="elastic", warm_devices=[1])
+    rig.model("b", [0, 1], pool="elastic", warm_devices=[1])
+    for name in ("a", "b"):
+        rig.activate(name, 0)
+        inst = rig.core.instance(name, 1)
+        rig.core.set_state(inst, S.LOADING, rig.now)
+        rig.core.set_state(inst, S.WARM, rig.now)
+    host = Host(rig, ControlConfig(managed=True, scaling=ScalingConfig(debounce_plans=1)))
+    ctl = Controller(host, clock=lambda: rig.now)
+    for _ in range(8):
+        rig.submit("a", max_tokens=2)
+        rig.submit("b", max_tokens=2)
+    ctl.plan_fast(rig.now)
+    plan = ctl.last_scaling
+    assert plan is not None and plan.budget == 2 and plan.given == 2 and plan.compressed
+    assert [a.count for a in plan.apps] == [1, 1]
+
+
+def test_keepalive_sends_an_idle_elastic_model_warm_then_cold_and_leaves_steady_ones():
+    rig = Rig(devices=2)
+    rig.model("idle", [0], pool="elastic")
+    rig.model("pinned", [1])
+    rig.activate("idle", 0)
+    rig.activate("pinned", 1)
+    ka = KeepAliveConfig(warm_after_s=10.0, cold_after_s=30.0)
+    host = Host(rig, ControlConfig(managed=True, keepalive=ka))
+    ctl = Controller(host, clock=lambda: rig.now)
+    rig.submit("idle", max_tokens=1)
+    r = next(iter(rig.core.requests.by_id))
+    rig.tick()
+    rig.token(0, r, finished=True)
+    assert ctl.plan_slow(rig.now) == []
+    rig.now += 11.0
+    ops = ctl.plan_slow(rig.now)
+    assert [(o.model, o.device, o.target) for o in ops] == [("idle", 0, "warm")]
+    asyncio.run(_execute(ctl, ops))
+    rig.now += 20.0
+    ops = ctl.plan_slow(rig.now)
+    assert [(o.model, o.device, o.target) for o in ops] == [("idle", 0, "cold")]
+    view = ctl.view(rig.now)
+    assert view["recent"][0]["target"] == "warm" and view["recent"][0]["outcome"] == "ok"
+    assert {k["model"] for k in view["keepalive"]} == {"idle", "pinned"}
+    assert rig.core.instance("pinned", 1).state is S.ACTIVE
+
+
+def test_a_failed_operation_is_recorded_and_planned_again():
+    rig = Rig(devices=2)
+    _hot(rig, devices=2)
+    host = Host(rig, ControlConfig(managed=True, scaling=ScalingConfig(debounce_plans=1)))
+
+    async def refuse(name: str, device: int, target: str, probe: bool = True) -> dict[str, Any]:
+        raise ValueError("out of device memory")
+
+    host.set_state = refuse  # type: ignore[method-assign]
+    ctl = Controller(host, clock=lambda: rig.now)
+    _burst(rig, 4)
+    ops = ctl.plan_fast(rig.now)
+    asyncio.run(_execute(ctl, ops))
+    assert ctl.view(rig.now)["recent"][0]["outcome"] == "ValueError: out of device memory"
+    assert ctl.in_flight == {} and ctl.plan_fast(rig.now) == ops
+
+
+def test_config_managed_section_parses_and_refuses_typos():
+    from janusd.config import ConfigError, parse_config
+
+    cfg = parse_config("[control]\nmanaged = true\n[control.scaling]\ndebounce_plans = 3\n")
+    assert cfg.control.managed and cfg.control.scaling.debounce_plans == 3
+    with pytest.raises(ConfigError, match="debounce_plan"):
+        parse_config("[control.scaling]\ndebounce_plan = 3\n")
+    with pytest.raises(ConfigError):
+        parse_config('[[models]]\nname = "m"\ncheckpoint = "demo:llama-tiny"\npool = "bursty"\n')
+    assert msgspec.convert({}, ControlConfig).managed is False
