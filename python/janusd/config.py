@@ -167,6 +167,9 @@ class ControlConfig(_Section):
     # run the controller (server/controller.py): elastic models scale, idle models go
     # Warm then Cold; false = every model stays as configured (the operator's states)
     managed: bool = False
+    # the telemetry window every per-model rate and length figure covers (controller,
+    # oracle features, ctl, /metrics); shorter reacts faster, longer is steadier
+    window_s: Annotated[float, Meta(ge=1.0)] = 60.0
     # the policies' own settings (policy/policy_config.py), each section its own table
     demand: DemandConfig = DemandConfig()
     scaling: ScalingConfig = ScalingConfig()
@@ -301,6 +304,7 @@ kv_wait_timeout_s = 30.0    # a request waits this long for KV pages others hold
 [control]
 managed = false             # true: the controller scales models with pool = "elastic" among their
                             # devices (Active <-> Warm) by the oracle's m*, and idle models go Warm, then Cold
+window_s = 60.0             # telemetry window of the per-model rates the loops (and the oracle) read
 slow_period_s = 30.0        # slow loop: keep-alive (steady placement is planned, not executed yet)
 fast_period_s = 0.5         # fast loop: elastic scaling
 

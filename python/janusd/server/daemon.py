@@ -104,7 +104,7 @@ class Daemon:
             Observers(finished=self._finished, rejected=self.metrics.reject, kv_transfer=self.metrics.kv_transfer,
                       estimate_error=self.metrics.prefill_estimate_error, serving=self._serving,
                       idle=self._on_idle),
-            Telemetry(),
+            Telemetry(window_s=cfg.control.window_s),
         )
         self.ops = ModelOps(self.core, self.workers, cfg.engine, str(cache_dir(cfg.server)),
                             cfg.server.worker_ready_timeout_s, cfg.server.drain_timeout_s, clock)
