@@ -152,7 +152,7 @@ def test_budget_compresses_two_elastic_models_to_their_shared_devices():
 def test_keepalive_sends_an_idle_elastic_model_warm_then_cold_and_leaves_steady_ones():
     rig = Rig(devices=2)
     rig.model("idle", [0], pool="elastic")
-    rig.model("pinned", [1])
+    rig.model("pinned", [1], pool="steady")
     rig.activate("idle", 0)
     rig.activate("pinned", 1)
     ka = KeepAliveConfig(warm_after_s=10.0, cold_after_s=30.0)
@@ -203,3 +203,30 @@ def test_config_managed_section_parses_and_refuses_typos():
     with pytest.raises(ConfigError):
         parse_config('[[models]]\nname = "m"\ncheckpoint = "demo:llama-tiny"\npool = "bursty"\n')
     assert msgspec.convert({}, ControlConfig).managed is False
+
+
+def test_an_auto_model_goes_elastic_on_a_burst_and_is_scaled_only_then():
+    """pool = "auto": a trickle (1 request every 2 s) is steady, so the controller leaves
+    the model alone; a burst of 40 within a second is bursty (peak over 5 s / mean over the
+    window), the model turns elastic and scales out in the same tick (45 arrivals over the
+    10 s the telemetry has seen: 4.5 rps, m* = 3)."""
+    from janusd.policy.policy_config import ClassifyConfig
+
+    rig = Rig(devices=4)
+    _hot(rig, pool="auto")
+    cfg = ControlConfig(managed=True, window_s=30.0, classify=ClassifyConfig(elastic_rate=50.0, steady_rate=10.0))
+    host = Host(rig, cfg)
+    ctl = Controller(host, clock=lambda: rig.now)
+    for _ in range(20):  # 10 s of trickle, a fast tick every 0.5 s
+        if int(rig.now * 2) % 4 == 0:
+            rig.submit("hot", max_tokens=1)
+        assert ctl.plan_fast(rig.now) == []
+        rig.now += 0.5
+    assert ctl.last_pools[0]["pool"] == "steady"
+    _burst(rig, 40)
+    ops = ctl.plan_fast(rig.now)
+    assert ctl.last_pools[0] == {"model": "hot", "pool": "elastic", "changed": True,
+                                 "reason": ctl.last_pools[0]["reason"]}
+    assert ctl.last_pools[0]["reason"].startswith("bursty")
+    assert [(o.device, o.target) for o in ops] == [(1, "active"), (2, "active")]
+    assert ctl.view(rig.now)["pools"][0]["pool"] == "elastic"

@@ -53,6 +53,7 @@ name = "steady"
 checkpoint = "demo:qwen2-tiny"
 kv_cache_mib = 8
 devices = [2]
+pool = "steady"
 """
 
 

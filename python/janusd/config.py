@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from janusd.policy.policy_config import DemandConfig, KeepAliveConfig, ScalingConfig
+from janusd.policy.policy_config import ClassifyConfig, DemandConfig, KeepAliveConfig, ScalingConfig
 
 PositiveInt = Annotated[int, Meta(gt=0)]
 NonNegInt = Annotated[int, Meta(ge=0)]
@@ -131,9 +131,11 @@ class ModelConfig(_Section):
     warm_devices: list[NonNegInt] = []
     cold_devices: list[NonNegInt] = []
     # with control.managed: elastic = the controller scales the model's Active instances
-    # among its `devices` (the others Warm/Cold) by the oracle's m*; steady = it stays
-    # as configured. Either way an idle model goes Warm, then Cold (control.keepalive).
-    pool: Literal["steady", "elastic"] = "steady"
+    # among its `devices` (the others Warm/Cold) by the oracle's m*; steady = it stays as
+    # configured (and Active unless control.keepalive.demote_pinned); auto = the
+    # classifier (control.classify) moves it to elastic while it is hot or bursty.
+    # An idle auto or elastic model goes Warm, then Cold (control.keepalive).
+    pool: Literal["auto", "steady", "elastic"] = "auto"
 
     def start_state(self, device: int) -> str:
         """"active", "warm" or "cold": the state this model starts in on `device`."""
@@ -173,6 +175,7 @@ class ControlConfig(_Section):
     # the policies' own settings (policy/policy_config.py), each section its own table
     demand: DemandConfig = DemandConfig()
     scaling: ScalingConfig = ScalingConfig()
+    classify: ClassifyConfig = ClassifyConfig()
     keepalive: KeepAliveConfig = KeepAliveConfig()
 
 
@@ -317,6 +320,14 @@ max_elastic_instances = 64
 debounce_plans = 2          # a count moves only when the last N demands lie on the same side of it
 min_instances_per_app = 1   # under compression each elastic model keeps this many when possible
 
+[control.classify]
+elastic_rate = 5.0          # requests/s: a model with pool = "auto" at or above it goes elastic
+steady_rate = 2.0           # ... and comes back below it, once calm for quiet_s
+elastic_volatility = 3.0    # peak (over short windows) / mean at or above it: bursty, elastic
+steady_volatility = 2.0
+min_burst_rate = 0.5        # below this mean rate volatility is noise
+quiet_s = 120.0
+
 [control.keepalive]
 warm_after_s = 300.0        # no request for this long: Active -> Warm
 cold_after_s = 3600.0       # no request for this long: Warm -> Cold
@@ -377,8 +388,9 @@ min_points = 8              # no fit before a model has this many points (the pr
 #   default_max_tokens = 0  max_tokens of a request that omits it; 0 = server.default_max_tokens
 #   warm_devices = [], cold_devices = []   of `devices`: start Warm (host copy, nothing on the
 #                 device) or Cold (nothing held) there; the others start Active
-#   pool = "steady"     steady | elastic: with control.managed, an elastic model's Active count
-#                 among its devices follows the oracle's m* (the others Warm or Cold)
+#   pool = "auto" auto | steady | elastic: with control.managed, an elastic model's Active count
+#                 among its devices follows the oracle's m* (the others Warm or Cold); auto:
+#                 elastic while the classifier finds it hot or bursty
 [[models]]
 name = "smollm2-135m-instruct"
 checkpoint = "builtin:smollm2-135m-instruct"

@@ -152,6 +152,7 @@ def _print(action: str, data: dict[str, Any]) -> None:
             return
         e = p["elastic"]
         _table("elastic", [{k: v for k, v in e.items() if k != "apps"}])
+        _table("pools", p.get("pools", []))
         _table("elastic models", e["apps"])
         _table("keep-alive", p["keepalive"])
         _table("in flight", p["in_flight"])

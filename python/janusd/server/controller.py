@@ -1,7 +1,10 @@
 """The controller: the daemon's shell around the policies (PAPER.md §2, §4, §5, §8).
 
 With `control.managed`, two loops run in the daemon:
-- fast (control.fast_period_s, 0.5 s): every model with `pool = "elastic"` that has
+- fast (control.fast_period_s, 0.5 s): the classifier (policy/classify.py, with
+  hysteresis) puts each model with `pool = "auto"` in the elastic pool while it is hot or
+  bursty (peak over short windows / mean, from arrivals bucketed per second over the
+  telemetry window); `pool = "steady"` / `"elastic"` pin it. Every elastic model that has
   traffic gets m* from the oracle (policy/demand.py, through oracle/types.py's
   ElasticityPredictor: a fitted GP or the roofline prior), the counts are debounced and
   compressed to the elastic budget (policy/scaling.py), and each count is met with the
@@ -18,9 +21,7 @@ period, never left half done (lifecycle_ops rolls an instance back to where it w
 loop that overruns its period logs it and skips the missed ticks, never stacks them.
 
 Not executed yet: the steady pool's bin packing (policy/placement.py) needs instances on
-devices the config does not list, and the automatic bursty classification
-(policy/classify.py) needs per-app short-window peaks; here the operator's `pool` pin
-decides. `janus ctl plan` shows what the loops decided and why.
+devices the config does not list; a steady model stays on its configured devices. `janus ctl plan` shows what the loops decided and why.
 """
 
 from __future__ import annotations
@@ -39,10 +40,15 @@ from janusd.core.serving import ServingCore
 from janusd.lifecycle.states import COMING_UP, RESTORABLE, InstanceState
 from janusd.log import log
 from janusd.oracle.types import ElasticityPredictor, LoadFeatures
+from janusd.policy.classify import traffic_from_counts
+from janusd.policy.classify import classify as classify_apps
 from janusd.policy.demand import elastic_demand
 from janusd.policy.keepalive import residency
 from janusd.policy.scaling import scale
-from janusd.policy.snapshot import ElasticApp, ModelActivity, ScalingPlan, ScalingState
+from janusd.policy.snapshot import AppPool, AppTraffic, ElasticApp, ModelActivity, ScalingPlan, ScalingState
+
+BUCKET_S = 1.0  # arrivals are bucketed per second for the classifier
+SHORT_BUCKETS = 5  # its short window: 5 s (a burst's 5-10x jump within seconds)
 
 S = InstanceState
 
@@ -99,6 +105,9 @@ class Controller:
         self.on_op = on_op
         self.on_elastic = on_elastic
         self.scaling_state = ScalingState()
+        self.pools: tuple[AppPool, ...] = ()  # the classifier's state between ticks
+        self.last_pools: list[dict[str, Any]] = []
+        self._arrivals: dict[str, deque[tuple[float, int]]] = {}  # model -> (t, arrivals so far)
         self.last_scaling: ScalingPlan | None = None
         self.demands: dict[str, tuple[int, str]] = {}  # model -> (m*, reason) at the last fast tick
         self.residency: dict[str, tuple[str, float]] = {}  # model -> (residency, since)
@@ -109,9 +118,43 @@ class Controller:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ------------------------------------------------------------------ plans
-    def _elastic(self) -> list[Model]:
-        return [m for m in self.host.core.registry.models.values()
-                if m.cfg.pool == "elastic" and not m.cfg.prefill_devices and m.instances]
+    def _traffic(self, m: Model, now: float) -> AppTraffic:
+        """Arrivals per BUCKET_S over the telemetry window, from samples of the model's
+        arrival counter taken at each fast tick (a bucket edge reads the latest sample
+        at or before it)."""
+        window = self.host.cfg.control.window_s
+        total = self.host.core.telemetry.model(m.name, now).arrivals_total
+        hist = self._arrivals.setdefault(m.name, deque())
+        hist.append((now, total))
+        while len(hist) > 2 and hist[1][0] <= now - window:
+            hist.popleft()
+        n = max(1, int(window // BUCKET_S))
+        edges = [now - (n - k) * BUCKET_S for k in range(n + 1)]
+        at: list[int] = []
+        j = 0
+        seen = list(hist)
+        for e in edges:
+            while j + 1 < len(seen) and seen[j + 1][0] <= e:
+                j += 1
+            at.append(seen[j][1] if seen[j][0] <= e else seen[0][1])
+        counts = [max(0, b - a) for a, b in zip(at, at[1:])]
+        pin = None if m.cfg.pool == "auto" else m.cfg.pool
+        return traffic_from_counts(m.name, counts, BUCKET_S, SHORT_BUCKETS, pin=pin)  # type: ignore[arg-type]
+
+    def _elastic(self, now: float) -> list[Model]:
+        """The models in the elastic pool now (classified with hysteresis, pins obeyed)."""
+        models = [m for m in self.host.core.registry.models.values() if not m.cfg.prefill_devices and m.instances]
+        if not models:
+            return []
+        c = classify_apps([self._traffic(m, now) for m in models], self.pools, now, self.host.cfg.control.classify)
+        self.pools = c.state
+        self.last_pools = [{"model": d.app, "pool": d.pool, "changed": d.changed, "reason": d.reason}
+                           for d in c.decisions]
+        for d in c.decisions:
+            if d.changed:
+                _log(f"controller: {d.app} -> {d.pool} pool ({d.reason})")
+        elastic = {d.app for d in c.decisions if d.pool == "elastic"}
+        return [m for m in models if m.name in elastic]
 
     def plan_fast(self, now: float) -> list[Op]:
         """Elastic scaling: m* per elastic model with traffic, debounced and compressed to
@@ -125,7 +168,7 @@ class Controller:
         models: dict[str, Model] = {}
         devices: set[int] = set()
         self.demands = {}
-        for m in self._elastic():
+        for m in self._elastic(now):
             w = tel.model(m.name, now)
             if w.request_rate <= 0.0 and w.in_flight == 0:
                 continue
@@ -289,6 +332,7 @@ class Controller:
                 "apps": [{"model": a.app, "demand": a.demand, "debounced": a.debounced, "count": a.count,
                           "reason": a.reason} for a in (sp.apps if sp else ())],
             },
+            "pools": self.last_pools,
             "keepalive": self.last_keepalive,
             "in_flight": [{"model": op.model, "device": op.device, "target": op.target, "reason": op.reason,
                            "for_s": round(now - t, 3)} for op, t in self.in_flight.values()],

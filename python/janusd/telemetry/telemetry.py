@@ -68,6 +68,7 @@ class ModelWindow(msgspec.Struct, frozen=True):
     tokens_on_time: int  # per-token SLO figures of requests ended in the window
     tokens_counted: int
     last_arrival_s: float | None = None  # the latest arrival ever (keep-alive: idle since then)
+    arrivals_total: int = 0  # arrivals ever (the controller buckets differences of it)
 
 
 class TelemetrySnapshot(msgspec.Struct, frozen=True):
@@ -92,12 +93,13 @@ class _Live:
 class _ModelState:
     """A model's window, first arrival and in-flight prior (exact integer sums)."""
 
-    __slots__ = ("window", "first_arrival", "last_arrival", "live", "prior_s1", "prior_s2")
+    __slots__ = ("window", "first_arrival", "last_arrival", "arrivals", "live", "prior_s1", "prior_s2")
 
     def __init__(self, window_s: float, bucket_s: float, now: float) -> None:
         self.window = SlidingWindow(window_s, bucket_s, _CHANNELS)
         self.first_arrival = now
         self.last_arrival = now
+        self.arrivals = 0
         self.live = 0
         self.prior_s1 = 0
         self.prior_s2 = 0
@@ -148,6 +150,7 @@ class Telemetry:
         self._live[rid] = _Live(model, t, max_tokens)
         st.admit(max_tokens)
         st.last_arrival = t
+        st.arrivals += 1
         st.window.add(t, _ARR, max(0, int(prompt_tokens)))
 
     def on_first_token(self, rid: int, now: float) -> None:
@@ -226,4 +229,5 @@ class Telemetry:
             tokens_on_time=int(ontime.total),
             tokens_counted=int(counted.total),
             last_arrival_s=st.last_arrival,
+            arrivals_total=st.arrivals,
         )
