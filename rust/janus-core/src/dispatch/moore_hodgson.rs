@@ -19,12 +19,25 @@ pub fn moore_hodgson(
     deadline: impl Into<Vec<f64>>,
     start: f64,
 ) -> Result<Vec<usize>, DispatchError> {
-    let (proc, deadline) = (proc.into(), deadline.into());
-    if proc.len() != deadline.len() {
+    let (proc, deadline) = jobs(proc.into(), deadline.into(), None)?;
+    let start = check_time("start", start)?;
+    Ok(Backlog::new(&proc, &deadline, start, None).take(start))
+}
+
+/// Validated (proc, deadline), with `weight`'s length checked alongside when given.
+fn jobs(
+    proc: Vec<f64>,
+    deadline: Vec<f64>,
+    weight: Option<&[f64]>,
+) -> Result<(Vec<f64>, Vec<f64>), DispatchError> {
+    let n_weight = weight.map_or(proc.len(), <[f64]>::len);
+    if proc.len() != deadline.len() || proc.len() != n_weight {
         return Err(DispatchError::InvalidInput(format!(
-            "proc and deadline must have the same length, got {} and {}",
+            "proc, deadline{} must have the same length, got {}, {}{}",
+            if weight.is_some() { " and weight" } else { "" },
             proc.len(),
-            deadline.len()
+            deadline.len(),
+            weight.map_or(String::new(), |w| format!(" and {}", w.len()))
         )));
     }
     if proc.len() > u32::MAX as usize {
@@ -32,10 +45,7 @@ pub fn moore_hodgson(
             "too many jobs (more than 2^32 - 1)".into(),
         ));
     }
-    let proc = check_times("proc", proc)?;
-    let deadline = check_times("deadline", deadline)?;
-    let start = check_time("start", start)?;
-    Ok(Backlog::new(&proc, &deadline, start, None).take(start))
+    Ok((check_times("proc", proc)?, check_times("deadline", deadline)?))
 }
 
 /// Moore-Hodgson for the most *value* on time (`objective = tokens`): the indices of a
@@ -51,22 +61,8 @@ pub fn moore_hodgson_weighted(
     weight: impl Into<Vec<f64>>,
     start: f64,
 ) -> Result<Vec<usize>, DispatchError> {
-    let (proc, deadline, weight) = (proc.into(), deadline.into(), weight.into());
-    if proc.len() != deadline.len() || proc.len() != weight.len() {
-        return Err(DispatchError::InvalidInput(format!(
-            "proc, deadline and weight must have the same length, got {}, {} and {}",
-            proc.len(),
-            deadline.len(),
-            weight.len()
-        )));
-    }
-    if proc.len() > u32::MAX as usize {
-        return Err(DispatchError::InvalidInput(
-            "too many jobs (more than 2^32 - 1)".into(),
-        ));
-    }
-    let proc = check_times("proc", proc)?;
-    let deadline = check_times("deadline", deadline)?;
+    let weight = weight.into();
+    let (proc, deadline) = jobs(proc.into(), deadline.into(), Some(&weight))?;
     let weight = check_times("weight", weight)?;
     let start = check_time("start", start)?;
     Ok(Backlog::new(&proc, &deadline, start, Some(&weight)).take(start))
