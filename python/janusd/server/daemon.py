@@ -216,6 +216,9 @@ class Daemon:
         with contextlib.suppress(OSError):
             os.unlink(self.cfg.server.admin_socket)
         t_http = clock()
+        if self.controller is not None:
+            await self.controller.close()
+        await self.oracle.close()  # its helper process is terminated, not joined at exit
         await self._stop_workers()
         self.state = "stopped"
         _log(f"stopped (drain {t_drained - t_start:.3f} s, listeners {t_http - t_drained:.3f} s, "
