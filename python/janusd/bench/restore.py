@@ -317,6 +317,8 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.repeats - 1):
             _ctl(sock, am.StateReq("m", 0, "cold"))
             cold.append(_stream(port, "m", 1)[0])
+        _ctl(sock, am.StateReq("m", 0, "cold"))
+        out["cold_restore_phases_s"] = _ctl(sock, am.StateReq("m", 0, "active"))["phases"]
         out["warm_first_token_s"] = round(_median(warm), 4)
         out["cold_first_token_s"] = round(_median(cold), 4)
         out["first_tokens_s"] = {"warm": [round(x, 4) for x in warm], "cold": [round(x, 4) for x in cold]}
