@@ -371,7 +371,7 @@ def pull_segment(transport: Any, src: wm.ForkSource, seg: Any, chunk_bytes: int)
     from janusd.lifecycle.transfer import Piece, match_pieces
 
     pieces = []
-    for p in match_pieces([tuple(x) for x in src.pieces], seg.global_pieces(src.nbytes)):
+    for p in match_pieces([(int(a), int(n)) for a, n in src.pieces], seg.global_pieces(src.nbytes)):
         for a in range(0, p.nbytes, chunk_bytes):
             pieces.append(Piece(p.src_offset + a, p.dst_offset + a, min(chunk_bytes, p.nbytes - a)))
     moved = transport.read(src.session, src.global_base, pieces)
