@@ -197,7 +197,7 @@ class LifecycleOps:
         except (WorkerError, asyncio.TimeoutError) as e:
             err = str(e) or "timed out"
             if inst.state in (S.RESTORING, S.FORKING):
-                self.core.set_state(inst, prev if prev is not S.UNLOADED else S.UNLOADED, clock(), error=err)
+                self.core.set_state(inst, prev, clock(), error=err)  # back where it was: Warm, Cold, Unloaded
             self.observe(name, "fork" if source else "activate", {}, "failed")
             raise ValueError(f"{name} on device {inst.device} could not become active ({err}); it is "
                              f"{inst.state.value} again") from None
