@@ -57,8 +57,46 @@ def greedy(de: DeviceEngine) -> list[int]:
     return [t for o in out["r"] for t in o.token_ids]
 
 
+def pull(nbytes: int, source: str) -> int:
+    """Pull a synthetic segment (janusd.bench.restore_peer) into a fresh one of ours; say
+    "started", then one JSON line: the error (the test kills the source meanwhile), the
+    seconds the pull ran, and our pool's free pages before and after."""
+    import threading
+    import time
+
+    from janusd.engine.worker_lifecycle import pull_segment
+    from janusd.lifecycle.transfer import GlobalRegionTransport
+    from janusd.memory import DevicePool
+
+    src = msgspec.convert(json.loads(source), wm.ForkSource)
+    pool = DevicePool("cpu", nbytes // (2 << 20) + 2, 2 << 20, background=False)
+    transport = GlobalRegionTransport(pool.global_base, pool.global_nbytes)
+    free0 = pool.stats().free_pages
+    out: dict = {}
+
+    def run() -> None:
+        seg = pool.alloc_weights("w", nbytes)
+        t0 = time.perf_counter()
+        try:
+            pull_segment(transport, src, seg, 1 << 20)
+        except Exception as e:
+            out["error"] = f"{type(e).__name__}: {e}"
+        out["seconds"] = time.perf_counter() - t0
+        del seg
+        pool.free("w")
+
+    th = threading.Thread(target=run)
+    th.start()
+    print("started", flush=True)
+    th.join(60)
+    print(json.dumps({**out, "free_before": free0, "free_after": pool.stats().free_pages}), flush=True)
+    return 0
+
+
 def main() -> int:
     mode = sys.argv[1]
+    if mode == "pull":
+        return pull(int(sys.argv[2]), sys.argv[3])
     de, life, sent = engine()
     if mode == "source":
         de.load_model(MC, EngineConfig(), CACHE)

@@ -132,6 +132,11 @@ def test_oom_on_wake_rolls_back(daemon):
     fails with a clear error, the instance is Cold again and the pool is as before."""
     if states(daemon)[("demo-llama", 1)] != "active":
         ctl_ok(daemon, am.StateReq("demo-llama", 1, "active"))
+    # a restore runs no prefill probe: on a device where the model never ran it borrows the
+    # prefill fit of a device that has samples instead of starting from the bare prior
+    fit = next(i for i in daemon.ctl(am.InstancesReq()).data["instances"]
+               if (i["model"], i["device"]) == ("demo-llama", 1))
+    assert fit["prefill_samples"] >= 2, fit
     before = pool(daemon, 1)
     reply = daemon.ctl(am.StateReq("demo-big", 1, "active"))
     assert isinstance(reply, am.AdminError), reply
@@ -253,3 +258,4 @@ def test_fork_while_the_source_streams_leaves_its_output_unchanged(daemon):
     forked = ctl_ok(daemon, am.ForkReq("demo-llama", 0, 1))
     th.join(60)
     assert forked["path"] == "d2d" and out["text"] == ref
+

@@ -45,3 +45,31 @@ def test_fork_is_byte_identical_and_falls_back_when_the_source_dies():
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_source_killed_mid_transfer_fails_the_pull_cleanly():
+    """kill -9 of the source while the bytes move: the pull fails at once (no hang) and the
+    target's pool is back to its free page count; at the model level the fork then falls
+    back (the test above)."""
+    import time
+
+    nbytes = 256 << 20
+    source = subprocess.Popen([sys.executable, "-m", "janusd.bench.restore_peer", str(nbytes)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, env=ENV, text=True)
+    target = None
+    try:
+        src = source.stdout.readline()
+        target = subprocess.Popen([sys.executable, str(HERE / "fork_peer.py"), "pull", str(nbytes), src],
+                                  stdout=subprocess.PIPE, env=ENV, text=True)
+        assert target.stdout.readline().strip() == "started"
+        time.sleep(0.05)
+        source.send_signal(signal.SIGKILL)
+        out = json.loads(target.stdout.readline())
+        assert "TransferError" in out.get("error", ""), out
+        assert out["seconds"] < 10 and out["free_after"] == out["free_before"], out
+        assert target.wait(30) == 0
+    finally:
+        for p in (source, target):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()

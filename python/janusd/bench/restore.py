@@ -116,7 +116,8 @@ def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> list[d
             memcpy.append(time.perf_counter() - t0)
         del dst
         drop(seg)
-        h2d, fresh_h2d = [], []
+        h2d: list[float] = []
+        fresh_h2d: list[float] = []
         for give_back, out in ((False, h2d), (True, fresh_h2d)):
             # Warm keeps its freed pool pages resident (the restore gets them back); pages
             # given back to the OS (Cold) pay the kernel's zeroing on first touch
@@ -134,8 +135,8 @@ def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> list[d
                    h2d_fresh_pages_vs_memcpy=_median(memcpy) / _median(fresh_h2d), h2d_bytes_ok=ok)
         # Cold: the image file mapped and copied vs a sequential read of the same file
         path = work / f"image-{n >> 20}.bin"
-        with open(path, "wb") as f:
-            f.write(memoryview(host.numpy()))
+        with open(path, "wb") as fh:
+            fh.write(memoryview(host.numpy()))  # type: ignore[arg-type]
         buf = bytearray(1 << 24)
         disk, disk_fresh, cold = [], [], []
         for _ in range(args.repeats):
@@ -147,7 +148,7 @@ def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> list[d
             seg = fresh(n)  # the same sequential read into pages given back to the OS
             t0 = time.perf_counter()
             with open(path, "rb", buffering=0) as f:
-                f.readinto(memoryview(seg.tensor()[:n].numpy()))
+                f.readinto(memoryview(seg.tensor()[:n].numpy()))  # type: ignore[arg-type]
             disk_fresh.append(time.perf_counter() - t0)
             drop(seg)
             t0 = time.perf_counter()
@@ -317,6 +318,8 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.repeats - 1):
             _ctl(sock, am.StateReq("m", 0, "cold"))
             cold.append(_stream(port, "m", 1)[0])
+        _ctl(sock, am.StateReq("m", 0, "cold"))
+        out["cold_restore_phases_s"] = _ctl(sock, am.StateReq("m", 0, "active"))["phases"]
         out["warm_first_token_s"] = round(_median(warm), 4)
         out["cold_first_token_s"] = round(_median(cold), 4)
         out["first_tokens_s"] = {"warm": [round(x, 4) for x in warm], "cold": [round(x, 4) for x in cold]}

@@ -192,8 +192,12 @@ class DeviceEngine:
             t1 = time.perf_counter()
             marks["prepare"] = t1 - t0
             dst = seg.tensor()[: host.nbytes]
-            marks["transfer"] = (copier.read_file(dst, host.file) if host.buf is None and host.file is not None
-                                 else copier.copy(dst, host.buf))
+            if host.buf is not None:
+                marks["transfer"] = copier.copy(dst, host.buf)
+            elif host.file is not None:
+                marks["transfer"] = copier.read_file(dst, host.file)
+            else:
+                raise EngineError(f"model {name!r}: the host copy has neither a buffer nor a file")
             marks["after"] = time.perf_counter()
             return materialize(host.plan, seg.view)
 

@@ -123,7 +123,7 @@ def write_image(root: Path, ck: Checkpoint, plan: Any, layout: str, dtype: str, 
         root.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
         with open(tmp / "weights.bin", "wb") as f:
-            f.write(memoryview(data[: plan.total_bytes].cpu().numpy()))
+            f.write(memoryview(data[: plan.total_bytes].cpu().numpy()))  # type: ignore[arg-type]
         (tmp / "tokenizer.json").write_text(tok.backend.to_str())
         (tmp / "meta.msgpack").write_bytes(msgspec.msgpack.encode(meta))
         os.rename(tmp, root)

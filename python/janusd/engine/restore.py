@@ -122,7 +122,7 @@ class Copier:
         try:
             if os.fstat(fd).st_size < n:
                 raise EngineError(f"{path}: {os.fstat(fd).st_size} bytes, expected at least {n}")
-            view = memoryview(dst.numpy())
+            view = memoryview(dst.numpy())  # type: ignore[arg-type]
 
             def read(a: int) -> None:
                 end = min(a + self.chunk_bytes, n)

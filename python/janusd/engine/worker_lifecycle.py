@@ -18,6 +18,7 @@ phase): an instance reported Active has produced a token.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -249,7 +250,12 @@ class Lifecycle:
         if not keep:  # the last chance to keep a converted image of what leaves the device
             pl = me.placement
             self._keep_image(msg, me.checkpoint, pl.plan, pl.segment.tensor())
-        host, copy_s = self.de.release(me, self.copier, keep_host=keep)
+        try:
+            host, copy_s = self.de.release(me, self.copier, keep_host=keep)
+        except Exception:  # e.g. no host memory for the copy: free the device side anyway (nothing half-held)
+            with contextlib.suppress(Exception):
+                self.de.release(me, None, keep_host=False)
+            raise
         if host is not None:
             self._keep_image(msg, host.checkpoint, host.plan, host.buf)
         total = time.perf_counter() - t0
@@ -371,7 +377,7 @@ def pull_segment(transport: Any, src: wm.ForkSource, seg: Any, chunk_bytes: int)
     from janusd.lifecycle.transfer import Piece, match_pieces
 
     pieces = []
-    for p in match_pieces([tuple(x) for x in src.pieces], seg.global_pieces(src.nbytes)):
+    for p in match_pieces([(int(a), int(n)) for a, n in src.pieces], seg.global_pieces(src.nbytes)):
         for a in range(0, p.nbytes, chunk_bytes):
             pieces.append(Piece(p.src_offset + a, p.dst_offset + a, min(chunk_bytes, p.nbytes - a)))
     moved = transport.read(src.session, src.global_base, pieces)

@@ -197,7 +197,7 @@ class LifecycleOps:
         except (WorkerError, asyncio.TimeoutError) as e:
             err = str(e) or "timed out"
             if inst.state in (S.RESTORING, S.FORKING):
-                self.core.set_state(inst, prev if prev is not S.UNLOADED else S.UNLOADED, clock(), error=err)
+                self.core.set_state(inst, prev, clock(), error=err)  # back where it was: Warm, Cold, Unloaded
             self.observe(name, "fork" if source else "activate", {}, "failed")
             raise ValueError(f"{name} on device {inst.device} could not become active ({err}); it is "
                              f"{inst.state.value} again") from None
@@ -216,7 +216,7 @@ class LifecycleOps:
             self.fork_fallbacks += 1
             _log(f"fork of {name} to device {inst.device} fell back to {reply.path}: {reply.fallback}",
                  logging.WARNING)
-        self.core.loaded(inst, clock(), reply.max_model_len, total)
+        self.core.loaded(inst, clock(), reply.max_model_len, total, self._borrowed_fit(inst))
         op = "fork" if source is not None else "activate"
         self.observe(name, op, reply.phases, "fallback" if reply.fallback else "ok")
         out = {"model": name, "device": inst.device, "state": inst.state.value, "from": prev.value,
@@ -227,6 +227,21 @@ class LifecycleOps:
         if source is not None and peer is not None:
             out["source_device"] = peer.device
         return out
+
+    def _borrowed_fit(self, inst: Instance) -> list[tuple[int, float]]:
+        """Prefill (tokens, seconds) points for an instance restored on a device where the
+        model never ran: from the fit of another device that has samples (a restore runs
+        no prefill probe; without this the first long prompt would meet the bare prior).
+        Empty when the device has its own fit already (a restore keeps it)."""
+        ests = self.core.dispatch.estimators
+        own = ests.get((inst.model, inst.device))
+        if own is not None and own.n:
+            return []
+        peers = [e for (m, d), e in ests.items() if m == inst.model and d != inst.device and e.n]
+        if not peers:
+            return []
+        best = max(peers, key=lambda e: e.n)
+        return [(n, best.estimate(n)) for n in (16, 256)]
 
     async def _deactivate(self, inst: Instance, want: InstanceState) -> dict[str, Any]:
         """Active -> Warm/Cold: stop routing, drain (bounded, then abort), free."""
