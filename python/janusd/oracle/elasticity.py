@@ -29,6 +29,15 @@ from janusd.oracle.inputs import elasticity_inputs, feature_matrix
 from janusd.oracle.types import AttainmentEstimate, LoadFeatures, MinInstances
 
 
+LOGIT_EPS = 0.01
+
+def to_logit(a: np.ndarray) -> np.ndarray:
+    """The GP's target: logit of attainment clipped to [LOGIT_EPS, 1 - LOGIT_EPS] (an
+    attainment of exactly 1 or 0 has no logit; the clip keeps the scale finite)."""
+    p = np.clip(np.asarray(a, dtype=np.float64), LOGIT_EPS, 1.0 - LOGIT_EPS)
+    return np.log(p / (1.0 - p))
+
+
 class RawAttainment(Protocol):
     def raw_attainment(self, load: LoadFeatures, instances: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
@@ -64,11 +73,14 @@ class ElasticityModel:
         a = np.asarray(attainment, dtype=np.float64)
         if a.shape != (len(features),) or np.any((a < 0) | (a > 1)):
             raise ValueError("attainment must be (n,) values in [0, 1]")
-        return cls(GPRegressor.fit(cls.inputs(features, instances, prior), a, seed=seed), prior)
+        return cls(GPRegressor.fit(cls.inputs(features, instances, prior), to_logit(a), seed=seed, trend=True), prior)
 
     def predict_rows(self, features: np.ndarray, instances: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Raw (not yet monotone) mean and std per row."""
-        return self.gp.predict(self.inputs(features, instances, self.prior))
+        """Raw (not yet monotone) mean and std per row, back on the attainment scale."""
+        mu, sd = self.gp.predict(self.inputs(features, instances, self.prior))
+        p = 1.0 / (1.0 + np.exp(-mu))
+        return p, p * (1.0 - p) * sd  # the delta method through the logistic
+
 
     def raw_attainment(self, load: LoadFeatures, instances: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ms = np.asarray(instances, dtype=np.float64)
