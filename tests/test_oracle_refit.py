@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from janusd.config import DevicesConfig, OracleConfig
-from janusd.hw import ModelSpec
+from janusd.hw import ModelSpec, device_spec
+from janusd.oracle.prior import RooflinePrior
 from janusd.oracle.dataset import Points
 from janusd.oracle.fit import per_instance
 from janusd.oracle.online import OnlinePoints
@@ -39,6 +40,7 @@ def test_a_2000_point_refit_never_blocks_the_event_loop(tmp_path):
     m.buffer = OnlinePoints({"model": "m"}, 2000)
     m.buffer.seed(many_points(2000))
     refit._models["m"] = m
+    refit.oracle.set_prior("m", RooflinePrior(SPEC, device_spec("h100"), 1.0, 0.05))  # the daemon's path: GPs over it
 
     async def main() -> tuple[float, float, int]:
         lags: list[float] = []

@@ -6,7 +6,8 @@ What runs where (a fit must never delay a request):
 - a spawned helper process (one, started on first use, spawn not fork: DESIGN.md) reads
   each model's checkpoint for its ModelSpec and fits GPs (oracle/refit_job.py), writing
   the fit to the store (state_dir/oracle, oracle/store.py);
-- a thread loads a written fit back (one Cholesky in LAPACK, outside the GIL) and the
+- a thread loads a written fit back (numpy only: one LAPACK inverse per GP, outside the
+  GIL, with BLAS held to one thread so a core stays free for the loop) and the
   loop installs it in the Oracle: one assignment.
 A model starts on its roofline prior (logged), moves to a stored fit when one loads, and
 to online fits every refit_period_s while it has new points. `janus ctl oracle` shows
