@@ -86,7 +86,7 @@ def monotone_predictions(source: Any, points: Points) -> np.ndarray:
         load = LoadFeatures(*points.features[i].tolist())
         m = int(points.instances[i])
         mu, sd = source.raw_attainment(load, np.arange(1, m + 1))
-        out[i] = monotone_curve(mu, sd)[0][-1]
+        out[i] = monotone_curve(mu, sd)[0][-1]  # one answer per row: the batch needs no grid
     return out
 
 

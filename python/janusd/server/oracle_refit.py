@@ -3,7 +3,8 @@
 What runs where (a fit must never delay a request):
 - the event loop only samples telemetry into bounded point buffers (oracle/online.py,
   microseconds per model) and hands work out;
-- a spawned helper process (one, started on first use, spawn not fork: DESIGN.md) reads
+- a spawned helper process (one, started on first use, spawn not fork: DESIGN.md, at a
+  lower CPU priority than the daemon: refit_job.lower_priority) reads
   each model's checkpoint for its ModelSpec and fits GPs (oracle/refit_job.py), writing
   the fit to the store (state_dir/oracle, oracle/store.py);
 - a thread loads a written fit back (numpy only: one LAPACK inverse per GP, outside the
@@ -88,7 +89,8 @@ class OracleRefit:
     # ---- helper process
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn"), initializer=refit_job.lower_priority)
         return self._pool
 
     async def _in_helper(self, fn: Any, *args: Any) -> Any:
