@@ -114,3 +114,25 @@ def test_missing_corrupt_or_foreign_store_leaves_the_logged_prior(tmp_path, fitt
     (tmp_path / "m1.json").write_text("{")
     with pytest.raises(store.StoreError, match="m1.json: unreadable"):
         store.load(tmp_path, "m1")
+
+
+def test_oracle_eval_prints_the_headline_json_last_and_refuses_bad_files(tmp_path, capsys):
+    import json
+
+    import msgspec
+
+    from janusd.cli import main
+
+    p = points(n=24, seed=3)
+    p.header.update({"model": "demo/a:1", "model_spec": SPEC.identity(),
+                     "device": msgspec.to_builtins(device_spec("h100")), "slo": {"ttft_ms": 1000.0, "tpot_ms": 50.0}})
+    write_points(tmp_path / "p.npz", p)
+    assert main(["oracle", "eval", "--data", str(tmp_path / "p.npz"), "--plot", str(tmp_path / "p.png"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert list(out)[:6] == ["attainment_abs_err_median_pts", "attainment_abs_err_p90_pts", "compute_rel_err_p90_pct",
+                             "bw_rel_err_p90_pct", "hbm_rel_err_p90_pct", "prior_attainment_abs_err_p90_pts"]
+    assert out["points"] == 24 and out["attainment_abs_err_p90_pts"] < 15  # a smooth synthetic surface
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+    (tmp_path / "bad.npz").write_text("no")
+    assert main(["oracle", "eval", "--data", str(tmp_path / "bad.npz")]) == 1
+    assert "bad.npz: not a readable npz" in capsys.readouterr().err

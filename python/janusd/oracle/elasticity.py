@@ -11,7 +11,8 @@ estimate at m is the best of the raw estimates at 1..m:
 - the safety test of min_instances uses the same rule on the lower bound, lb(m) = max
   over m' <= m of (raw mean - margin * raw std), also non-decreasing, so a binary search
   over m is exact: its answer is the smallest m whose raw lower bound reaches the target.
-Raw predictions are rounded to 1e-12 first: a GP's prediction for one row differs in
+Raw predictions are always computed over the same batch of instance counts, 1..grid(m)
+(GRID_MIN, or the next power of two above it): a GP's prediction for one row differs in
 the last bits with the size of the batch it is computed in (BLAS blocking), which must
 not make the estimate at m + 1 a hair below the one at m.
 Raw predictions come from any source with raw(load, ms) -> (mean, std): the GP here, or
@@ -27,6 +28,21 @@ import numpy as np
 from janusd.oracle.gp import GPRegressor
 from janusd.oracle.inputs import elasticity_inputs, feature_matrix
 from janusd.oracle.types import AttainmentEstimate, LoadFeatures, MinInstances
+
+
+LOGIT_EPS = 0.01
+GRID_MIN = 64
+
+
+def grid(m: int) -> int:
+    """How many instance counts a raw batch covers for an answer about m (module doc)."""
+    return max(GRID_MIN, 1 << (max(1, m) - 1).bit_length())
+
+def to_logit(a: np.ndarray) -> np.ndarray:
+    """The GP's target: logit of attainment clipped to [LOGIT_EPS, 1 - LOGIT_EPS] (an
+    attainment of exactly 1 or 0 has no logit; the clip keeps the scale finite)."""
+    p = np.clip(np.asarray(a, dtype=np.float64), LOGIT_EPS, 1.0 - LOGIT_EPS)
+    return np.log(p / (1.0 - p))
 
 
 class RawAttainment(Protocol):
@@ -64,11 +80,14 @@ class ElasticityModel:
         a = np.asarray(attainment, dtype=np.float64)
         if a.shape != (len(features),) or np.any((a < 0) | (a > 1)):
             raise ValueError("attainment must be (n,) values in [0, 1]")
-        return cls(GPRegressor.fit(cls.inputs(features, instances, prior), a, seed=seed), prior)
+        return cls(GPRegressor.fit(cls.inputs(features, instances, prior), to_logit(a), seed=seed, trend=True), prior)
 
     def predict_rows(self, features: np.ndarray, instances: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Raw (not yet monotone) mean and std per row."""
-        return self.gp.predict(self.inputs(features, instances, self.prior))
+        """Raw (not yet monotone) mean and std per row, back on the attainment scale."""
+        mu, sd = self.gp.predict(self.inputs(features, instances, self.prior))
+        p = 1.0 / (1.0 + np.exp(-mu))
+        return p, p * (1.0 - p) * sd  # the delta method through the logistic
+
 
     def raw_attainment(self, load: LoadFeatures, instances: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ms = np.asarray(instances, dtype=np.float64)
@@ -78,9 +97,9 @@ class ElasticityModel:
 def monotone_curve(raw_mean: np.ndarray, raw_std: np.ndarray, margin: float = 0.0
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(mean, std, lower bound) for m = 1..len(raw): running maxima as in the module doc."""
-    raw = np.round(np.asarray(raw_mean, dtype=np.float64), 12)
+    raw = np.asarray(raw_mean, dtype=np.float64)
     mu = np.clip(raw, 0.0, 1.0)
-    sd = np.maximum(np.round(np.asarray(raw_std, dtype=np.float64), 12), 0.0)
+    sd = np.maximum(np.asarray(raw_std, dtype=np.float64), 0.0)
     mean = np.maximum.accumulate(mu)
     # index of the (latest) raw value equal to the running max at each m
     idx = np.zeros(len(mu), dtype=np.int64)
@@ -96,8 +115,8 @@ def monotone_curve(raw_mean: np.ndarray, raw_std: np.ndarray, margin: float = 0.
 def attainment_at(source: RawAttainment, load: LoadFeatures, m: int, name: str) -> AttainmentEstimate:
     if m < 1:
         raise ValueError(f"instances must be >= 1, got {m}")
-    mu, sd = source.raw_attainment(load, np.arange(1, m + 1))
-    mean, std, _ = monotone_curve(mu, sd)
+    mu, sd = source.raw_attainment(load, np.arange(1, grid(m) + 1))
+    mean, std, _ = monotone_curve(mu[:m], sd[:m])
     return AttainmentEstimate(float(mean[-1]), float(std[-1]), name)
 
 
@@ -119,8 +138,8 @@ def min_instances(source: RawAttainment, load: LoadFeatures, target: float, marg
     `target` (module doc); m None with a reason when none does."""
     if not (0.0 <= target <= 1.0) or margin < 0 or limit < 1:
         raise ValueError(f"need 0 <= target <= 1, margin >= 0, limit >= 1 (got {target}, {margin}, {limit})")
-    mu, sd = source.raw_attainment(load, np.arange(1, limit + 1))
-    mean, std, lb = monotone_curve(mu, sd, margin)
+    mu, sd = source.raw_attainment(load, np.arange(1, grid(limit) + 1))
+    mean, std, lb = monotone_curve(mu[:limit], sd[:limit], margin)
     m = first_reaching(lb, target)
     if m is None:
         best = AttainmentEstimate(float(mean[-1]), float(std[-1]), name)

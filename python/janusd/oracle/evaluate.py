@@ -19,7 +19,7 @@ import numpy as np
 from janusd.hw.devices import DeviceSpec
 from janusd.hw.model_spec import ModelSpec
 from janusd.oracle.dataset import Points
-from janusd.oracle.fit import errors_of, fit_points, monotone_predictions, per_instance, predict_capacity
+from janusd.oracle.fit import SERVED, errors_of, fit_points, monotone_predictions, per_instance, predict_capacity
 from janusd.oracle.prior import RooflinePrior
 from janusd.oracle.types import RESOURCE_DIMS
 
@@ -79,14 +79,17 @@ def parity_plot(arrays: dict[str, np.ndarray], path: str | Path, title: str) -> 
     ax.plot([0, 100], [0, 100], "k:", lw=1)
     ax.set(xlabel="measured attainment (%)", ylabel="predicted (%)", title="SLO attainment")
     ax.legend(fontsize=8)
+    served = arrays["attainment"] >= SERVED  # capacity is demand: judged where the load was served
     for j, dim in enumerate(RESOURCE_DIMS):
         ax = axes[j + 1]
-        meas = arrays["resources"][:, j]
-        ax.scatter(meas, arrays["resources_pred"][:, j], s=14, label="GP (held out)")
-        ax.scatter(meas, arrays["resources_prior"][:, j], s=14, marker="x", label="prior")
-        hi = float(max(meas.max(), arrays["resources_pred"][:, j].max(), 1e-9)) * 1.05
+        meas = arrays["resources"][served, j]
+        pred = arrays["resources_pred"][served, j]
+        ax.scatter(meas, pred, s=14, label="GP (held out)")
+        ax.scatter(meas, arrays["resources_prior"][served, j], s=14, marker="x", label="prior")
+        hi = float(max(meas.max(initial=0.0), pred.max(initial=0.0), 1e-9)) * 1.05
         ax.plot([0, hi], [0, hi], "k:", lw=1)
-        ax.set(xlabel=f"measured {dim} (fraction of a device)", ylabel="predicted", title=dim)
+        ax.set(xlabel=f"measured {dim} (fraction of a device)", ylabel="predicted",
+               title=f"{dim} (points with attainment >= {SERVED})")
         ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()

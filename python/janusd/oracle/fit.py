@@ -6,8 +6,9 @@ daemon's online refit, so the three report errors the same way. Pure.
 - The Capacity GP learns per-instance demand from the load one instance carried: the
   point's rates divided by m (lengths unchanged), and only from points whose load was
   served (attainment >= SERVED): past the knee the device saturates, and what it then
-  uses is its own limit, not what the load asks for (placement wants the demand). Its
-  errors are reported over the same points.
+  uses is its own limit, not what the load asks for (placement wants the demand). With
+  fewer than MIN_SERVED such points, the MIN_SERVED best-served ones (served_mask). Its
+  errors are reported over the points with attainment >= SERVED.
 - The held-out split is by load point (point_id): whole replays are held out, never rows
   of one replay on both sides.
 - Errors: attainment as absolute error in percentage points; capacity as relative error
@@ -28,6 +29,16 @@ from janusd.oracle.types import RESOURCE_DIMS, LoadFeatures
 
 REL_FLOOR = 1e-3
 SERVED = 0.8
+MIN_SERVED = 3
+
+
+def served_mask(attainment: np.ndarray) -> np.ndarray:
+    """The points the Capacity GP learns from (module doc)."""
+    a = np.asarray(attainment)
+    mask = a >= SERVED
+    if mask.sum() < MIN_SERVED and len(a) >= MIN_SERVED:
+        mask = a >= np.sort(a)[-MIN_SERVED]
+    return mask
 _RATES = [0, 1, 2]
 
 
@@ -41,9 +52,7 @@ def fit_points(points: Points, seed: int = 0, prior: Any | None = None) -> tuple
     """Both GPs on all of `points`; with a prior, the Capacity GP learns its correction."""
     if len(points) < 3:
         raise ValueError(f"need at least 3 points to fit, got {len(points)}")
-    served = points.attainment >= SERVED
-    if served.sum() < 3:
-        raise ValueError(f"need at least 3 points with attainment >= {SERVED} to fit capacity, got {int(served.sum())}")
+    served = served_mask(points.attainment)
     cap = CapacityModel.fit(per_instance(points.features[served], points.instances[served]), points.resources[served],
                             prior, seed=seed)
     ela = ElasticityModel.fit(points.features, points.instances, points.attainment, seed=seed, prior=prior)
@@ -77,7 +86,7 @@ def monotone_predictions(source: Any, points: Points) -> np.ndarray:
         load = LoadFeatures(*points.features[i].tolist())
         m = int(points.instances[i])
         mu, sd = source.raw_attainment(load, np.arange(1, m + 1))
-        out[i] = monotone_curve(mu, sd)[0][-1]
+        out[i] = monotone_curve(mu, sd)[0][-1]  # one answer per row: the batch needs no grid
     return out
 
 

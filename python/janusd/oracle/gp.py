@@ -49,6 +49,15 @@ def _thin(n: int, k: int) -> np.ndarray:
     return np.unique(np.linspace(0, n - 1, k).round().astype(np.int64))
 
 
+TREND_RIDGE = 1.0  # ridge penalty of the linear mean, on standardised inputs
+
+
+def _ridge(z: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Weights w of y - mean(y) ~ (z - mean(z)) w with a ridge penalty (z standardised: mean ~0)."""
+    zc = z - z.mean(axis=0)
+    return np.linalg.solve(zc.T @ zc + TREND_RIDGE * np.eye(z.shape[1]), zc.T @ (y - y.mean()))
+
+
 def _matern52(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Matern nu=5/2 correlation between rows of a and b (already divided by the length scales)."""
     d2 = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * (a @ b.T)
@@ -59,7 +68,8 @@ def _matern52(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 class GPRegressor:
     """A fitted GP for one scalar target; build with fit() or from_state()."""
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, theta: np.ndarray, x_mean: np.ndarray, x_std: np.ndarray) -> None:
+    def __init__(self, x: np.ndarray, y: np.ndarray, theta: np.ndarray, x_mean: np.ndarray, x_std: np.ndarray,
+                 trend: bool = False) -> None:
         self.x = np.ascontiguousarray(x, dtype=np.float64)
         self.y = np.ascontiguousarray(y, dtype=np.float64)
         self.theta = np.asarray(theta, dtype=np.float64)
@@ -69,18 +79,27 @@ class GPRegressor:
             raise ValueError(f"theta has shape {self.theta.shape}, expected ({self.x.shape[1] + 2},)")
         p = np.exp(self.theta)
         self._c, self._scale, self._white = float(p[0]), p[1:-1], float(p[-1])
-        self._y_mean = float(self.y.mean())
-        sd = float(self.y.std())
+        self.trend = trend
+        self._w = _ridge((self.x - self.x_mean) / self.x_std, self.y) if trend else np.zeros(self.x.shape[1])
+        resid = self.y - self._linear(self.x)
+        self._y_mean = float(resid.mean())
+        sd = float(resid.std())
         self._y_std = sd if sd > 0 else 1.0
         self._xs = ((self.x - self.x_mean) / self.x_std) / self._scale
         k = self._c * _matern52(self._xs, self._xs)
         k[np.diag_indices_from(k)] += self._white + JITTER
         self._k_inv = np.linalg.inv(k)
-        self._alpha = self._k_inv @ ((self.y - self._y_mean) / self._y_std)
+        self._alpha = self._k_inv @ ((resid - self._y_mean) / self._y_std)
+
+    def _linear(self, x: np.ndarray) -> np.ndarray:
+        return ((x - self.x_mean) / self.x_std) @ self._w
 
     @classmethod
-    def fit(cls, x: np.ndarray, y: np.ndarray, seed: int = 0, restarts: int = 0) -> GPRegressor:
-        """Optimise hyperparameters (on a thinning of at most OPT_POINTS rows), then fit all rows."""
+    def fit(cls, x: np.ndarray, y: np.ndarray, seed: int = 0, restarts: int = 0, trend: bool = False) -> GPRegressor:
+        """Optimise hyperparameters (on a thinning of at most OPT_POINTS rows), then fit all
+        rows. trend: a linear mean (ridge regression on the standardised inputs, TREND_RIDGE)
+        under the GP, which then models the residual: far from the data the prediction
+        follows the trend instead of falling back to a constant."""
         from sklearn.gaussian_process import GaussianProcessRegressor
 
         x = np.asarray(x, dtype=np.float64)
@@ -93,18 +112,20 @@ class GPRegressor:
         x_std = x.std(axis=0)
         x_std[x_std < 1e-12] = 1.0
         sub = _thin(len(x), OPT_POINTS)
+        z = (x - x_mean) / x_std
+        target = y - z @ _ridge(z, y) if trend else y
         gp = GaussianProcessRegressor(_kernel(x.shape[1]), normalize_y=True, alpha=1e-8,
                                       n_restarts_optimizer=restarts, random_state=seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # ConvergenceWarning at a bound is expected, not an error
-            gp.fit((x[sub] - x_mean) / x_std, y[sub])
-        return cls(x, y, gp.kernel_.theta, x_mean, x_std)
+            gp.fit(z[sub], target[sub])
+        return cls(x, y, gp.kernel_.theta, x_mean, x_std, trend)
 
     def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(mean, std) per row of x; std includes the white-noise term, as sklearn's."""
         z = ((np.atleast_2d(np.asarray(x, dtype=np.float64)) - self.x_mean) / self.x_std) / self._scale
         ks = self._c * _matern52(z, self._xs)
-        mean = ks @ self._alpha * self._y_std + self._y_mean
+        mean = ks @ self._alpha * self._y_std + self._y_mean + self._linear(np.atleast_2d(np.asarray(x, np.float64)))
         var = self._c + self._white - np.einsum("ij,ij->i", ks @ self._k_inv, ks)
         return mean, np.sqrt(np.maximum(var, 0.0)) * self._y_std
 
@@ -114,7 +135,8 @@ class GPRegressor:
 
     def to_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """(JSON-able header, arrays) that from_state turns back into this model."""
-        return ({"kernel": self.kernel_text(), "dims": int(self.x.shape[1]), "points": int(len(self.x))},
+        return ({"kernel": self.kernel_text(), "dims": int(self.x.shape[1]), "points": int(len(self.x)),
+                 "trend": self.trend},
                 {"x": self.x, "y": self.y, "theta": self.theta, "x_mean": self.x_mean, "x_std": self.x_std})
 
     @classmethod
@@ -124,4 +146,4 @@ class GPRegressor:
             raise ValueError(f"inconsistent GP arrays: x {x.shape}, y {y.shape}, theta {theta.shape}")
         if arrays["x_mean"].shape != (x.shape[1],) or arrays["x_std"].shape != (x.shape[1],):
             raise ValueError("inconsistent GP arrays: scaler shape")
-        return cls(x, y, theta, arrays["x_mean"], arrays["x_std"])
+        return cls(x, y, theta, arrays["x_mean"], arrays["x_std"], bool(arrays.get("trend", False)))

@@ -23,6 +23,7 @@ import asyncio
 import datetime
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -196,6 +197,7 @@ def run(a: ProfileArgs) -> dict[str, Any]:
     from janusd.oracle.features import features_from_results, hbm_fraction, token_attainment, usage_from_results
 
     t_start = time.monotonic()
+    load_start = os.getloadavg()[0]  # a shared machine's other work shows in every figure: recorded
     ck = open_checkpoint(a.spec, Path(a.cache_dir).expanduser() if a.cache_dir else None)
     spec = ModelSpec.from_config(msgspec.to_builtins(ck.arch), dtype=a.dtype)
     max_len = min(2048, int(ck.arch.max_position_embeddings))
@@ -283,7 +285,7 @@ def run(a: ProfileArgs) -> dict[str, Any]:
         "notes": {"engine_device": a.device, "mixes": {k: MIXES[k] for k in a.mixes}, "point_s": a.point_s,
                   "budget_s": a.budget_s, "max_instances": a.max_instances, "dropped_points": dropped,
                   "length_sigma": LENGTH_SIGMA, "dtype": a.dtype, "memory_mib": a.memory_mib,
-                  "min_requests": MIN_REQUESTS},
+                  "min_requests": MIN_REQUESTS, "load_avg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)]},
     }
     pts = Points(header, np.array(rows_f, dtype=np.float64).reshape(n, 7), np.array(rows_m, dtype=np.int64),
                  np.array(rows_r, dtype=np.float64).reshape(n, 3), np.clip(np.array(rows_a, dtype=np.float64), 0, 1),

@@ -28,8 +28,8 @@ import numpy as np
 
 from janusd.oracle.capacity import CapacityModel
 from janusd.oracle.dataset import Points
-from janusd.oracle.elasticity import ElasticityModel
-from janusd.oracle.fit import SERVED, per_instance
+from janusd.oracle.elasticity import ElasticityModel, to_logit
+from janusd.oracle.fit import per_instance, served_mask
 from janusd.oracle.gp import GPRegressor
 from janusd.oracle.inputs import capacity_inputs
 
@@ -114,7 +114,7 @@ def load(directory: str | os.PathLike[str], model: str, model_spec: dict[str, An
         points.check(str(npath))
         if len(points) != header.get("points"):
             raise ValueError(f"{len(points)} points, the JSON says {header.get('points')}")
-        served = points.attainment >= SERVED  # fit.py's rule: capacity learns from served loads only
+        served = served_mask(points.attainment)  # fit.py's rule: capacity learns from served loads only
         per = per_instance(points.features[served], points.instances[served])
         cx = capacity_inputs(per)
         cap_prior = prior if base == "prior" else None
@@ -123,8 +123,8 @@ def load(directory: str | os.PathLike[str], model: str, model_spec: dict[str, An
                                        "x_mean": arrays[f"cap{k}_x_mean"], "x_std": arrays[f"cap{k}_x_std"]})
                for k in range(3)]
         ex = ElasticityModel.inputs(points.features, points.instances, cap_prior)
-        ela = GPRegressor.from_state({"x": ex, "y": points.attainment, "theta": arrays["ela_theta"],
-                                      "x_mean": arrays["ela_x_mean"], "x_std": arrays["ela_x_std"]})
+        ela = GPRegressor.from_state({"x": ex, "y": to_logit(points.attainment), "theta": arrays["ela_theta"],
+                                      "x_mean": arrays["ela_x_mean"], "x_std": arrays["ela_x_std"], "trend": True})
     except KeyError as e:
         raise StoreError(f"{npath}: missing array {e.args[0]!r}") from None
     except (ValueError, np.linalg.LinAlgError) as e:

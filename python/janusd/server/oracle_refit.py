@@ -3,10 +3,12 @@
 What runs where (a fit must never delay a request):
 - the event loop only samples telemetry into bounded point buffers (oracle/online.py,
   microseconds per model) and hands work out;
-- a spawned helper process (one, started on first use, spawn not fork: DESIGN.md) reads
+- a spawned helper process (one, started on first use, spawn not fork: DESIGN.md, at a
+  lower CPU priority than the daemon: refit_job.lower_priority) reads
   each model's checkpoint for its ModelSpec and fits GPs (oracle/refit_job.py), writing
   the fit to the store (state_dir/oracle, oracle/store.py);
-- a thread loads a written fit back (one Cholesky in LAPACK, outside the GIL) and the
+- a thread loads a written fit back (numpy only: one LAPACK inverse per GP, outside the
+  GIL, with BLAS held to one thread so a core stays free for the loop) and the
   loop installs it in the Oracle: one assignment.
 A model starts on its roofline prior (logged), moves to a stored fit when one loads, and
 to online fits every refit_period_s while it has new points. `janus ctl oracle` shows
@@ -87,7 +89,8 @@ class OracleRefit:
     # ---- helper process
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn"), initializer=refit_job.lower_priority)
         return self._pool
 
     async def _in_helper(self, fn: Any, *args: Any) -> Any:
