@@ -49,8 +49,8 @@ def test_variants_multiply_only_lst_imh_by_plan_and_the_default_writes_no_key():
     v = dr.variants(["lst_imh", "least_load"], ["global", "window"])
     assert [(x["label"], x["plan"]) for x in v] == [("lst_imh/global", None), ("lst_imh/window", "window"),
                                                       ("least_load", None)]
-    v = dr.variants(["lst_imh", "round_robin"], ["global"], ["tokens", "requests"])
-    assert [(x["label"], x["objective"]) for x in v] == [("lst_imh/tokens", None), ("lst_imh/requests", "requests"),
+    v = dr.variants(["lst_imh", "round_robin"], ["global"], ["requests", "tokens"])
+    assert [(x["label"], x["objective"]) for x in v] == [("lst_imh/requests", None), ("lst_imh/tokens", "tokens"),
                                                            ("round_robin", None)]
 
 
@@ -230,8 +230,8 @@ def test_daemon_config_parses_and_writes_plan_only_when_asked(tmp_path: Path):
     assert 'plan = "window"' in text.split("[dispatch]")[1].split("[[models]]")[0]
     if "plan" in DispatchConfig.__struct_fields__:  # the daemon knows the key
         assert parse_config(text).dispatch.plan == "window"
-    text = dr.daemon_config(policy="lst_imh", plan=None, objective="requests", **common)
-    assert "plan" not in text and parse_config(text).dispatch.objective == "requests"
+    text = dr.daemon_config(policy="lst_imh", plan=None, objective="tokens", **common)
+    assert "plan" not in text and parse_config(text).dispatch.objective == "tokens"
     assert "objective" not in dr.daemon_config(policy="lst_imh", plan=None, **common)
 
 

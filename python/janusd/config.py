@@ -189,11 +189,12 @@ class DispatchConfig(_Section):
     # the pre-pull window (the rest are re-planned); window: only instances inside the
     # window plan, each taking its whole selection (the behaviour before 2026-12-03)
     plan: DispatchPlan = "global"
-    # what LST-IMH keeps when not every queued request can start in time: tokens: the most
-    # expected output tokens (each request weighs its max_tokens, capped by its context;
-    # the quantity per-token attainment counts) | requests: the most requests (the paper's
-    # Moore-Hodgson). Equal max_tokens give the same plan.
-    objective: DispatchObjective = "tokens"
+    # what LST-IMH keeps when not every queued request can start in time: requests: the
+    # most requests (the paper's Moore-Hodgson) | tokens: the most expected output tokens
+    # (each request weighs its max_tokens, capped by its context; the quantity per-token
+    # attainment counts). Equal max_tokens give the same plan. tokens is not the default:
+    # end to end it has not yet measured better (bench/RESULTS.md, dispatch-replay).
+    objective: DispatchObjective = "requests"
     # reject_early: with requeue = "reject", refuse a request at admission (503 +
     # Retry-After) when even the earliest-free instance cannot start it in time by the
     # estimate; queue: it waits until its latest start passes, in case work ends early
@@ -339,8 +340,8 @@ prepull_window_ms = 20.0    # wake an instance this long before its EPDT
 requeue = "reject"          # a queued request past its latest start: reject (503) | relax
 plan = "global"             # global: LST-IMH over all ready instances, commit what starts within
                             # the window, re-plan the rest | window: only instances in the window
-objective = "tokens"        # lst_imh under overload keeps the most expected output tokens on time
-                            # (each request weighs its max_tokens) | requests: the most requests
+objective = "requests"      # lst_imh under overload keeps the most requests on time (the paper's)
+                            # | tokens: the most expected output tokens (each weighs its max_tokens)
 admission = "reject_early"  # with requeue = "reject": refuse at once (503 + Retry-After) a request no
                             # instance can start in time by the estimate | queue: wait for its latest start
 decode_guard = true         # no new prefill for an instance whose device would then decode slower

@@ -86,8 +86,8 @@ if TYPE_CHECKING:  # numpy and the trace modules load inside the functions (`jan
 POLICIES = ("lst_imh", "round_robin", "least_load")
 PLANS = ("global", "window")
 DEFAULT_PLAN = "global"
-OBJECTIVES = ("tokens", "requests")
-DEFAULT_OBJECTIVE = "tokens"
+OBJECTIVES = ("requests", "tokens")
+DEFAULT_OBJECTIVE = "requests"
 MODEL_NAME = "llm"
 RELAXED_SLO_MS = 600_000.0  # capacity and warm-up requests: never rejected, never late
 VERDICT_RANK = {"not_better": 0, "tie": 1, "mean_above": 2, "beyond_spread": 3}
@@ -102,8 +102,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated dispatch.plan values for lst_imh (global|window); a plan other than "
                         "global is written into [dispatch], the default writes no plan key")
     p.add_argument("--objectives", default=DEFAULT_OBJECTIVE,
-                   help="comma-separated dispatch.objective values for lst_imh (tokens|requests); one other than "
-                        "tokens is written into [dispatch], the default writes no objective key")
+                   help="comma-separated dispatch.objective values for lst_imh (requests|tokens); one other than "
+                        "requests is written into [dispatch], the default writes no objective key")
     p.add_argument("--loads", default="0.7,1.5", help="comma-separated loads as multiples of the measured capacity")
     p.add_argument("--runs", type=int, default=3, help="runs per load and policy (interleaved, fresh daemon each)")
     p.add_argument("--duration-s", type=float, default=25.0, help="trace span per run in seconds")
