@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ctl": ("janusd.ctl_cli", "talk to a running daemon over its admin socket"),
     "generate": ("janusd.engine.generate_cli", "offline generation with the engine (one prompt, one model)"),
     "models": ("janusd.models_cli", "make demo checkpoints, inspect checkpoints"),
+    "oracle": ("janusd.oracle_cli", "evaluate the performance oracle on profiled points"),
+    "profile": ("janusd.profile_cli", "measure a model on the real engine: oracle training points"),
     "replay": ("janusd.replay_cli", "replay a trace open-loop against an OpenAI-compatible server"),
     "report": ("janusd.report_cli", "plots and a markdown table from replay/sim run directories"),
     "serve": ("janusd.serve_cli", "run the serving daemon (janusd) in the foreground"),

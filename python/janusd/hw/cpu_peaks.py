@@ -1,0 +1,104 @@
+"""The cpu device's peaks, measured once on this machine and cached.
+
+A cpu "device" is one worker process with `threads` torch threads, so its peaks are what
+that process can do: float32 matmul FLOP/s (the CPU engine runs float32) and memory copy
+bandwidth (bytes read + written per second). Measured in about a second, best of a few
+repetitions (the machine is shared: the best run is the closest to the hardware), and
+cached in CACHE_DIR/hw/cpu-peaks.json keyed by machine identity (host, CPU model, core
+count) and thread count. A cache from another machine, or one that cannot be read, is
+measured again and replaced, never trusted.
+
+D2D on cpu is the Mooncake loopback TCP figure measured once here (DESIGN.md: about
+1.2 GB/s warm); H2D is the copy bandwidth (host and device memory are the same memory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from janusd.hw.devices import DeviceSpec
+
+CACHE_VERSION = 1
+CPU_D2D_BW = 1.2e9  # Mooncake TransferEngine over loopback TCP (DESIGN.md, "Checked to work")
+DEFAULT_CACHE_DIR = Path("~/.cache/janusd")
+
+
+def machine_identity() -> dict[str, Any]:
+    model = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"host": platform.node(), "cpu": model, "cores": os.cpu_count() or 1, "machine": platform.machine()}
+
+
+def measure(threads: int = 1, seconds: float = 0.3) -> dict[str, float]:
+    """{peak_flops, mem_bw} of `threads` torch threads on this machine, now."""
+    import numpy as np
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        n = 512
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        torch.mm(a, b)  # warm
+        best_flops = 0.0
+        for _ in range(5):
+            reps, t0 = 0, time.perf_counter()
+            while (dt := time.perf_counter() - t0) < seconds / 5:
+                torch.mm(a, b)
+                reps += 1
+            best_flops = max(best_flops, 2.0 * n**3 * reps / dt)
+    finally:
+        torch.set_num_threads(old)
+    src = np.ones(32 * 2**20 // 8)
+    dst = np.empty_like(src)
+    best_bw = 0.0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best_bw = max(best_bw, 2.0 * src.nbytes / (time.perf_counter() - t0))
+    return {"peak_flops": best_flops, "mem_bw": best_bw}
+
+
+def cached_peaks(cache_dir: Path | None, threads: int = 1) -> dict[str, float]:
+    """The cached peaks for this machine and thread count; measured and stored if absent."""
+    path = (cache_dir or DEFAULT_CACHE_DIR).expanduser() / "hw" / "cpu-peaks.json"
+    ident = machine_identity()
+    key = str(threads)
+    data: dict[str, Any] = {}
+    try:
+        data = json.loads(path.read_text())
+        if not (isinstance(data, dict) and data.get("version") == CACHE_VERSION and data.get("machine") == ident):
+            data = {}
+        hit = data.get("threads", {}).get(key)
+        if isinstance(hit, dict) and all(isinstance(hit.get(k), float) and hit[k] > 0 for k in ("peak_flops", "mem_bw")):
+            return hit
+    except (OSError, ValueError, AttributeError):
+        data = {}
+    peaks = measure(threads)
+    data = {"version": CACHE_VERSION, "machine": ident, "threads": {**data.get("threads", {}), key: peaks}}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache costs a measurement next time, nothing else
+    return peaks
+
+
+def cpu_spec(cache_dir: Path | None, hbm_bytes: float, threads: int = 1) -> DeviceSpec:
+    p = cached_peaks(cache_dir, threads)
+    return DeviceSpec(name="cpu", hbm_bytes=float(hbm_bytes), peak_flops=p["peak_flops"], hbm_bw=p["mem_bw"],
+                      d2d_bw=CPU_D2D_BW, h2d_bw=p["mem_bw"],
+                      source=f"measured on {machine_identity()['cpu'] or 'this cpu'}, {threads} thread(s)")

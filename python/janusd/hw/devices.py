@@ -1,0 +1,81 @@
+"""Device specs: the figures a roofline needs (HBM capacity, peak compute, HBM bandwidth,
+device-to-device and host-to-device link bandwidth), one preset per device kind.
+
+Units: bytes and bytes per second (decimal, as vendors quote them), FLOP/s. Peaks are
+dense (no structured sparsity) in the device's serving dtype (bf16; float32 on cpu, which
+is what our CPU engine runs). Link figures are one direction, per device.
+
+Sources of the presets:
+- h100: NVIDIA H100 Tensor Core GPU datasheet, SXM5 column: 80 GB HBM3, 3.35 TB/s,
+  BF16 Tensor Core 1,979 TFLOP/s *with sparsity*, i.e. 989.5 dense; NVLink 4 900 GB/s
+  total = 450 GB/s per direction; host link PCIe Gen5 x16, 64 GB/s per direction.
+- h200: NVIDIA H200 datasheet, SXM column: 141 GB HBM3e, 4.8 TB/s; same Hopper compute
+  and links as the H100 SXM (989.5 dense BF16 TFLOP/s, 450 GB/s NVLink per direction,
+  PCIe Gen5 64 GB/s).
+- ascend-910c-die: one of the two dies of an Ascend 910C. Per chip as reported for
+  CloudMatrix384 (Zuo et al., "Serving Large Language Models on Huawei CloudMatrix384",
+  arXiv 2506.12708, 2025): 752 dense BF16 TFLOP/s, 128 GB HBM at 3.2 TB/s, so per die
+  376 TFLOP/s, 64 GB, 1.6 TB/s. Links: the Janus paper's measured 163.6 GB/s D2D per
+  device and 59.0 GB/s H2D (PAPER.md §8).
+- cpu: peaks measured on this machine (cpu_peaks.py); the HBM figure is the configured
+  page pool of one virtual device (`devices.memory_mib`), passed in by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import msgspec
+
+
+class DeviceSpec(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    hbm_bytes: float  # memory one device offers to models
+    peak_flops: float  # dense FLOP/s in the serving dtype
+    hbm_bw: float  # bytes/s between device memory and compute
+    d2d_bw: float  # bytes/s, device to device, one direction
+    h2d_bw: float  # bytes/s, pinned host memory to device
+    source: str  # where the figures come from (shown by tools, stored in profiles)
+
+    def check(self) -> None:
+        """ValueError naming the field unless every figure is finite and > 0."""
+        for f in ("hbm_bytes", "peak_flops", "hbm_bw", "d2d_bw", "h2d_bw"):
+            v = getattr(self, f)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+                raise ValueError(f"device spec {self.name!r}: {f} must be a finite number > 0, got {v!r}")
+
+
+_GB = 1e9
+_TF = 1e12
+
+PRESETS: dict[str, DeviceSpec] = {
+    "h100": DeviceSpec(name="h100", hbm_bytes=80 * _GB, peak_flops=989.5 * _TF, hbm_bw=3350 * _GB,
+                       d2d_bw=450 * _GB, h2d_bw=64 * _GB, source="NVIDIA H100 SXM5 datasheet"),
+    "h200": DeviceSpec(name="h200", hbm_bytes=141 * _GB, peak_flops=989.5 * _TF, hbm_bw=4800 * _GB,
+                       d2d_bw=450 * _GB, h2d_bw=64 * _GB, source="NVIDIA H200 SXM datasheet"),
+    "ascend-910c-die": DeviceSpec(name="ascend-910c-die", hbm_bytes=64 * _GB, peak_flops=376 * _TF,
+                                  hbm_bw=1600 * _GB, d2d_bw=163.6 * _GB, h2d_bw=59.0 * _GB,
+                                  source="CloudMatrix384 paper (per chip / 2); links: Janus paper §8"),
+}
+DEVICE_NAMES = ("cpu", *PRESETS)
+# The preset a device kind of the engine gets when none is named.
+DEFAULT_FOR_KIND = {"cpu": "cpu", "cuda": "h100", "npu": "ascend-910c-die"}
+
+
+def device_spec(name: str, *, hbm_bytes: float | None = None, cache_dir: Path | None = None) -> DeviceSpec:
+    """The spec of a named device. `hbm_bytes` overrides the memory figure (required
+    meaning for cpu: the virtual device's pool). For cpu the peaks are measured once and
+    cached under `cache_dir` (cpu_peaks.py). ValueError for an unknown name."""
+    if name == "cpu":
+        from janusd.hw.cpu_peaks import cpu_spec
+
+        spec = cpu_spec(cache_dir, hbm_bytes if hbm_bytes is not None else 1024 * 2**20)
+    elif name in PRESETS:
+        spec = PRESETS[name]
+        if hbm_bytes is not None:
+            spec = msgspec.structs.replace(spec, hbm_bytes=float(hbm_bytes))
+    else:
+        raise ValueError(f"unknown device {name!r} (known: {', '.join(DEVICE_NAMES)})")
+    spec.check()
+    return spec

@@ -1,0 +1,43 @@
+"""Where to measure next: load points concentrated where attainment changes (pure).
+
+One series is a fixed instance count and length mix; its points are request rates. The
+attainment curve of a server is flat (near 1) at low load, drops over a narrow range
+(the knee) and is flat again (near 0) past saturation. A uniform grid spends most points
+on the flat parts, so the next rate is chosen from what the series has measured:
+1. bracket the knee: divide the lowest rate by GROWTH while even that misses HIGH;
+   multiply the highest by GROWTH while even that reaches LOW (a large step: a series
+   often starts far below its knee, and the refinement below halves the gap each time);
+2. then refine: the adjacent pair of measured rates with the largest attainment change
+   gets its geometric mean (rates act multiplicatively), while the pair's ratio exceeds
+   MIN_RATIO; None when there is nothing left worth measuring.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+HIGH = 0.9
+LOW = 0.3
+MIN_RATIO = 1.12
+GROWTH = 3.0
+
+
+def next_rate(measured: Sequence[tuple[float, float]], start: float, floor: float, cap: float) -> float | None:
+    """measured: (rate, attainment) pairs of one series; rates within [floor, cap]."""
+    if not (0 < floor <= start <= cap):
+        raise ValueError(f"need 0 < floor <= start <= cap, got {floor}, {start}, {cap}")
+    if not measured:
+        return start
+    pts = sorted(measured)
+    lo_r, lo_a = pts[0]
+    hi_r, hi_a = pts[-1]
+    if lo_a < HIGH and lo_r / GROWTH >= floor:
+        return lo_r / GROWTH
+    if hi_a >= LOW and hi_r * GROWTH <= cap:
+        return hi_r * GROWTH
+    best, gap = None, 0.0
+    for (r1, a1), (r2, a2) in zip(pts, pts[1:], strict=False):
+        if r2 / r1 > MIN_RATIO and abs(a1 - a2) > gap:
+            best, gap = math.sqrt(r1 * r2), abs(a1 - a2)
+    return best if gap > 0.02 else None

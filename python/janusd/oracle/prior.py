@@ -1,0 +1,119 @@
+"""The roofline prior: predictions from the model config and the device spec alone.
+
+Used for a model with no profile (and shown as source "prior"); `janus oracle eval`
+reports its error beside the GPs'. Pure arithmetic, no fitting.
+
+Time of work on one device (hw/model_spec.py counts, hw/devices.py peaks): a piece of
+work takes max(FLOPs / peak FLOP/s, bytes / peak bandwidth).
+- prefill of a mean prompt: t_pf = roofline(prefill_flops(L), prefill_bytes(L)), with
+  the causal attention term taken at E[L^2] = mean^2 + var;
+- decode: the mean number of sequences decoding B solves B = (rate / m) * out_mean *
+  t_step(B) (Little's law), t_step(B) = roofline of one step of B sequences at the mean
+  context (iterated from B = 1; capped when it diverges: overload).
+Capacity of one instance carrying the load z:
+- compute = (rate * FLOPs per request) / peak;
+- bandwidth = (decode steps per second * bytes per step + prefill bytes per second) /
+  peak bandwidth, with steps per second = P(some sequence decodes) / t_step, P = 1 -
+  exp(-B) (M/G/inf occupancy);
+- HBM = (weights + KV of the requests in flight, by Little's law: rate * (t_pf + out_mean
+  * t_step) requests of in_mean + out_mean tokens) / device memory.
+Attainment with m instances: a pressure rho = max(time share, SLO share), time share =
+(rate / m) * (t_pf + out_mean * t_tok), t_tok the compute time of one decode token at the
+mean context (the device time the load asks for, per second; decode batching shares the
+weight reads, not the FLOPs), SLO share = max(t_pf / TTFT, t_step(B) / TPOT) (B diverges
+as decode saturates, and t_step with it); attainment = 1 / (1 + exp(
+STEEPNESS * (rho - 1))), i.e. 0.5 at full pressure. Every term falls as m grows, so the
+prior is non-decreasing in m by construction.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from janusd.hw.devices import DeviceSpec
+from janusd.hw.model_spec import ModelSpec
+from janusd.oracle.types import AttainmentEstimate, LoadFeatures, ResourceEstimate
+
+STEEPNESS = 10.0
+_B_CAP = 1e6
+
+
+class RooflinePrior:
+    def __init__(self, model: ModelSpec, device: DeviceSpec, ttft_slo_s: float, tpot_slo_s: float) -> None:
+        if not (ttft_slo_s > 0 and tpot_slo_s > 0):
+            raise ValueError("SLOs must be > 0")
+        self.model = model
+        self.device = device
+        self.ttft_slo_s = float(ttft_slo_s)
+        self.tpot_slo_s = float(tpot_slo_s)
+
+    def _roof(self, flops: float, nbytes: float) -> float:
+        return max(flops / self.device.peak_flops, nbytes / self.device.hbm_bw)
+
+    def _prefill(self, z: LoadFeatures) -> tuple[float, float, float]:
+        """(seconds, FLOPs, bytes) of one mean prefill."""
+        L, var = z.input_len_mean, z.input_len_var
+        s = self.model
+        flops = 2.0 * s.matmul_params * L + 4 * s.layers * s.heads * s.head_dim * (L * L + var + L) / 2.0
+        nbytes = s.prefill_bytes(L)
+        return self._roof(flops, nbytes), flops, nbytes
+
+    def _ctx(self, z: LoadFeatures) -> float:
+        return z.input_len_mean + z.output_len_mean / 2.0
+
+    def _step(self, batch: float, z: LoadFeatures) -> float:
+        b = max(batch, 1.0)
+        ctx = self._ctx(z)
+        return self._roof(self.model.decode_step_flops(b, b * ctx), self.model.decode_step_bytes(b, b * ctx))
+
+    def _decode(self, rate: float, z: LoadFeatures) -> tuple[float, float]:
+        """(B, t_step): mean decoding sequences and step time at that batch (module doc)."""
+        demand = rate * z.output_len_mean
+        b = demand * self._step(1.0, z)
+        for _ in range(50):
+            nb = demand * self._step(b, z)
+            if nb > _B_CAP:
+                return _B_CAP, self._step(_B_CAP, z)
+            if abs(nb - b) <= 1e-9 * max(1.0, b):
+                b = nb
+                break
+            b = nb
+        return b, self._step(b, z)
+
+    # ---- capacity
+    def capacity(self, model: str, load: LoadFeatures) -> ResourceEstimate:
+        z, s, d = load, self.model, self.device
+        t_pf, pf_flops, pf_bytes = self._prefill(z)
+        b, t_step = self._decode(z.request_rate, z)
+        ctx = self._ctx(z)
+        dec_flops = z.output_len_mean * (2.0 * s.matmul_params + 4 * s.layers * s.heads * s.head_dim * ctx)
+        compute = z.request_rate * (pf_flops + dec_flops) / d.peak_flops
+        steps = (1.0 - math.exp(-b)) / t_step if t_step > 0 else 0.0
+        bw = (steps * s.decode_step_bytes(b, b * ctx) + z.request_rate * pf_bytes) / d.hbm_bw
+        in_flight = z.request_rate * (t_pf + z.output_len_mean * t_step)
+        kv = in_flight * (z.input_len_mean + z.output_len_mean) * s.kv_bytes_per_token
+        hbm = (s.weight_bytes + kv) / d.hbm_bytes
+        return ResourceEstimate((hbm, compute, bw), (0.0, 0.0, 0.0), "prior")
+
+    # ---- attainment
+    def pressure(self, load: LoadFeatures, instances: int) -> float:
+        z = load
+        rate = z.request_rate / instances
+        t_pf = self._prefill(z)[0]
+        b, t_step = self._decode(rate, z)
+        s = self.model
+        t_tok = (2.0 * s.matmul_params + 4 * s.layers * s.heads * s.head_dim * self._ctx(z)) / self.device.peak_flops
+        time_share = rate * (t_pf + z.output_len_mean * t_tok)
+        slo_share = max(t_pf / self.ttft_slo_s, t_step / self.tpot_slo_s)
+        return max(time_share, slo_share)
+
+    def raw_attainment(self, load: LoadFeatures, instances: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rho = np.array([self.pressure(load, int(m)) for m in instances], dtype=np.float64)
+        mean = 1.0 / (1.0 + np.exp(np.clip(STEEPNESS * (rho - 1.0), -700, 700)))
+        return mean, np.zeros_like(mean)
+
+    def attainment(self, model: str, load: LoadFeatures, instances: int) -> AttainmentEstimate:
+        mean, std = self.raw_attainment(load, np.array([instances]))
+        return AttainmentEstimate(float(mean[0]), float(std[0]), "prior")

@@ -1,0 +1,282 @@
+"""`janus profile`: measure a model on the real engine, through real worker processes.
+
+For each instance count m = 1..k a real daemon (bench/daemon_proc.py) serves the model on
+m devices; each load point is an open-loop Poisson replay (trace/replay.py: the same
+client `janus replay` uses) at one rate and one length mix, measured by:
+- load features: the replay's requests seen through telemetry's windows (features.py);
+- per-token SLO attainment (trace/slo.py rules, failures and 503s are misses);
+- compute and bandwidth: FLOPs and bytes counted from the model config over the measured
+  time and step time, against the device spec's peaks (features.py, hw/);
+- HBM: weight pages plus the peak KV pages seen by polling the daemon's /metrics (the
+  workers' xTensor pools) during the replay, over the device's memory.
+Rates follow knee.py (bracket, then crowd the knee), series (m, mix) taking turns so a
+short budget still covers every series; a series of m instances starts at m/2 times the
+highest rate one instance served at knee.HIGH attainment with that mix. The budget bounds the whole run: a point starts
+only when the time left covers the longest point so far. A point whose replayer fell
+behind schedule (lag bound) is dropped: it measured the client. The points are written
+in dataset.py's format; the run's last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import math
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from janusd.oracle.knee import HIGH, next_rate
+
+MIXES: dict[str, tuple[float, float]] = {"short": (96.0, 32.0), "long": (384.0, 96.0)}  # mean input, output
+LENGTH_SIGMA = 0.5  # lognormal spread of lengths within a mix
+MODEL_NAME = "profiled"
+
+
+@dataclass
+class ProfileArgs:
+    spec: str
+    device: str = "cpu"  # engine device kind
+    device_spec: str | None = None  # hw preset; None = the kind's default
+    out: Path = Path("profile.npz")
+    budget_s: float = 180.0
+    max_instances: int = 2
+    point_s: float = 8.0
+    ttft_slo_ms: float = 1000.0
+    tpot_slo_ms: float = 200.0
+    mixes: tuple[str, ...] = ("short", "long")
+    start_rate: float = 1.0
+    max_rate: float = 256.0
+    memory_mib: int = 1024
+    kv_cache_mib: int = 256
+    dtype: str = "float32"
+    torch_threads: int = 1
+    cache_dir: str | None = None
+    seed: int = 0
+    quiet: bool = False
+    keep_dir: Path | None = None
+
+
+@dataclass
+class Series:
+    m: int
+    mix: str
+    measured: list[tuple[float, float]] = field(default_factory=list)
+    done: bool = False
+
+
+def make_trace(rate: float, seconds: float, mix: str, rng: np.random.Generator, ttft_ms: float, tpot_ms: float,
+               max_len: int) -> Any:
+    """Poisson arrivals at `rate` over `seconds`, lognormal lengths around the mix's means."""
+    from janusd.trace.formats import Trace
+
+    n = max(2, int(rng.poisson(rate * seconds)))
+    arrivals = np.sort(rng.uniform(0.0, seconds, n))
+    mean_in, mean_out = MIXES[mix]
+
+    def lengths(mean: float, hi: int) -> np.ndarray:
+        mu = math.log(mean) - LENGTH_SIGMA**2 / 2
+        return np.clip(np.round(rng.lognormal(mu, LENGTH_SIGMA, n)), 1, hi).astype(np.int64)
+
+    ins = lengths(mean_in, max_len // 2)
+    outs = lengths(mean_out, max_len // 4)
+    return Trace.build(arrivals, ["profile"] * n, [MODEL_NAME] * n, ins, outs,
+                       np.full(n, ttft_ms), np.full(n, tpot_ms))
+
+
+def daemon_config(a: ProfileArgs, run_dir: Path, m: int) -> str:
+    cache = f'cache_dir = "{a.cache_dir}"\n' if a.cache_dir else ""
+    return (
+        f'[server]\nport = 0\nadmin_socket = "{run_dir / "admin.sock"}"\n{cache}queue_limit = 100000\n'
+        f'[devices]\nkind = "{a.device}"\ncount = {m}\nmemory_mib = {a.memory_mib}\n'
+        f'[[models]]\nname = "{MODEL_NAME}"\ncheckpoint = "{a.spec}"\ndevices = {list(range(m))}\n'
+        f"ttft_slo_ms = {float(a.ttft_slo_ms)}\ntpot_slo_ms = {float(a.tpot_slo_ms)}\n"
+        f'kv_cache_mib = {a.kv_cache_mib}\ndtype = "{a.dtype}"\n'
+    )
+
+
+def pool_pages(text: str) -> dict[str, dict[str, float]]:
+    """device -> {weight_pages, kv_pages, num_pages, page_size} from one /metrics scrape."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[str, float]] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "janusd_pool_pages":
+            for s in fam.samples:
+                out.setdefault(s.labels["device"], {})[s.labels["kind"]] = s.value
+        elif fam.name == "janusd_pool_stat":
+            for s in fam.samples:
+                if s.labels.get("stat") == "page_size":
+                    out.setdefault(s.labels["device"], {})["page_size"] = s.value
+    return out
+
+
+async def _poll_pools(port: int, peak: dict[str, dict[str, float]], period_s: float = 0.25) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                    for dev, kinds in pool_pages(await resp.text()).items():
+                        mine = peak.setdefault(dev, {})
+                        for k, v in kinds.items():
+                            mine[k] = max(mine.get(k, 0.0), v)
+            except (aiohttp.ClientError, OSError, ValueError):
+                pass
+            await asyncio.sleep(period_s)
+
+
+async def _measure(port: int, trace: Any, out_dir: Path, a: ProfileArgs) -> tuple[list[Any], dict[str, Any], dict]:
+    import msgspec
+
+    from janusd.trace.replay import ReplayConfig, replay
+    from janusd.trace.results import RequestResult
+
+    peak: dict[str, dict[str, float]] = {}
+    poller = asyncio.create_task(_poll_pools(port, peak))
+    try:
+        cfg = ReplayConfig(url=f"http://127.0.0.1:{port}", ttft_slo_ms=a.ttft_slo_ms, tpot_slo_ms=a.tpot_slo_ms,
+                           timeout_s=a.point_s + 60.0, devices_poll_s=0.0)
+        summary = await replay(trace, cfg, out_dir)
+    finally:
+        poller.cancel()
+        await asyncio.gather(poller, return_exceptions=True)
+    dec = msgspec.json.Decoder(RequestResult)
+    rows = [dec.decode(line) for line in (out_dir / "results.jsonl").read_bytes().splitlines() if line.strip()]
+    return rows, summary, peak
+
+
+def _warm(port: int) -> None:
+    import urllib.request
+
+    from janusd.trace.replay import PromptMaker
+
+    body = {"model": MODEL_NAME, "prompt": PromptMaker()(64), "max_tokens": 4, "min_tokens": 4, "ignore_eos": True,
+            "temperature": 0.0}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    for _ in range(3):
+        with urllib.request.urlopen(req, timeout=120) as r:
+            r.read()
+
+
+def _arun(coro: Any) -> Any:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def run(a: ProfileArgs) -> dict[str, Any]:
+    """Profile; write a.out; return the summary (also the CLI's last line)."""
+    import msgspec
+    from tqdm import tqdm
+
+    from janusd.bench import daemon_proc
+    from janusd.engine.loader import open_checkpoint
+    from janusd.hw.cpu_peaks import machine_identity
+    from janusd.hw.devices import DEFAULT_FOR_KIND, device_spec
+    from janusd.hw.model_spec import ModelSpec
+    from janusd.oracle.dataset import Points, write_points
+    from janusd.oracle.features import features_from_results, hbm_fraction, token_attainment, usage_from_results
+
+    t_start = time.monotonic()
+    ck = open_checkpoint(a.spec, Path(a.cache_dir).expanduser() if a.cache_dir else None)
+    spec = ModelSpec.from_config(msgspec.to_builtins(ck.arch), dtype=a.dtype)
+    max_len = min(2048, int(ck.arch.max_position_embeddings))
+    dev_name = a.device_spec or DEFAULT_FOR_KIND[a.device]
+    dev = device_spec(dev_name, hbm_bytes=a.memory_mib * 2**20 if a.device == "cpu" else None,
+                      cache_dir=Path(a.cache_dir) if a.cache_dir else None)
+    rng = np.random.default_rng(a.seed)
+    rows_f, rows_m, rows_r, rows_a = [], [], [], []
+    dropped = 0
+    longest_point = 0.0
+    work = Path(a.keep_dir) if a.keep_dir else Path(tempfile.mkdtemp(prefix="janus-profile-"))
+    work.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=int(a.budget_s), unit="s", disable=a.quiet, file=sys.stderr,
+               bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} s {postfix}")
+
+    def elapsed() -> float:
+        return time.monotonic() - t_start
+
+    knees: dict[str, float] = {}  # mix -> the highest rate one instance served at HIGH attainment
+    for m in range(1, a.max_instances + 1):
+        share_end = t_start + a.budget_s * m / a.max_instances  # later m inherit what earlier ones left
+        if a.budget_s - elapsed() < 2 * max(longest_point, a.point_s):
+            break
+        run_dir = work / f"m{m}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        proc, port = daemon_proc.start(daemon_config(a, run_dir, m), run_dir, a.torch_threads, {MODEL_NAME: m})
+        try:
+            _warm(port)
+            series = [Series(m, mix) for mix in a.mixes]
+            k = 0
+            while not all(s.done for s in series):
+                left = min(share_end, t_start + a.budget_s) - time.monotonic()
+                if left < max(longest_point, a.point_s):
+                    break
+                s = series[k % len(series)]
+                k += 1
+                if s.done:
+                    continue
+                # m instances start near m times one instance's knee (half of it: below the knee)
+                start = min(a.max_rate, max(a.start_rate, 0.5 * m * knees.get(s.mix, 0.0)))
+                rate = next_rate(s.measured, start, a.start_rate / 16, a.max_rate)
+                if rate is None:
+                    s.done = True
+                    continue
+                t0 = time.monotonic()
+                trace = make_trace(rate, a.point_s, s.mix, rng, a.ttft_slo_ms, a.tpot_slo_ms, max_len)
+                pdir = run_dir / f"p{len(rows_f) + dropped}"
+                rows, summary, peak = _arun(_measure(port, trace, pdir, a))
+                took = time.monotonic() - t0
+                longest_point = max(longest_point, took)
+                if not summary.get("valid", False):
+                    dropped += 1
+                    bar.set_postfix_str(f"m={m} {s.mix} {rate:.3g}/s dropped (client lag)")
+                    continue
+                att = token_attainment(rows)
+                s.measured.append((rate, att))
+                if m == 1 and att >= HIGH:
+                    knees[s.mix] = max(knees.get(s.mix, 0.0), rate)
+                span = float(trace.duration_s) or a.point_s
+                wall = max(span, max(r.arrival_s + r.send_lag_ms / 1e3 + (r.token_times_s[-1] if r.token_times_s
+                                                                             else 0.0) for r in rows))
+                compute, bw = usage_from_results(rows, wall, m, spec, dev)
+                devs = [peak.get(str(d), {}) for d in range(m)]
+                hbm = float(np.mean([hbm_fraction(int(p.get("weight_pages", 0)), int(p.get("kv_pages", 0)),
+                                                  int(p.get("page_size", 2 * 2**20)), dev) for p in devs]))
+                rows_f.append(features_from_results(rows, span, MODEL_NAME).vector())
+                rows_m.append(m)
+                rows_r.append([hbm, compute, bw])
+                rows_a.append(att)
+                bar.set_postfix_str(f"m={m} {s.mix} {rate:.3g}/s att={att:.2f} pts={len(rows_f)}")
+                bar.n = min(int(elapsed()), int(a.budget_s))
+                bar.refresh()
+        finally:
+            daemon_proc.stop(proc)
+    bar.close()
+    n = len(rows_f)
+    header = {
+        "model": a.spec, "model_spec": spec.identity(), "device": msgspec.to_builtins(dev),
+        "machine": machine_identity(), "slo": {"ttft_ms": a.ttft_slo_ms, "tpot_ms": a.tpot_slo_ms},
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "source": "profile",
+        "notes": {"engine_device": a.device, "mixes": {k: MIXES[k] for k in a.mixes}, "point_s": a.point_s,
+                  "budget_s": a.budget_s, "max_instances": a.max_instances, "dropped_points": dropped,
+                  "length_sigma": LENGTH_SIGMA, "dtype": a.dtype, "memory_mib": a.memory_mib},
+    }
+    pts = Points(header, np.array(rows_f, dtype=np.float64).reshape(n, 7), np.array(rows_m, dtype=np.int64),
+                 np.array(rows_r, dtype=np.float64).reshape(n, 3), np.clip(np.array(rows_a, dtype=np.float64), 0, 1),
+                 np.arange(n, dtype=np.int64))
+    write_points(a.out, pts)
+    return {"out": str(a.out), "points": n, "dropped_points": dropped, "elapsed_s": round(elapsed(), 1),
+            "instances": sorted(set(rows_m)), "attainment_min": float(min(rows_a)) if rows_a else None,
+            "attainment_max": float(max(rows_a)) if rows_a else None}

@@ -1,0 +1,44 @@
+"""`janus oracle eval --data FILE [--plot PNG] [--json]`: held-out error of the oracle's
+GPs and of the roofline prior on profiled points (oracle/evaluate.py). The last line is
+one JSON object whose first keys are the issue's headline figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="oracle_command", metavar="ACTION", required=True)
+    ev = sub.add_parser("eval", help="held-out error of the GPs and the prior on a points file")
+    ev.add_argument("--data", required=True, help="points file from `janus profile` (or the daemon's store)")
+    ev.add_argument("--plot", default=None, help="write a parity plot (PNG) here")
+    ev.add_argument("--folds", type=int, default=5, help="folds of whole load points")
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--json", action="store_true", help="accepted for uniformity: the JSON object is always last")
+
+
+def run(args: argparse.Namespace) -> int:
+    from janusd.oracle.dataset import DatasetError, read_points
+    from janusd.oracle.evaluate import HEADLINE, evaluate, parity_plot
+
+    if args.folds < 2:
+        print("janus oracle eval: --folds must be >= 2", file=sys.stderr)
+        return 2
+    try:
+        points = read_points(args.data)
+        figures, arrays = evaluate(points, args.folds, args.seed)
+    except (DatasetError, KeyError, TypeError, ValueError) as e:
+        print(f"janus oracle eval: {args.data}: {e}", file=sys.stderr)
+        return 1
+    if args.plot:
+        try:
+            parity_plot(arrays, args.plot, f"{points.header.get('model')}: held-out predictions ({len(points)} points)")
+        except OSError as e:
+            print(f"janus oracle eval: --plot {args.plot}: {e}", file=sys.stderr)
+            return 1
+    out = {k: figures.get(k) for k in HEADLINE} | {k: v for k, v in figures.items() if k not in HEADLINE}
+    out["model"] = points.header.get("model")
+    print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}))
+    return 0

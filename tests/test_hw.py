@@ -1,0 +1,83 @@
+"""hw/: model costs counted from a config, device presets, the cached cpu peaks."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from janusd.engine.checkpoint.demo import _config_json, demo_arch
+from janusd.hw import ModelSpec, device_spec
+from janusd.hw import cpu_peaks
+
+SMOLLM2_135M = {  # config.json of HuggingFaceTB/SmolLM2-135M-Instruct (the keys used)
+    "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+    "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+}
+
+
+def test_smollm2_parameter_count_and_kv_bytes():
+    s = ModelSpec.from_config(SMOLLM2_135M)
+    assert s.params == 134_515_008  # the published parameter count of SmolLM2-135M
+    assert s.weight_bytes == 2 * 134_515_008
+    assert s.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2  # K and V, layers, kv heads, head_dim, bf16
+    assert ModelSpec.from_config(SMOLLM2_135M, dtype="float32").weight_bytes == 4 * 134_515_008
+
+
+def test_engine_arch_and_config_json_give_the_same_spec():
+    for arch, size in (("llama", "tiny"), ("qwen3", "small")):
+        a = demo_arch(arch, size)
+        assert ModelSpec.from_config(msgspec.to_builtins(a)) == ModelSpec.from_config(_config_json(a))
+
+
+def test_flops_match_a_brute_force_count():
+    s = ModelSpec.from_config(SMOLLM2_135M)
+    per_ctx = 4 * s.layers * s.heads * s.head_dim
+    # prefill of 5 tokens after 3 cached ones: token i (1-based) attends to 3 + i positions
+    brute = sum(2 * s.matmul_params + per_ctx * (3 + i) for i in range(1, 6))
+    assert s.prefill_flops(5, context=3) == pytest.approx(brute)
+    # a decode step of 2 sequences at contexts 10 and 20
+    assert s.decode_step_flops(2, 30) == pytest.approx(2 * 2 * s.matmul_params + per_ctx * 30)
+    assert s.decode_step_bytes(2, 30) == s.weight_bytes + s.kv_bytes_per_token * 32
+
+
+@pytest.mark.parametrize("cfg,msg", [({**SMOLLM2_135M, "hidden_size": 0}, "hidden_size"),
+                                     ({k: v for k, v in SMOLLM2_135M.items() if k != "vocab_size"}, "vocab_size"),
+                                     ({**SMOLLM2_135M, "torch_dtype": "int3"}, "dtype")])
+def test_bad_config_is_refused_by_name(cfg, msg):
+    with pytest.raises(ValueError, match=msg):
+        ModelSpec.from_config(cfg)
+
+
+def test_presets_and_the_papers_links():
+    die = device_spec("ascend-910c-die")
+    assert (die.d2d_bw, die.h2d_bw) == (163.6e9, 59.0e9)
+    assert device_spec("h200").hbm_bytes == 141e9 and device_spec("h100").hbm_bytes == 80e9
+    assert device_spec("h100", hbm_bytes=40e9).hbm_bytes == 40e9
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        device_spec("tpu")
+
+
+def test_cpu_peaks_are_measured_once_and_a_bad_or_foreign_cache_is_replaced(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_measure(threads=1, seconds=0.3):
+        calls.append(threads)
+        return {"peak_flops": 1e11, "mem_bw": 2e10}
+
+    monkeypatch.setattr(cpu_peaks, "measure", fake_measure)
+    spec = device_spec("cpu", hbm_bytes=2**30, cache_dir=tmp_path)
+    assert (spec.peak_flops, spec.hbm_bw, spec.hbm_bytes) == (1e11, 2e10, 2**30)
+    device_spec("cpu", hbm_bytes=2**30, cache_dir=tmp_path)
+    assert calls == [1]  # cached
+    path = tmp_path / "hw" / "cpu-peaks.json"
+    path.write_text("{not json")
+    device_spec("cpu", cache_dir=tmp_path)
+    assert calls == [1, 1]
+    data = json.loads(path.read_text())
+    data["machine"]["host"] = "another-host"
+    path.write_text(json.dumps(data))
+    device_spec("cpu", cache_dir=tmp_path)
+    assert calls == [1, 1, 1]
+    assert json.loads(path.read_text())["machine"] == cpu_peaks.machine_identity()

@@ -1,0 +1,158 @@
+"""The oracle's GPs, the monotone projection over m, min_instances and the prior."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from janusd.hw import ModelSpec, device_spec
+from janusd.oracle.capacity import CapacityModel
+from janusd.oracle.dataset import Points
+from janusd.oracle.elasticity import ElasticityModel, first_reaching, min_instances, monotone_curve
+from janusd.oracle.fit import fit_points, per_instance
+from janusd.oracle.gp import GPRegressor
+from janusd.oracle.oracle import Oracle
+from janusd.oracle.prior import RooflinePrior
+from janusd.oracle.types import LoadFeatures
+
+SPEC = ModelSpec.from_config({"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+                              "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
+                              "tie_word_embeddings": True, "torch_dtype": "bfloat16"})
+
+
+def loads(rng: np.random.Generator, n: int) -> np.ndarray:
+    rate = rng.uniform(0.5, 20, n)
+    lin, lout = rng.uniform(50, 800, n), rng.uniform(20, 300, n)
+    return np.stack([rate, rate * lin, rate * lout, lin, (0.3 * lin) ** 2, lout, (0.3 * lout) ** 2], axis=1)
+
+
+def test_gp_recovers_a_known_function_from_noisy_samples():
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-2, 2, (150, 3))
+    f = lambda x: np.sin(1.5 * x[:, 0]) + 0.3 * x[:, 1] ** 2  # noqa: E731 - x[:, 2] does not matter
+    gp = GPRegressor.fit(x, f(x) + rng.normal(0, 0.05, len(x)))
+    xt = rng.uniform(-1.8, 1.8, (200, 3))
+    mean, std = gp.predict(xt)
+    assert np.abs(mean - f(xt)).max() < 0.15
+    assert np.sqrt(np.mean((mean - f(xt)) ** 2)) < 0.05
+    assert 0.01 < np.median(std) < 0.1  # about the noise level, not 0 and not the prior's 1
+
+
+def test_capacity_gp_learns_linear_demand():
+    rng = np.random.default_rng(2)
+    f = loads(rng, 120)
+    truth = np.stack([0.2 + 1e-4 * f[:, 0] * f[:, 5], 2e-5 * f[:, 1] + 4e-5 * f[:, 2], 0.01 * f[:, 0]], axis=1)
+    cap = CapacityModel.fit(f, truth * (1 + rng.normal(0, 0.02, truth.shape)))
+    ft = loads(rng, 50)
+    tt = np.stack([0.2 + 1e-4 * ft[:, 0] * ft[:, 5], 2e-5 * ft[:, 1] + 4e-5 * ft[:, 2], 0.01 * ft[:, 0]], axis=1)
+    mean, std = cap.predict(ft)
+    rel = np.abs(mean - tt) / tt
+    assert np.percentile(rel, 90) < 0.15
+    est = cap.capacity(LoadFeatures(*ft[0].tolist()))
+    assert est.source == "gp" and est.mean == pytest.approx(tuple(mean[0]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(-0.5, 1.5), min_size=1, max_size=12), st.floats(0, 3))
+def test_monotone_curve_is_non_decreasing_and_above_the_raw_curve(raw, margin):
+    mu = np.array(raw)
+    sd = np.abs(np.sin(np.arange(len(mu)) + 1.0))
+    mean, std, lb = monotone_curve(mu, sd, margin)
+    assert np.all(np.diff(mean) >= 0) and np.all(np.diff(lb) >= 0)
+    assert np.all(mean >= np.clip(mu, 0, 1) - 1e-11) and np.all((mean >= 0) & (mean <= 1))
+    assert np.all(lb >= mu - margin * sd - 1e-11)
+
+
+class Fixed:
+    """A raw attainment source with given curves (the edge fake of ElasticityModel)."""
+
+    def __init__(self, mu: list[float], sd: list[float]) -> None:
+        self.mu, self.sd = np.array(mu), np.array(sd)
+
+    def raw_attainment(self, load, instances):
+        idx = np.asarray(instances, dtype=np.int64) - 1
+        return self.mu[idx], self.sd[idx]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1), st.floats(0, 0.3)), min_size=1, max_size=20),
+       st.floats(0, 1), st.floats(0, 3))
+def test_min_instances_agrees_with_a_linear_scan(curve, target, margin):
+    src = Fixed([c[0] for c in curve], [c[1] for c in curve])
+    z = LoadFeatures(1, 1, 1, 1, 0, 1, 0)
+    got = min_instances(src, z, target, margin, len(curve), "t")
+    r = [(round(mu, 12), round(sd, 12)) for mu, sd in curve]  # elasticity.py's rounding of raw predictions
+    scan = next((m for m in range(1, len(r) + 1) if r[m - 1][0] - margin * r[m - 1][1] >= target), None)
+    assert got.m == scan
+    if scan is None:
+        assert "below the target" in got.reason
+    else:
+        assert got.predicted.mean >= curve[scan - 1][0] - 1e-11
+
+
+def test_first_reaching_on_edges():
+    assert first_reaching(np.array([]), 0.5) is None
+    assert first_reaching(np.array([0.1, 0.5, 0.9]), 0.5) == 2
+    assert first_reaching(np.array([0.9]), 0.5) == 1
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_elasticity_is_monotone_in_m_for_adversarial_data(seed):
+    """Labels that *fall* with m (the opposite of the truth), random noise on top."""
+    rng = np.random.default_rng(seed)
+    n = 40
+    f = loads(rng, n)
+    m = rng.integers(1, 6, n)
+    att = np.clip(1.0 - 0.15 * m + rng.normal(0, 0.2, n), 0, 1)
+    o = Oracle()
+    o.set_fitted("x", None, ElasticityModel.fit(f, m, att, seed=seed))
+    for z in loads(rng, 5):
+        load = LoadFeatures(*z.tolist())
+        curve = [o.attainment("x", load, k).mean for k in range(1, 9)]
+        assert all(b >= a for a, b in zip(curve, curve[1:], strict=False)), curve
+        r = o.min_instances("x", load, 0.5, 1.0, 8)
+        if r.m is not None:
+            assert r.predicted.source == "gp"
+
+
+def test_prior_is_monotone_in_m_and_saturates_with_load():
+    prior = RooflinePrior(SPEC, device_spec("h100"), ttft_slo_s=1.0, tpot_slo_s=0.05)
+    z = LoadFeatures(50, 50 * 500, 50 * 200, 500, 100, 200, 100)
+    curve = [prior.attainment("m", z, k).mean for k in range(1, 10)]
+    assert all(b >= a for a, b in zip(curve, curve[1:], strict=False))
+    light, heavy = (LoadFeatures(r, r * 500, r * 200, 500, 0, 200, 0) for r in (1.0, 5000.0))
+    assert prior.attainment("m", light, 1).mean > 0.99 > 0.5 > prior.attainment("m", heavy, 1).mean
+    c_light, c_heavy = prior.capacity("m", light), prior.capacity("m", heavy)
+    assert c_light.source == "prior" and c_light.std == (0.0, 0.0, 0.0)
+    assert all(h >= l for h, l in zip(c_heavy.mean, c_light.mean, strict=True))
+    assert c_light.mean[0] == pytest.approx(SPEC.weight_bytes / 80e9, rel=0.01)  # weights dominate HBM at light load
+
+
+def test_oracle_answers_with_the_prior_until_fitted_and_refuses_unknown_models():
+    o = Oracle()
+    with pytest.raises(KeyError, match="nothing of model 'ghost'"):
+        o.capacity("ghost", LoadFeatures(1, 1, 1, 1, 0, 1, 0))
+    o.set_prior("m", RooflinePrior(SPEC, device_spec("h100"), 1.0, 0.05))
+    z = LoadFeatures(5, 2500, 1000, 500, 0, 200, 0)
+    assert o.source("m") == "prior" and o.capacity("m", z).source == "prior"
+    assert o.min_instances("m", z, 0.9, 0.0, 4).predicted.source == "prior"
+
+
+def test_fitting_2000_points_is_fast_enough_for_a_background_refit():
+    rng = np.random.default_rng(3)
+    n = 2000
+    f = loads(rng, n)
+    m = rng.integers(1, 5, n)
+    att = np.clip(1.2 - 0.05 * f[:, 0] / m + rng.normal(0, 0.03, n), 0, 1)
+    per = per_instance(f, m)
+    res = np.stack([0.1 + 1e-4 * per[:, 0], 1e-5 * per[:, 1], 1e-3 * per[:, 0]], axis=1)
+    t0 = time.monotonic()
+    cap, ela = fit_points(Points({}, f, m, res, att, np.arange(n)))
+    took = time.monotonic() - t0
+    assert took < 90.0, f"a fit of 2,000 points took {took:.1f} s"  # refits run every few minutes
+    assert cap.predict(f[:5])[0].shape == (5, 3)

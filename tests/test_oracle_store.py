@@ -1,0 +1,111 @@
+"""Oracle persistence (JSON + npz) and the points format: exact round trips, clear refusals."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from janusd.oracle import store
+from janusd.oracle.dataset import DatasetError, Points, read_points, write_points
+from janusd.oracle.fit import fit_points
+from janusd.oracle.oracle import Oracle
+from janusd.oracle.prior import RooflinePrior
+from janusd.oracle.types import LoadFeatures
+from janusd.hw import ModelSpec, device_spec
+
+SPEC = ModelSpec.from_config({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                              "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512})
+LOG = logging.getLogger("test-oracle-store")
+
+
+def points(n: int = 30, seed: int = 0) -> Points:
+    rng = np.random.default_rng(seed)
+    rate = rng.uniform(1, 10, n)
+    lin, lout = rng.uniform(20, 200, n), rng.uniform(10, 100, n)
+    f = np.stack([rate, rate * lin, rate * lout, lin, 25.0 * np.ones(n), lout, 9.0 * np.ones(n)], axis=1)
+    m = rng.integers(1, 3, n)
+    res = np.stack([0.1 + 0.001 * rate / m, 0.01 * rate / m, 0.02 * rate / m], axis=1)
+    att = np.clip(1.1 - 0.08 * rate / m, 0, 1)
+    return Points({"model": "demo/a:1", "source": "test"}, f, m, res, att, np.arange(n) // 2)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    p = points()
+    return p, *fit_points(p)
+
+
+def test_points_file_round_trips_and_refuses_foreign_or_corrupt_files(tmp_path):
+    p = points()
+    write_points(tmp_path / "p.npz", p)
+    q = read_points(tmp_path / "p.npz")
+    for k in ("features", "instances", "resources", "attainment", "point_id"):
+        assert np.array_equal(getattr(p, k), getattr(q, k))
+    assert q.header["format"] == "janusd-oracle-points" and q.header["source"] == "test"
+    (tmp_path / "bad.npz").write_bytes(b"garbage")
+    with pytest.raises(DatasetError, match="bad.npz: not a readable npz"):
+        read_points(tmp_path / "bad.npz")
+    np.savez(tmp_path / "other.npz", x=np.ones(3))
+    with pytest.raises(DatasetError, match="other.npz: no header"):
+        read_points(tmp_path / "other.npz")
+    with pytest.raises(DatasetError, match="missing.npz: cannot read"):
+        read_points(tmp_path / "missing.npz")
+    bad = Points(p.header, p.features, p.instances, p.resources, p.attainment + 2, p.point_id)
+    with pytest.raises(DatasetError, match="attainment in"):
+        write_points(tmp_path / "x.npz", bad)
+
+
+def test_store_round_trips_predictions_exactly(tmp_path, fitted):
+    p, cap, ela = fitted
+    store.save(tmp_path, "demo/a:1", p, cap, ela, SPEC.identity(), "cpu", {"fitted_at": 12.5})
+    q, cap2, ela2, header = store.load(tmp_path, "demo/a:1", SPEC.identity())
+    assert header["info"]["fitted_at"] == 12.5 and len(q) == len(p)
+    rng = np.random.default_rng(5)
+    probe = np.abs(rng.normal(1, 0.5, (20, 7))) * [5, 500, 200, 50, 25, 30, 9]
+    m = rng.integers(1, 4, 20)
+    assert np.array_equal(cap.predict(probe)[0], cap2.predict(probe)[0])
+    assert np.array_equal(cap.predict(probe)[1], cap2.predict(probe)[1])
+    assert np.array_equal(ela.predict_rows(probe, m)[0], ela2.predict_rows(probe, m)[0])
+    assert np.array_equal(ela.predict_rows(probe, m)[1], ela2.predict_rows(probe, m)[1])
+
+
+def test_missing_corrupt_or_foreign_store_leaves_the_logged_prior(tmp_path, fitted, caplog):
+    p, cap, ela = fitted
+    prior = RooflinePrior(SPEC, device_spec("h100"), 1.0, 0.05)
+    z = LoadFeatures(2, 200, 100, 100, 0, 50, 0)
+
+    def install(name: str) -> tuple[str, Oracle]:
+        o = Oracle()
+        o.set_prior(name, prior)
+        src, _ = store.load_into(o, tmp_path, name, SPEC.identity(), LOG)
+        return src, o
+
+    with caplog.at_level(logging.INFO, logger=LOG.name):
+        src, o = install("m1")
+    assert src == "prior" and o.capacity("m1", z).source == "prior"
+    assert "m1.json: no stored oracle model; m1 uses the roofline prior" in caplog.text
+
+    store.save(tmp_path, "m1", p, cap, ela, SPEC.identity(), "cpu", {})
+    assert install("m1")[0] == "gp"
+    assert install("m1")[1].attainment("m1", z, 1).source == "gp"
+
+    (tmp_path / "m1.npz").write_bytes(b"\x00" * 100)  # corrupt arrays
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=LOG.name):
+        src, o = install("m1")
+    assert src == "prior" and o.attainment("m1", z, 1).source == "prior"
+    assert "m1.npz: unreadable npz" in caplog.text and "m1 uses the roofline prior" in caplog.text
+
+    store.save(tmp_path, "m1", p, cap, ela, SPEC.identity(), "cpu", {})
+    (tmp_path / "m2.json").write_text((tmp_path / "m1.json").read_text())  # another model's file under m2
+    (tmp_path / "m2.npz").write_bytes((tmp_path / "m1.npz").read_bytes())
+    with pytest.raises(store.StoreError, match="m2.json: holds model 'm1', not 'm2'"):
+        store.load(tmp_path, "m2")
+    other = {**SPEC.identity(), "layers": 3}
+    with pytest.raises(store.StoreError, match="m1.json: fitted for another shape"):
+        store.load(tmp_path, "m1", other)
+    (tmp_path / "m1.json").write_text("{")
+    with pytest.raises(store.StoreError, match="m1.json: unreadable"):
+        store.load(tmp_path, "m1")
