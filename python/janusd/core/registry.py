@@ -81,6 +81,7 @@ class Registry:
     def __init__(self) -> None:
         self.models: dict[str, Model] = {}
         self.instances: dict[int, Instance] = {}
+        self._by_device: dict[int, dict[int, Instance]] = {}  # device -> instance id -> instance
         self._next_id = 1
 
     def add_model(self, cfg: ModelConfig) -> Model:
@@ -100,10 +101,19 @@ class Registry:
         self._next_id += 1
         model.instances[device] = inst
         self.instances[inst.instance_id] = inst
+        self._by_device.setdefault(device, {})[inst.instance_id] = inst
         return inst
 
-    def drop_instance(self, inst: Instance) -> None:
+    def _forget(self, inst: Instance) -> None:
         self.instances.pop(inst.instance_id, None)
+        on = self._by_device.get(inst.device)
+        if on is not None:
+            on.pop(inst.instance_id, None)
+            if not on:
+                del self._by_device[inst.device]
+
+    def drop_instance(self, inst: Instance) -> None:
+        self._forget(inst)
         m = self.models.get(inst.model)
         if m is not None and m.instances.get(inst.device) is inst:
             del m.instances[inst.device]
@@ -112,8 +122,10 @@ class Registry:
         m = self.models.pop(name, None)
         if m is not None:
             for inst in list(m.instances.values()):
-                self.instances.pop(inst.instance_id, None)
+                self._forget(inst)
         return m
 
     def on_device(self, device: int) -> list[Instance]:
-        return [i for i in self.instances.values() if i.device == device]
+        """The instances on `device`, in the order they were made (an index: the simulator
+        asks this per event at hundreds of devices)."""
+        return list(self._by_device.get(device, {}).values())

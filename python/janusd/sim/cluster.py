@@ -137,6 +137,7 @@ class Cluster:
         self._held_devices = 0
         self._held_since = 0.0
         self.device_series: list[tuple[float, int, int]] = [(0.0, 0, 0)]
+        self._devices_dirty = False  # an instance changed state: count devices after this event
 
     # ------------------------------------------------------------- devices
     def worker(self, devices: list[int]) -> SimWorker:
@@ -164,7 +165,7 @@ class Cluster:
         inst = self.core.instance(model, lead)
         self.core.set_state(inst, target, now)
         self.worker(self.groups.get(lead, [lead])).set_residents(self.residents(lead))
-        self._count_devices(now)
+        self._devices_dirty = True
 
     def place(self, model: str, devices: list[int], now: float, load_s: float = 0.0) -> None:
         """An instance of `model` on the group `devices`: Loading now, Active after load_s."""
@@ -180,19 +181,22 @@ class Cluster:
         arch = self.served[model].arch
         probe = [(n, self.perf.prefill_s(arch, n)) for n in (128, 512, 2048)]
         self.core.loaded(inst, now, arch.max_model_len, 0.0, probe)
-        self._count_devices(now)
+        self._devices_dirty = True
 
     def _count_devices(self, now: float) -> None:
-        held: set[int] = set()
-        insts = 0
-        for inst in self.core.registry.instances.values():
-            if holds_device_memory(inst.state):
-                held.update(self.groups.get(inst.device, [inst.device]))
-                insts += 1
+        """Re-count the devices held after an instance changed state (module doc)."""
         self._device_s += self._held_devices * (now - self._held_since)
-        self._held_devices, self._held_since = len(held), now
-        if self.device_series[-1][1:] != (len(held), insts):
-            self.device_series.append((now, len(held), insts))
+        held = insts = 0
+        for lead, devs in self.groups.items():
+            k = sum(1 for i in self.core.registry.on_device(lead) if holds_device_memory(i.state))
+            insts += k
+            held += len(devs) if k else 0
+        self._held_devices, self._held_since = held, now
+        if self.device_series[-1][1:] != (held, insts):
+            if self.device_series[-1][0] == now:
+                self.device_series[-1] = (now, held, insts)
+            else:
+                self.device_series.append((now, held, insts))
 
     # --------------------------------------------------------------- events
     def _push(self, t: float, kind: int, key: int) -> None:
@@ -210,6 +214,8 @@ class Cluster:
     def run(self, on_progress: Callable[[float], None] | None = None) -> float:
         """Replay the whole trace; returns the wall seconds it took."""
         wall0 = time.perf_counter()
+        self._count_devices(self.now)
+        self._devices_dirty = False
         tr = self.trace
         arrivals = tr.arrival_s
         n = len(arrivals)
@@ -244,6 +250,9 @@ class Cluster:
                     if t != self._tick_at:
                         continue
                     self._tick_at = math.inf
+            if self._devices_dirty:
+                self._devices_dirty = False
+                self._count_devices(self.now)
             wake = core.tick(self.now)
             if wake is not None and wake < self._tick_at:
                 self._tick_at = max(wake, self.now)
