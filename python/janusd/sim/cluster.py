@@ -131,6 +131,7 @@ class Cluster:
             self.core.add_model(ModelConfig(name=s.name, checkpoint=f"sim:{s.arch.name}", app=s.app,
                                             ttft_slo_ms=s.arch.ttft_slo_ms, tpot_slo_ms=s.arch.tpot_slo_ms,
                                             tp=s.arch.tp, max_model_len=s.arch.max_model_len))
+        self.arrivals_left = len(trace.arrival_s)
         self._tick_at = math.inf
         self._timers: list[tuple[float, Callable[[float], None]]] = []
         self._device_s = 0.0  # device-seconds held (module doc)
@@ -138,6 +139,8 @@ class Cluster:
         self._held_since = 0.0
         self.device_series: list[tuple[float, int, int]] = [(0.0, 0, 0)]
         self._devices_dirty = False  # an instance changed state: count devices after this event
+        self._draining: dict[int, set[str]] = {}  # worker -> models draining there
+        self.on_arrival: Callable[[int, float], None] | None = None  # (trace row, now): the controller's counts
 
     # ------------------------------------------------------------- devices
     def worker(self, devices: list[int]) -> SimWorker:
@@ -176,6 +179,25 @@ class Cluster:
         else:
             self.at(now + load_s, lambda t, m=model, d=devices[0]: self._loaded(m, d, t))
 
+    def drain(self, model: str, lead: int, now: float) -> None:
+        """Active -> Draining; Unloaded once the worker has finished its requests."""
+        self.set_state(model, lead, InstanceState.DRAINING, now)
+        self._draining.setdefault(lead, set()).add(model)
+        self._check_drained(lead, now)
+
+    def _check_drained(self, lead: int, now: float) -> None:
+        models = self._draining.get(lead)
+        if not models:
+            return
+        w = self.workers[lead]
+        for m in sorted(models):
+            r = w.residents.get(m)
+            if r is None or (not r.running and not r.waiting):
+                models.discard(m)
+                self.set_state(m, lead, InstanceState.UNLOADED, now)
+        if not models:
+            del self._draining[lead]
+
     def _loaded(self, model: str, lead: int, now: float) -> None:
         inst = self.core.instance(model, lead)
         arch = self.served[model].arch
@@ -206,6 +228,11 @@ class Cluster:
     def _schedule_worker(self, lead: int, t: float) -> None:
         self._push(t, 1, lead)
 
+    @property
+    def busy(self) -> bool:
+        """Requests still to come or in flight (periodic controller loops stop after)."""
+        return self.arrivals_left > 0 or bool(self.core.requests.by_id) or bool(self._draining)
+
     def at(self, t: float, fn: Callable[[float], None]) -> None:
         """Call fn(t) at virtual time t (controller timers, load completions)."""
         self._timers.append((t, fn))
@@ -231,6 +258,7 @@ class Cluster:
                 self.now = t_arr
                 self._arrive(i, t_arr)
                 i += 1
+                self.arrivals_left = n - i
             else:
                 t, kind, key, _ = heapq.heappop(heap)
                 self.now = t
@@ -244,6 +272,8 @@ class Cluster:
                         core.on_batch(key, wm.StepBatch(deltas), t)
                     elif not failed:
                         continue
+                    if key in self._draining:
+                        self._check_drained(key, t)
                 elif kind == 0:
                     self._timers[key][1](t)
                 else:  # a tick the core asked for
@@ -265,6 +295,8 @@ class Cluster:
     def _arrive(self, i: int, now: float) -> None:
         tr = self.trace
         name = self.req_model[int(self.request_model[i])]
+        if self.on_arrival is not None:
+            self.on_arrival(i, now)
         try:
             m = self.core.begin_admission(name)
         except Refused:

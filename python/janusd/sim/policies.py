@@ -62,7 +62,28 @@ def _proportional(cluster: Cluster, served: list[Served], trace: Trace, request_
     _place_fixed(split_groups({s.name: s.arch.tp for s in served}, w, cluster.n_devices), cluster, served)
 
 
+def _controlled(mode: str) -> Callable[[Cluster, list[Served], Trace, np.ndarray], None]:
+    def setup(cluster: Cluster, served: list[Served], trace: Trace, request_model: np.ndarray) -> None:
+        from janusd.sim.controller import Controller
+
+        Controller(cluster, served, mode).start()
+
+    return setup
+
+
 POLICIES: dict[str, Policy] = {p.name: p for p in (
+    Policy("janus", "Janus: bursty/hot apps elastic (whole devices, scaled every 0.5 s under one budget), the rest "
+           "co-located in the steady pool (placement every 30 s and on change); D2D fork, H2D restore",
+           DispatchConfig(), _controlled("janus")),
+    Policy("steady-only", "ablation: every app in the steady pool (co-located, placement every 30 s)",
+           DispatchConfig(), _controlled("steady-only")),
+    Policy("elastic-only", "ablation: every app elastic (whole devices, one global budget)",
+           DispatchConfig(), _controlled("elastic-only")),
+    Policy("prism", "Prism-like: periodic placement inside the pool, no per-app budget re-allocation at run "
+           "time, every load from host memory (no fork)", DispatchConfig(), _controlled("prism")),
+    Policy("blitzscale", "BlitzScale-like: per-app autoscaling on whole devices with fast (D2D) loading, each app "
+           "scaled to its own need first come first served, no global allocator",
+           DispatchConfig(), _controlled("blitzscale")),
     Policy("static", "devices split evenly and bound to apps for the run (ServerlessLLM-like); LST-IMH dispatch",
            DispatchConfig(), _even),
     Policy("rr", "pool split by the trace's work per app; round-robin dispatch",

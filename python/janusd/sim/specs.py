@@ -54,6 +54,7 @@ class SimModel:
     ttft_slo_ms: float = 1000.0
     tpot_slo_ms: float = 50.0
     max_model_len: int = 131072
+    spec: ModelSpec | None = None  # the dense spec the oracle's roofline prior reads (None: MoE)
 
     @classmethod
     def from_spec(cls, name: str, spec: ModelSpec, tp: int = 1, max_model_len: int = 131072) -> SimModel:
@@ -62,7 +63,7 @@ class SimModel:
                    matmul_flops_per_token=2.0 * spec.matmul_params,
                    attn_flops_per_ctx=4.0 * spec.layers * spec.heads * spec.head_dim,
                    kv_bytes_per_token=float(spec.kv_bytes_per_token), tp=tp, ttft_slo_ms=ttft, tpot_slo_ms=tpot,
-                   max_model_len=max_model_len)
+                   max_model_len=max_model_len, spec=spec)
 
 
 def default_slo_ms(params: float) -> tuple[float, float]:
