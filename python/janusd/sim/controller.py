@@ -61,6 +61,10 @@ class Periods:
     traffic_window_s: int = 60  # classify's long window, in 1 s buckets
     short_buckets: int = 5  # classify's short window (peak rate)
     control_overhead_s: float = 0.5  # a lifecycle move's fixed cost (detect, prepare, switch)
+    # placement "on change" (DESIGN.md: 30 s + on change): besides a pool change, every
+    # this often the steady pool is re-planned without consolidation, which re-places
+    # instances of devices that grown demand vectors overfill (the plan's forced moves)
+    recheck_s: float = 5.0
 
 
 @dataclass
@@ -104,6 +108,7 @@ class Controller:
         self._row_model = cluster.request_model
         self._names = cluster.req_model
         self.decisions = 0  # policy calls made (tests, the summary)
+        self._placed_at = 0.0
         pin = {"steady-only": "steady", "prism": "steady", "elastic-only": "elastic", "blitzscale": "elastic"}
         self.pin = pin.get(mode)
         cluster.on_arrival = self._arrival
@@ -150,7 +155,7 @@ class Controller:
         self.c.at(now + self.p.slow_s, self._slow_tick)
 
     def _fast_tick(self, now: float) -> None:
-        if self._classify(now):
+        if self._classify(now) or now - self._placed_at >= self.p.recheck_s:
             self._place(now, consolidate=False)
         self._fast(now)
         if self.c.busy:
@@ -186,6 +191,7 @@ class Controller:
         left = max(0, self.cfg.placement.migration_budget - self.st.migrations)
         plan = placement.plan(snap, self.cfg.placement, consolidate=consolidate, migrations_left=left)
         self.decisions += 1
+        self._placed_at = now
         for mv in plan.moves:
             if mv.kind == "place" and mv.dst is not None:
                 self._evict_elastic(mv.dst, now, mv.model)

@@ -5,7 +5,9 @@ the same StepBatch / RequestFailed the core hears from a real one, at virtual ti
 Inside it is an engine in outline: per resident model a FIFO of waiting requests and a
 running batch (continuous batching); a request is admitted when its prompt plus its
 output tokens fit the model's KV capacity on the device (sim/perfmodel.py) and the batch
-has room. Every device step runs, for every resident model with work, the prefills it
+has room; it waits while they do not (pages held by other requests or by co-located
+models' weights) and fails only when it could not fit even alone on the device. (The
+real engine's kv_wait_timeout_s is not modelled: a waiting request waits.) Every device step runs, for every resident model with work, the prefills it
 admits (up to `max_batched_tokens` per model) and one decode token of every running
 sequence; its length is the roofline of all of that together (co-located models share
 the step).
@@ -123,6 +125,8 @@ class SimWorker:
         held = [r.model for r in self.residents.values()]
         for r in self.residents.values():
             r.kv_cap = self.perf.kv_capacity_tokens(r.model, held)
+        if any(r.waiting for r in self.residents.values()):
+            self._wake(self._clock())  # freed pages may admit a waiting request
 
     # -------------------------------------------------------- Worker protocol
     def send(self, msg: object) -> bool:
@@ -137,10 +141,11 @@ class SimWorker:
             meta = self._meta(msg.req_id)
             seq = Seq(msg.req_id, msg.model, meta[0], meta[1], meta[2], len(msg.prompt_token_ids),
                       msg.sampling.max_tokens)
-            if seq.prompt + seq.n_out > r.kv_cap:
+            alone = self.perf.kv_capacity_tokens(r.model, [r.model])
+            if seq.prompt + seq.n_out > alone:
                 self.failed.append(wm.RequestFailed(
-                    msg.req_id, f"needs {seq.prompt + seq.n_out} KV tokens; {msg.model} holds {r.kv_cap} here",
-                    kind="unavailable"))
+                    msg.req_id, f"needs {seq.prompt + seq.n_out} KV tokens; {msg.model} holds at most {alone} "
+                    "on a device", kind="unavailable"))
                 self._wake(now)
                 return True
             r.waiting.append(seq)
