@@ -46,9 +46,9 @@ def test_a_burst_is_absorbed_by_janus_not_by_static(burst_runs):
     tr, runs = burst_runs
     hot = tr.apps.index("hot")
     att = {p: float(per_app(c)["token_attainment"][hot]) for p, (c, _) in runs.items()}
-    assert att["static"] < 0.8  # two devices cannot carry 60 req/s
-    assert att["janus"] > 0.9 and att["janus"] > att["static"] + 0.15
-    assert runs["janus"][1]["token_attainment"] > runs["static"][1]["token_attainment"] + 0.1
+    assert att["static"] < 0.88  # its two devices cannot carry 60 req/s
+    assert att["janus"] > 0.92 and att["janus"] > att["static"] + 0.07
+    assert runs["janus"][1]["token_attainment"] > runs["static"][1]["token_attainment"] + 0.06
     # and Janus held fewer device-hours than the static split, which holds all 8 throughout
     assert runs["janus"][1]["device_hours"] < runs["static"][1]["device_hours"]
 

@@ -14,6 +14,11 @@ Events, in time order (ties: arrivals first, then worker events by device, then 
 - a core tick at the time the last tick asked for (the Dispatcher's next wake-up).
 After every event the core is ticked, as the daemon's tick task does after each event.
 
+Telemetry: the core's windows span `telemetry_window_s` (10 s by default, not the
+daemon's 60 s): the controller's loads come from them, and on a trace compressed 48x
+(a day in 30 min) a 60 s window averages 48 minutes of the day, so a burst would reach
+the elastic demand only after it is over.
+
 Served models: every (app, trace model) pair is a served model of its own (the paper's
 apps each have their own model); its name is the app's, or app/model when an app uses
 several models. Its architecture and default SLOs come from sim/specs.py; a trace's
@@ -43,6 +48,7 @@ from janusd.lifecycle.states import InstanceState, holds_device_memory
 from janusd.sim.perfmodel import PerfModel
 from janusd.sim.specs import SimModel
 from janusd.sim.worker import EngineLimits, SimWorker
+from janusd.telemetry import Telemetry
 from janusd.trace import slo
 from janusd.trace.formats import Trace
 from janusd.trace.results import RequestResult
@@ -102,7 +108,8 @@ class Cluster:
 
     def __init__(self, trace: Trace, served: list[Served], request_model: np.ndarray, perf: PerfModel,
                  devices: int, dispatch: DispatchConfig, engine: EngineLimits = EngineLimits(),
-                 keep_times: bool = False, model_wait_timeout_s: float = 30.0) -> None:
+                 keep_times: bool = False, model_wait_timeout_s: float = 30.0,
+                 telemetry_window_s: float = 10.0) -> None:
         self.trace = trace
         self.served = {s.name: s for s in served}
         self.req_model = [served[i].name for i in range(len(served))]
@@ -126,7 +133,8 @@ class Cluster:
         obs = Observers(finished=self._finished)
         self.core = ServingCore(dispatch, self.workers, Limits(queue_limit=1 << 30,
                                                                 model_wait_timeout_s=model_wait_timeout_s,
-                                                                default_max_tokens=1 << 20), obs)
+                                                                default_max_tokens=1 << 20), obs,
+                                Telemetry(window_s=telemetry_window_s, bucket_s=1.0))
         for s in served:
             self.core.add_model(ModelConfig(name=s.name, checkpoint=f"sim:{s.arch.name}", app=s.app,
                                             ttft_slo_ms=s.arch.ttft_slo_ms, tpot_slo_ms=s.arch.tpot_slo_ms,
