@@ -142,6 +142,7 @@ class Controller:
         self._names = cluster.req_model
         self.decisions = 0  # policy calls made (tests, the summary)
         self._placed_at = 0.0
+        self._pending: dict[tuple[str, int], int | None] = {}  # loads waiting for memory -> then drain
         pin = {"steady-only": "steady", "prism": "steady", "elastic-only": "elastic", "blitzscale": "elastic"}
         self.pin = pin.get(mode)
         cluster.on_arrival = self._arrival
@@ -188,6 +189,7 @@ class Controller:
         self.c.at(now + self.p.slow_s, self._slow_tick)
 
     def _fast_tick(self, now: float) -> None:
+        self._retry_pending(now)
         if self._classify(now) or now - self._placed_at >= self.p.recheck_s:
             self._place(now, consolidate=False)
         self._fast(now)
@@ -294,12 +296,18 @@ class Controller:
 
     # ------------------------------------------------------------ lifecycle
     def _start(self, model: str, device: int, now: float, then_drain: int | None = None) -> None:
+        """Load `model` on `device`, or, while the device's memory is held by instances
+        still draining (their weights and the newcomer's would not fit), wait: retried at
+        every fast tick while the plan still wants it there."""
         inst = self.c.core.instance(model, device)
         if inst.state is S.ACTIVE or inst.state is S.LOADING:
             return
-        if inst.state is S.DRAINING:  # still finishing: it cannot load again until Unloaded
-            return
         arch = self.c.served[model].arch
+        held = [a for n, a in self.c.residents(device).items() if n != model]
+        if inst.state is S.DRAINING or not self.c.perf.weights_fit([*held, arch]):
+            self._pending[(model, device)] = then_drain
+            return
+        self._pending.pop((model, device), None)
         dev = self.c.perf.device
         forks = [i for i in self.c.core.registry.models[model].instances.values() if i.state is S.ACTIVE]
         link = dev.d2d_bw if forks and self.mode != "prism" else dev.h2d_bw
@@ -307,6 +315,15 @@ class Controller:
         self.c.place(model, [device], now, load_s)
         if then_drain is not None:
             self.c.at(now + load_s, lambda t, m=model, d=then_drain: self._stop(m, d, t))
+
+    def _retry_pending(self, now: float) -> None:
+        for (model, device), then_drain in sorted(self._pending.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            wanted = device in self.st.elastic.get(model, ()) or any(
+                a.device == device and a.key.split("#")[0] == model for a in self.st.steady.values())
+            if not wanted:
+                del self._pending[(model, device)]
+            else:
+                self._start(model, device, now, then_drain)
 
     def _stop(self, model: str, device: int, now: float) -> None:
         inst = self.c.core.registry.models[model].instances.get(device)

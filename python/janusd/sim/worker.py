@@ -6,8 +6,8 @@ Inside it is an engine in outline: per resident model a FIFO of waiting requests
 running batch (continuous batching); a request is admitted when its prompt plus its
 output tokens fit the model's KV capacity on the device (sim/perfmodel.py) and the batch
 has room; it waits while they do not (pages held by other requests or by co-located
-models' weights) and fails only when it could not fit even alone on the device. (The
-real engine's kv_wait_timeout_s is not modelled: a waiting request waits.) Every device step runs, for every resident model with work, the prefills it
+models' weights), and fails when it could not fit even alone on the device or has
+waited `kv_wait_timeout_s` (the engine's rule, engine/scheduler.py). Every device step runs, for every resident model with work, the prefills it
 admits (up to `max_batched_tokens` per model) and one decode token of every running
 sequence; its length is the roofline of all of that together (co-located models share
 the step).
@@ -49,6 +49,7 @@ class Seq:
     prompt: int
     n_out: int
     s_first: int = -1  # the device step that prefills it (its first token)
+    queued_at: float = 0.0  # when the worker got it (the KV wait bound counts from here)
 
 
 @dataclass(slots=True)
@@ -77,6 +78,7 @@ class _Resident:
 class EngineLimits:
     max_num_seqs: int = 256
     max_batched_tokens: int = 8192
+    kv_wait_timeout_s: float = 30.0  # EngineConfig's: a request waiting this long for KV fails
 
 
 class SimWorker:
@@ -148,6 +150,7 @@ class SimWorker:
                     "on a device", kind="unavailable"))
                 self._wake(now)
                 return True
+            seq.queued_at = now
             r.waiting.append(seq)
             self._wake(now)
             return True
@@ -218,7 +221,21 @@ class SimWorker:
         r.sum_first -= seq.s_first
         self.outcomes[seq.rid] = self._outcome(seq)
 
+    def _expire(self, now: float) -> float:
+        """Fail requests that waited out the KV bound; returns the next such deadline."""
+        nxt = math.inf
+        bound = self.limits.kv_wait_timeout_s
+        for r in self.residents.values():
+            while r.waiting and r.waiting[0].queued_at + bound <= now + 1e-9:
+                seq = r.waiting.popleft()
+                self.failed.append(wm.RequestFailed(seq.rid, f"no KV pages for {seq.prompt + seq.n_out} tokens of "
+                                                    f"{seq.model} within {bound:g} s", kind="unavailable"))
+            if r.waiting:
+                nxt = min(nxt, r.waiting[0].queued_at + bound)
+        return nxt
+
     def _start(self, now: float) -> None:
+        expiry = self._expire(now)
         flops = nbytes = 0.0
         admitted: list[Seq] = []
         s = self.step
@@ -251,6 +268,8 @@ class SimWorker:
             heapq.heappush(self._finish, (s + seq.n_out - 1, seq.rid))
         if not self._seqs:
             self.event_at = math.inf
+            if expiry < math.inf:  # idle with requests waiting for pages: wake up to fail them
+                self._set_event(expiry)
             return
         dt = self.perf.step_s(flops, nbytes)
         steps = 1 if admitted else max(1, self._finish[0][0] - s + 1)
