@@ -123,3 +123,16 @@ def test_it_is_the_daemons_core_and_dispatcher():
     c = Cluster(tr, served, idx, PM, 3, DispatchConfig())
     assert type(c.core) is ServingCore
     assert type(c.core.dispatch.dispatcher) is Dispatcher
+
+
+def test_a_request_waiting_for_kv_past_the_engines_bound_fails():
+    m = resolve(["qwen3-8b"])["qwen3-8b"]
+    small = PerfModel(device_spec("ascend-910c-die", hbm_bytes=m.weight_bytes / 0.9 + 3e9))
+    cap = small.kv_capacity_tokens(m, [m])
+    # the first holds all but 100 KV tokens for ~2000 decode steps (> 30 s); the second needs 1010
+    tr = Trace.build(np.array([0.0, 0.1]), ["a", "a"], ["qwen3-8b"] * 2, np.array([cap - 2100, 1000]),
+                     np.array([2000, 10]), np.full(2, 1e6), np.full(2, 1e3))
+    cluster, s = run(tr, 1, keep_times=True, perf=small)
+    assert s["outcomes"] == {"ok": 1, "failed": 1}
+    assert cluster.outcome().token_times[0][-1] > 30.0
+    assert cluster.outcome().status[1] == "error"
