@@ -51,7 +51,7 @@ from janusd.sim.worker import EngineLimits, SimWorker
 from janusd.telemetry import Telemetry
 from janusd.trace import slo
 from janusd.trace.formats import Trace
-from janusd.trace.results import RequestResult
+from janusd.trace.results import RequestResult, Status
 from janusd.wire import worker_msgs as wm
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9._:/-]")
@@ -185,7 +185,8 @@ class Cluster:
         if load_s <= 0:
             self._loaded(model, devices[0], now)
         else:
-            self.at(now + load_s, lambda t, m=model, d=devices[0]: self._loaded(m, d, t))
+            lead = devices[0]
+            self.at(now + load_s, lambda t: self._loaded(model, lead, t))
 
     def drain(self, model: str, lead: int, now: float) -> None:
         """Active -> Draining; Unloaded once the worker has finished its requests."""
@@ -376,7 +377,7 @@ class Cluster:
         rows = []
         for i in range(len(tr.arrival_s)):
             ok = r.status[i] == "ok"
-            st = "ok" if ok else "error"
+            st: Status = "ok" if ok else "error"
             rows.append(RequestResult(
                 index=i, arrival_s=float(tr.arrival_s[i]), app=tr.apps[int(tr.app_id[i])],
                 model=tr.models[int(tr.model_id[i])], input_tokens=int(tr.input_tokens[i]),

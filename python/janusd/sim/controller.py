@@ -43,7 +43,7 @@ from janusd.oracle.prior import RooflinePrior
 from janusd.oracle.types import AttainmentEstimate, LoadFeatures, MinInstances, ResourceEstimate
 from janusd.policy import classify, demand, placement, scaling
 from janusd.policy.policy_config import ControllerConfig
-from janusd.policy.snapshot import AppPool, Assignment, ElasticApp, PlacementSnapshot, ScalingState
+from janusd.policy.snapshot import AppPool, Pool, Assignment, ElasticApp, PlacementSnapshot, ScalingState
 from janusd.sim.cluster import Cluster, Served
 
 S = InstanceState
@@ -143,8 +143,9 @@ class Controller:
         self.decisions = 0  # policy calls made (tests, the summary)
         self._placed_at = 0.0
         self._pending: dict[tuple[str, int], int | None] = {}  # loads waiting for memory -> then drain
-        pin = {"steady-only": "steady", "prism": "steady", "elastic-only": "elastic", "blitzscale": "elastic"}
-        self.pin = pin.get(mode)
+        pin: dict[str, Pool] = {"steady-only": "steady", "prism": "steady", "elastic-only": "elastic",
+                                "blitzscale": "elastic"}
+        self.pin: Pool | None = pin.get(mode)
         cluster.on_arrival = self._arrival
 
     # --------------------------------------------------------------- inputs
@@ -314,7 +315,8 @@ class Controller:
         load_s = self.p.control_overhead_s + self.c.perf.load_s(arch, link)
         self.c.place(model, [device], now, load_s)
         if then_drain is not None:
-            self.c.at(now + load_s, lambda t, m=model, d=then_drain: self._stop(m, d, t))
+            src = then_drain
+            self.c.at(now + load_s, lambda t: self._stop(model, src, t))
 
     def _retry_pending(self, now: float) -> None:
         for (model, device), then_drain in sorted(self._pending.items(), key=lambda kv: (kv[0][1], kv[0][0])):

@@ -201,13 +201,13 @@ class SimWorker:
             self._prefilling = []
             while self._finish and self._finish[0][0] < self.step:
                 _, rid = heapq.heappop(self._finish)
-                seq = self._seqs.get(rid)
-                if seq is None:
+                ended = self._seqs.get(rid)
+                if ended is None:
                     continue
-                self._retire(seq)
-                if seq.n_out > 1:
-                    out.append(wm.TokenDelta(rid, [0] * (seq.n_out - 1), "", finished=True,
-                                             num_prompt_tokens=seq.prompt, num_output_tokens=seq.n_out))
+                self._retire(ended)
+                if ended.n_out > 1:
+                    out.append(wm.TokenDelta(rid, [0] * (ended.n_out - 1), "", finished=True,
+                                             num_prompt_tokens=ended.prompt, num_output_tokens=ended.n_out))
             self.busy = False
         self._start(now)
         return out
