@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("janusd.replay_cli", "replay a trace open-loop against an OpenAI-compatible server"),
     "report": ("janusd.report_cli", "plots and a markdown table from replay/sim run directories"),
     "serve": ("janusd.serve_cli", "run the serving daemon (janusd) in the foreground"),
+    "sim": ("janusd.sim_cli", "simulate a supernode on a trace: the daemon's core on a virtual clock"),
     "trace": ("janusd.trace_cli", "convert, synthesise, sample, compress and inspect request traces"),
 }
 

@@ -65,6 +65,9 @@ class HeldQueues:
     def count(self, model: str) -> int:
         return len(self._q.get(model, ()))
 
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._q.values())
+
     def __iter__(self) -> Iterator[Request]:
         for q in self._q.values():
             yield from q

@@ -92,8 +92,11 @@ class ServingCore:
         self._tok_rr = 0
         self._decoding: dict[int, int] = {}  # device -> requests past their first token there
         self.decode_fit: dict[int, DecodeStepEstimator] = {}  # device -> seconds per token by sequences
-        self._guard_dirty: set[int] = set()  # devices whose decode guard must be re-evaluated
         self._now = 0.0  # the time of the event being handled (for paths that end requests)
+        # devices whose decode guard may have changed since the last tick (None: all); the
+        # guard's inputs per device are its decoding count, its decode fit, its instances'
+        # states and their models' SLOs, and each change marks the device
+        self._guard_dirty: set[int] | None = None
 
     def _at(self, now: float) -> float:
         self._now = max(self._now, now)
@@ -107,7 +110,7 @@ class ServingCore:
         """New request-only settings (SLOs, app) for a served model: new requests get them."""
         m = self.registry.models[cfg.name]
         m.cfg = cfg
-        self._guard_dirty.update(i.device for i in m.instances.values())  # its TPOT SLO may differ
+        self._guard_dirty = None
 
     def remove_model(self, name: str, now: float) -> None:
         """Forget a model whose instances are all Unloaded; its waiting requests end (404)."""
@@ -139,6 +142,7 @@ class ServingCore:
         check_transition(inst.state, target, f"{inst.model} on device {inst.device}")
         inst.state = target
         inst.error = error
+        self._mark_guard(inst.device)
         if target in COMING_UP:  # Loading, Restoring, Forking
             # a fresh membership: work it held was handed back by whoever took it out of
             # Active (on_worker_death ends those requests with the death's reason first)
@@ -147,7 +151,6 @@ class ServingCore:
         elif target is S.ACTIVE:
             self.dispatch.join(inst)
             inst.saturated = False
-            self._guard_dirty.add(inst.device)
             self.dispatch.set_ready(inst, True)
             self._release_held(inst.model, now)
             self.obs.serving(inst.model)
@@ -375,14 +378,21 @@ class ServingCore:
             wake = nxt if wake is None else min(wake, nxt)
         return wake
 
+    def _mark_guard(self, device: int) -> None:
+        if self._guard_dirty is not None:
+            self._guard_dirty.add(device)
+
     def _guard_decode(self) -> None:
         """An Active instance takes new prefill work only while its device, with one more
         sequence decoding, is estimated to stay within the model's TPOT SLO; an instance
-        with nothing decoding always may (so every request is served eventually). Only the
-        devices whose decode count, fit, SLO or instances changed since the last tick are
-        re-evaluated (a tick at 768 devices must not walk them all)."""
+        with nothing decoding always may (so every request is served eventually). Only
+        devices whose inputs changed since the last tick are looked at."""
         dirty, self._guard_dirty = self._guard_dirty, set()
-        for inst in (i for d in sorted(dirty) for i in self.registry.on_device(d)):
+        if dirty is None:
+            insts = list(self.registry.instances.values())
+        else:
+            insts = [i for d in dirty for i in self.registry.on_device(d)]
+        for inst in insts:
             if not (inst.active and inst.dispatched):
                 continue
             n = self._decoding.get(inst.device, 0)
@@ -447,7 +457,7 @@ class ServingCore:
                 gap = (now - req.token_times[-1]) / len(d.token_ids)
                 fit = self.decode_fit.setdefault(device, DecodeStepEstimator())
                 fit.observe(max(1, self._decoding.get(device, 1)), max(0.0, gap))
-                self._guard_dirty.add(device)
+                self._mark_guard(device)
             if d.token_ids:
                 self.telemetry.on_tokens(req.rid, now, len(d.token_ids))
             self.requests.deliver(d, now)
@@ -468,7 +478,7 @@ class ServingCore:
     def _count_decoding(self, device: int, delta: int) -> None:
         n = max(0, self._decoding.get(device, 0) + delta)
         self._decoding[device] = n
-        self._guard_dirty.add(device)
+        self._mark_guard(device)
         self.dispatch.set_decode_load(device, n)
 
     def _finished(self, req: Request) -> None:

@@ -1,0 +1,1 @@
+"""The simulator: janusd's second shell (virtual clock, simulated workers); see docs/DESIGN.md "Simulator"."""

@@ -1,0 +1,337 @@
+"""The Janus controller as the simulator runs it: policy/ at its periods, lifecycle moves
+taking the time their bytes need.
+
+The decisions are policy/'s own functions, called here exactly as docs/DESIGN.md's
+"Controller policies" describes one tick (no copies: tests/test_sim_controller.py checks
+that these names are the policy modules' objects):
+- every fast period (ControlConfig.fast_period_s, 0.5 s): classify.classify on each app's
+  arrivals per second over the last minute (classify.traffic_from_counts; DESIGN.md: cheap
+  enough for every tick); when an app changed pool, placement.plan without consolidation
+  (placement "on change"); then elastic scaling: budget = pool - devices the steady pool
+  uses - devices still draining, m* per elastic app (demand.elastic_demand), scaling.scale;
+- every slow period (30 s): steady items (demand.steady_items) -> placement.plan with
+  consolidation and the migration budget left in the period.
+Predictions come from the oracle (oracle/oracle.py Oracle) with the roofline prior of
+each model on a device derated by the simulator's efficiencies, i.e. the oracle is
+trained on the simulator's own performance model (no GP fitting in the loop yet).
+Loads are the core's telemetry windows (LoadFeatures.from_window), as in the daemon.
+
+Lifecycle moves (PAPER.md §8, lifecycle/states.py names): an instance goes Loading ->
+Active after `control_overhead_s` plus its weight shard over the link: D2D (hw/ d2d_bw)
+when another instance of the model is Active (a fork), else H2D (h2d_bw, from the Warm
+host copy every model is assumed to have); removal drains (Draining -> Unloaded once its
+requests are done). A migration places the new instance first and drains the old one
+when the new one is Active. Keep-alive (Warm/Cold of idle models) is not run: every
+steady model keeps at least its placed instance.
+
+Modes (sim/policies.py): janus (both pools), steady-only (every app pinned steady),
+elastic-only (every app pinned elastic), prism (steady-only with every move loaded over
+H2D, no fork), blitzscale (every app elastic, each scaled to its own m* first come first
+served by app name until the pool runs out, no global compression).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from janusd.hw.devices import DeviceSpec
+from janusd.lifecycle.states import InstanceState
+from janusd.oracle.oracle import Oracle
+from janusd.oracle.prior import RooflinePrior
+from janusd.oracle.types import AttainmentEstimate, LoadFeatures, MinInstances, ResourceEstimate
+from janusd.policy import classify, demand, placement, scaling
+from janusd.policy.policy_config import ControllerConfig
+from janusd.policy.snapshot import AppPool, Pool, Assignment, ElasticApp, PlacementSnapshot, ScalingState
+from janusd.sim.cluster import Cluster, Served
+
+S = InstanceState
+MODES = ("janus", "steady-only", "elastic-only", "prism", "blitzscale")
+
+
+class ControllerError(ValueError):
+    """A served model the controller cannot plan for (says which and why)."""
+
+
+@dataclass(frozen=True)
+class Periods:
+    fast_s: float = 0.5
+    slow_s: float = 30.0
+    traffic_window_s: int = 60  # classify's long window, in 1 s buckets
+    short_buckets: int = 5  # classify's short window (peak rate)
+    control_overhead_s: float = 0.5  # a lifecycle move's fixed cost (detect, prepare, switch)
+    # placement "on change" (DESIGN.md: 30 s + on change): besides a pool change, every
+    # this often the steady pool is re-planned without consolidation, which re-places
+    # instances of devices that grown demand vectors overfill (the plan's forced moves)
+    recheck_s: float = 5.0
+
+
+@dataclass
+class _State:
+    pools: tuple[AppPool, ...] = ()
+    scaling: ScalingState = field(default_factory=ScalingState)
+    steady: dict[str, Assignment] = field(default_factory=dict)  # item key -> where
+    elastic: dict[str, list[int]] = field(default_factory=dict)  # app -> its elastic workers
+    migrations: int = 0  # optional moves executed in this slow period
+
+
+class GrowingLimit:
+    """The oracle, asked for m* with growing limits (4, 16, then the caller's).
+
+    Why: the roofline prior answers min_instances by evaluating every count up to the
+    limit (~11 ms per app at a limit of 64), and the fast tick asks for every elastic app
+    twice a simulated second, which made the controller most of a run's wall time. The
+    answer is the same: oracle/elasticity.py's curve at m depends only on counts 1..m (a
+    running maximum from m = 1), so the first m reaching the target within a smaller
+    limit is the first within the larger one. Implements oracle/types.py's Protocols, so
+    demand.py takes it as it is."""
+
+    STEPS = (4, 16)
+
+    def __init__(self, oracle: Oracle) -> None:
+        self.oracle = oracle
+
+    def capacity(self, model: str, load: LoadFeatures) -> ResourceEstimate:
+        return self.oracle.capacity(model, load)
+
+    def attainment(self, model: str, load: LoadFeatures, instances: int) -> AttainmentEstimate:
+        return self.oracle.attainment(model, load, instances)
+
+    def min_instances(self, model: str, load: LoadFeatures, target: float, margin: float,
+                      limit: int) -> MinInstances:
+        for step in self.STEPS:
+            if step >= limit:
+                break
+            ans = self.oracle.min_instances(model, load, target, margin, step)
+            if ans.m is not None:
+                return ans
+        return self.oracle.min_instances(model, load, target, margin, limit)
+
+
+def build_oracle(served: list[Served], cluster: Cluster) -> Oracle:
+    """One roofline prior per served model on the simulator's derated device."""
+    perf = cluster.perf
+    dev: DeviceSpec = msgspec.structs.replace(perf.device, peak_flops=perf.device.peak_flops * perf.compute_eff,
+                                              hbm_bw=perf.device.hbm_bw * perf.bandwidth_eff,
+                                              hbm_bytes=perf.device.hbm_bytes * perf.usable_frac)
+    o = Oracle()
+    for s in served:
+        if s.arch.spec is None or s.arch.tp != 1:
+            raise ControllerError(f"model {s.name} ({s.arch.name}, tp {s.arch.tp}): the controller's oracle prior "
+                                  "needs a dense model on one device (tp 1)")
+        o.set_prior(s.name, RooflinePrior(s.arch.spec, dev, s.arch.ttft_slo_ms / 1000, s.arch.tpot_slo_ms / 1000))
+    return o
+
+
+class Controller:
+    def __init__(self, cluster: Cluster, served: list[Served], mode: str = "janus",
+                 cfg: ControllerConfig = ControllerConfig(), periods: Periods = Periods()) -> None:
+        if mode not in MODES:
+            raise ControllerError(f"unknown controller mode {mode!r} (known: {', '.join(MODES)})")
+        self.c = cluster
+        self.mode = mode
+        self.cfg = cfg
+        self.p = periods
+        self.apps = sorted(s.name for s in served)
+        self.oracle = GrowingLimit(build_oracle(served, cluster))
+        self.st = _State()
+        self.counts: dict[str, list[int]] = {a: [] for a in self.apps}  # arrivals per 1 s bucket
+        self._bucket0 = 0
+        self._row_model = cluster.request_model
+        self._names = cluster.req_model
+        self.decisions = 0  # policy calls made (tests, the summary)
+        self._placed_at = 0.0
+        self._pending: dict[tuple[str, int], int | None] = {}  # loads waiting for memory -> then drain
+        pin: dict[str, Pool] = {"steady-only": "steady", "prism": "steady", "elastic-only": "elastic",
+                                "blitzscale": "elastic"}
+        self.pin: Pool | None = pin.get(mode)
+        cluster.on_arrival = self._arrival
+
+    # --------------------------------------------------------------- inputs
+    def _arrival(self, row: int, now: float) -> None:
+        b = int(now)
+        name = self._names[int(self._row_model[row])]
+        lst = self.counts[name]
+        k = b - self._bucket0
+        if k >= 0:
+            if len(lst) <= k:
+                lst.extend([0] * (k + 1 - len(lst)))
+            lst[k] += 1
+
+    def _traffic(self, now: float) -> list:
+        """Per app arrivals per second over the last traffic_window_s whole seconds."""
+        end = int(now) - self._bucket0
+        start = max(0, end - self.p.traffic_window_s)
+        out = []
+        for a in self.apps:
+            lst = self.counts[a]
+            window = [lst[i] if i < len(lst) else 0 for i in range(start, max(end, start + 1))]
+            out.append(classify.traffic_from_counts(a, window, 1.0, self.p.short_buckets, pin=self.pin))
+        # keep memory bounded: drop buckets older than the window
+        if start > 4 * self.p.traffic_window_s:
+            for a in self.apps:
+                del self.counts[a][:start]
+            self._bucket0 += start
+        return out
+
+    def _load(self, app: str, now: float) -> LoadFeatures:
+        return LoadFeatures.from_window(self.c.core.telemetry.model(app, now))
+
+    # ------------------------------------------------------------------ loop
+    def start(self) -> None:
+        self.c.at(0.0, self._first)
+
+    def _first(self, now: float) -> None:
+        self._classify(now)
+        self._place(now, consolidate=False)
+        self._fast(now)
+        self.c.at(now + self.p.fast_s, self._fast_tick)
+        self.c.at(now + self.p.slow_s, self._slow_tick)
+
+    def _fast_tick(self, now: float) -> None:
+        self._retry_pending(now)
+        if self._classify(now) or now - self._placed_at >= self.p.recheck_s:
+            self._place(now, consolidate=False)
+        self._fast(now)
+        if self.c.busy:
+            self.c.at(now + self.p.fast_s, self._fast_tick)
+
+    def _slow_tick(self, now: float) -> None:
+        self.st.migrations = 0
+        self._place(now, consolidate=True)
+        if self.c.busy:
+            self.c.at(now + self.p.slow_s, self._slow_tick)
+
+    # -------------------------------------------------------------- classify
+    def _classify(self, now: float) -> bool:
+        res = classify.classify(self._traffic(now), self.st.pools, now, self.cfg.classify)
+        self.decisions += 1
+        changed = [d for d in res.decisions if d.changed] or not self.st.pools
+        self.st.pools = res.state
+        return bool(changed)
+
+    def _pool_of(self) -> dict[str, str]:
+        return {p.app: p.pool for p in self.st.pools}
+
+    # ------------------------------------------------------------- placement
+    def _place(self, now: float, consolidate: bool) -> None:
+        pools = self._pool_of()
+        steady = [a for a in self.apps if pools.get(a, "steady") == "steady"]
+        models = [demand.SteadyModel(model=a, load=self._load(a, now)) for a in steady]
+        items = [i for d in demand.steady_items(models, self.oracle, self.cfg.demand) for i in d.items]
+        elastic_devs = sorted({d for devs in self.st.elastic.values() for d in devs})
+        current = tuple(a for _, a in sorted(self.st.steady.items()))
+        snap = PlacementSnapshot(pool=tuple(range(self.c.n_devices)), items=tuple(items), current=current,
+                                 elastic_devices=tuple(elastic_devs))
+        left = max(0, self.cfg.placement.migration_budget - self.st.migrations)
+        plan = placement.plan(snap, self.cfg.placement, consolidate=consolidate, migrations_left=left)
+        self.decisions += 1
+        self._placed_at = now
+        for mv in plan.moves:
+            if mv.kind == "place" and mv.dst is not None:
+                self._evict_elastic(mv.dst, now, mv.model)
+                self._start(mv.model, mv.dst, now)
+            elif mv.kind == "migrate" and mv.dst is not None and mv.src is not None:
+                self._evict_elastic(mv.dst, now, mv.model)
+                self._start(mv.model, mv.dst, now, then_drain=mv.src)
+                if not mv.forced:
+                    self.st.migrations += 1
+            elif mv.kind == "remove" and mv.src is not None:
+                self._stop(mv.model, mv.src, now)
+        self.st.steady = {a.key: a for a in plan.assignment}
+
+    # --------------------------------------------------------------- scaling
+    def _fast(self, now: float) -> None:
+        pools = self._pool_of()
+        elastic = [a for a in self.apps if pools.get(a) == "elastic"]
+        for a in list(self.st.elastic):
+            if a not in elastic:  # back to steady: its elastic instances go
+                for d in self.st.elastic.pop(a):
+                    self._stop(a, d, now)
+        if not elastic:
+            return
+        steady_devs = {a.device for a in self.st.steady.values()}
+        draining = set(self.c._draining)
+        budget = max(0, self.c.n_devices - len(steady_devs) - len(draining - steady_devs))
+        apps = []
+        for a in elastic:
+            m, _why = demand.elastic_demand(a, self._load(a, now), self.oracle, self.cfg.demand)
+            apps.append(ElasticApp(app=a, demand=max(1, m), current=len(self.st.elastic.get(a, ()))))
+        if self.mode == "blitzscale":  # no global allocator: each app's own m*, first come by name
+            counts, left = {}, budget
+            for e in apps:
+                counts[e.app] = min(e.demand, left)
+                left -= counts[e.app]
+        else:
+            plan = scaling.scale(apps, budget, self.st.scaling, self.cfg.scaling)
+            self.st.scaling = plan.state
+            counts = {c.app: c.count for c in plan.apps}
+        self.decisions += 1
+        free = self._free_devices(steady_devs | draining)
+        for a in elastic:
+            have = self.st.elastic.setdefault(a, [])
+            want = counts.get(a, 0)
+            while len(have) > want:
+                self._stop(a, have.pop(), now)
+            while len(have) < want and free:
+                d = free.pop(0)
+                self._start(a, d, now)
+                have.append(d)
+
+    def _free_devices(self, busy: set[int]) -> list[int]:
+        taken = set(busy) | {d for devs in self.st.elastic.values() for d in devs}
+        for inst in self.c.core.registry.instances.values():
+            if inst.state is not S.UNLOADED:
+                taken.add(inst.device)
+        return [d for d in range(self.c.n_devices) if d not in taken]
+
+    def _evict_elastic(self, device: int, now: float, keep: str) -> None:
+        """The steady pool takes `device`: elastic instances there go (one of `keep`, the
+        model being placed, stays and becomes the steady one)."""
+        for a, devs in self.st.elastic.items():
+            if device in devs:
+                devs.remove(device)
+                if a != keep:
+                    self._stop(a, device, now)
+
+    # ------------------------------------------------------------ lifecycle
+    def _start(self, model: str, device: int, now: float, then_drain: int | None = None) -> None:
+        """Load `model` on `device`, or, while the device's memory is held by instances
+        still draining (their weights and the newcomer's would not fit), wait: retried at
+        every fast tick while the plan still wants it there."""
+        inst = self.c.core.instance(model, device)
+        if inst.state is S.ACTIVE or inst.state is S.LOADING:
+            return
+        arch = self.c.served[model].arch
+        held = [a for n, a in self.c.residents(device).items() if n != model]
+        if inst.state is S.DRAINING or not self.c.perf.weights_fit([*held, arch]):
+            self._pending[(model, device)] = then_drain
+            return
+        self._pending.pop((model, device), None)
+        dev = self.c.perf.device
+        forks = [i for i in self.c.core.registry.models[model].instances.values() if i.state is S.ACTIVE]
+        link = dev.d2d_bw if forks and self.mode != "prism" else dev.h2d_bw
+        load_s = self.p.control_overhead_s + self.c.perf.load_s(arch, link)
+        self.c.place(model, [device], now, load_s)
+        if then_drain is not None:
+            src = then_drain
+            self.c.at(now + load_s, lambda t: self._stop(model, src, t))
+
+    def _retry_pending(self, now: float) -> None:
+        for (model, device), then_drain in sorted(self._pending.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            wanted = device in self.st.elastic.get(model, ()) or any(
+                a.device == device and a.key.split("#")[0] == model for a in self.st.steady.values())
+            if not wanted:
+                del self._pending[(model, device)]
+            else:
+                self._start(model, device, now, then_drain)
+
+    def _stop(self, model: str, device: int, now: float) -> None:
+        inst = self.c.core.registry.models[model].instances.get(device)
+        if inst is None:
+            return
+        if inst.state is S.ACTIVE:
+            self.c.drain(model, device, now)
+        elif inst.state is S.LOADING:
+            self.c.set_state(model, device, S.UNLOADED, now)

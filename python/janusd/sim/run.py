@@ -1,0 +1,85 @@
+"""One simulation from a trace to its headline figures and run directory.
+
+The summary's keys are the issue's (`janus sim` prints them as its last line):
+policy, requests, token_attainment, ttft_attainment, tpot_attainment, goodput_rps,
+device_hours, mean_app_attainment, worst_app_attainment, wall_s; plus what explains them
+(outcomes by kind, simulated requests per wall second, devices, device kind). A run
+directory gets results.jsonl, devices.csv and summary.json (trace/results.py), so
+`janus report` reads a simulated run like a replayed one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from janusd.hw import device_spec
+from janusd.sim.cluster import Cluster, served_models
+from janusd.sim.perfmodel import PerfModel
+from janusd.sim.policies import POLICIES
+from janusd.sim.specs import SimModel
+from janusd.trace import slo
+from janusd.trace.formats import Trace
+from janusd.trace.results import jsonable
+
+
+def simulate(trace: Trace, archs: dict[str, SimModel], devices: int, policy: str,
+             device: str = "ascend-910c-die", keep_times: bool = False,
+             perf: PerfModel | None = None) -> tuple[Cluster, dict[str, Any]]:
+    """Run `policy` on `devices` devices of kind `device`; ValueError for bad arguments
+    (unknown policy, a pool too small for one instance of every model)."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
+    if devices < 1:
+        raise ValueError(f"--devices must be >= 1, got {devices}")
+    pol = POLICIES[policy]
+    perf = perf or PerfModel(device_spec(device))
+    served, req_model = served_models(trace, archs)
+    cluster = Cluster(trace, served, req_model, perf, devices, pol.dispatch, keep_times=keep_times)
+    pol.setup(cluster, served, trace, req_model)
+    wall = cluster.run()
+    return cluster, summary(cluster, policy, wall)
+
+
+def summary(cluster: Cluster, policy: str, wall_s: float) -> dict[str, Any]:
+    tr = cluster.trace
+    n = len(tr.arrival_s)
+    duration = float(tr.arrival_s[-1] - tr.arrival_s[0]) if n > 1 else 1.0
+    s = slo.summarize(cluster.outcome().outcomes(), tr.app_id, len(tr.apps), max(duration, 1e-9))
+    return {
+        "policy": policy, "requests": n, "token_attainment": s["token_attainment"],
+        "ttft_attainment": s["ttft_attainment"], "tpot_attainment": s["tpot_attainment"],
+        "e2e_attainment": s["e2e_attainment"], "goodput_rps": s["goodput_rps"],
+        "device_hours": cluster.device_hours, "devices": cluster.n_devices,
+        "device": cluster.perf.device.name, "outcomes": dict(sorted(cluster.outcome_counts.items())),
+        "sim_end_s": cluster.now, "sim_requests_per_wall_s": n / wall_s if wall_s > 0 else float("inf"),
+        "mean_app_attainment": s["app_mean_token_attainment"],
+        "worst_app_attainment": s["app_worst_token_attainment"], "wall_s": wall_s,
+    }
+
+
+def write_run(cluster: Cluster, out: str | Path, summ: dict[str, Any]) -> None:
+    """results.jsonl (token times only where the run kept them), devices.csv, summary.json."""
+    d = Path(out)
+    d.mkdir(parents=True, exist_ok=True)
+    enc = msgspec.json.Encoder()
+    with open(d / "results.jsonl", "wb") as f:
+        for row in cluster.result_rows():
+            f.write(enc.encode(row))
+            f.write(b"\n")
+    with open(d / "devices.csv", "w") as f:
+        f.write("t_s,active_devices,active_instances\n")
+        t0 = float(cluster.trace.arrival_s[0]) if len(cluster.trace.arrival_s) else 0.0
+        for t, dev, inst in cluster.device_series:
+            f.write(f"{max(t, t0):.6f},{dev},{inst}\n")
+        f.write(f"{cluster.now:.6f},{cluster.device_series[-1][1]},{cluster.device_series[-1][2]}\n")
+    (d / "summary.json").write_text(json.dumps(jsonable(summ), indent=1) + "\n")
+
+
+def per_app(cluster: Cluster) -> dict[str, np.ndarray]:
+    tr = cluster.trace
+    return slo.per_app(cluster.outcome().outcomes(), tr.app_id, len(tr.apps))

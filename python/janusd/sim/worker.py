@@ -1,0 +1,363 @@
+"""A simulated device worker behind the core's Worker protocol (core/worker_edge.py).
+
+It takes the same wire messages a real worker takes (Generate, Abort) and answers with
+the same StepBatch / RequestFailed the core hears from a real one, at virtual times.
+Inside it is an engine in outline: per resident model a FIFO of waiting requests and a
+running batch (continuous batching); a request is admitted when its prompt plus its
+output tokens fit the model's KV capacity on the device (sim/perfmodel.py) and the batch
+has room; it waits while they do not (pages held by other requests or by co-located
+models' weights), and fails when it could not fit even alone on the device or has
+waited `kv_wait_timeout_s` (the engine's rule, engine/scheduler.py). Every device step runs, for every resident model with work, the prefills it
+admits (up to `max_batched_tokens` per model) and one decode token of every running
+sequence; its length is the roofline of all of that together (co-located models share
+the step).
+
+Speed: steps are not simulated one by one. While nothing changes (no admission, no
+sequence ends) the step time is constant, so a *segment* of k equal steps is one event;
+a Generate arriving mid-segment cuts it at the next step boundary. The token times of a
+sequence follow from the segments it lived through: token k comes at the end of device
+step s_first + k - 1, and its on-time test (trace/slo.py: t_k <= TTFT + (k-1) TPOT) is
+linear in k within a segment, so on-time tokens are counted in closed form per segment.
+The core hears of the first token (with the prefill time, for the dispatcher) and of the
+rest in one delta at the end; the exact per-token accounting is the worker's `Outcome`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from janusd.sim.perfmodel import PerfModel
+from janusd.sim.specs import SimModel
+from janusd.trace.slo import EPS_S
+from janusd.wire import worker_msgs as wm
+
+
+@dataclass(slots=True)
+class Seq:
+    rid: int
+    model: str
+    arrival: float  # the request's clock start (its SLO deadline is measured from it)
+    ttft_s: float
+    tpot_s: float
+    prompt: int
+    n_out: int
+    s_first: int = -1  # the device step that prefills it (its first token)
+    queued_at: float = 0.0  # when the worker got it (the KV wait bound counts from here)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """Exact SLO figures of a request that finished on a simulated worker."""
+
+    on_time: int
+    first_s: float  # first token, seconds after arrival
+    last_s: float  # last token, seconds after arrival
+    tokens: int
+    token_times: list[float] | None = None  # seconds after arrival, when asked for
+
+
+@dataclass
+class _Resident:
+    model: SimModel
+    kv_cap: int = 0
+    kv_used: int = 0
+    waiting: deque[Seq] = field(default_factory=deque)
+    running: dict[int, Seq] = field(default_factory=dict)
+    sum_prompt: int = 0  # over running
+    sum_first: int = 0  # s_first over running
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    max_num_seqs: int = 256
+    max_batched_tokens: int = 8192
+    kv_wait_timeout_s: float = 30.0  # EngineConfig's: a request waiting this long for KV fails
+
+
+class SimWorker:
+    """One device (group): the Worker protocol's `send`, plus `on_event(now)` for the loop."""
+
+    def __init__(self, device_index: int, perf: PerfModel, schedule: Callable[[int, float], None],
+                 clock: Callable[[], float], request_meta: Callable[[int], tuple[float, float, float]],
+                 limits: EngineLimits = EngineLimits(), keep_times: bool = False) -> None:
+        self.device_index = device_index
+        self.perf = perf
+        self.limits = limits
+        self._schedule = schedule  # (device, time): call on_event then
+        self._clock = clock
+        self._meta = request_meta  # rid -> (arrival, TTFT s, TPOT s): the core's Request says
+        self.keep_times = keep_times
+        self.residents: dict[str, _Resident] = {}
+        self.step = 0  # device steps completed
+        self.outcomes: dict[int, Outcome] = {}
+        self.failed: list[wm.RequestFailed] = []
+        # the segment running now: steps [seg_s0, seg_end) of dt each from seg_t0
+        self.seg_s0 = 0
+        self.seg_t0 = 0.0
+        self.seg_dt = 0.0
+        self.seg_end = 0  # step index after the segment's last step
+        self.busy = False
+        self.event_at = math.inf
+        self._prefilling: list[Seq] = []
+        # history of segments: step index, start time, step time (for token times)
+        self._hist_s: list[int] = []
+        self._hist_t: list[float] = []
+        self._hist_dt: list[float] = []
+        self._finish: list[tuple[int, int]] = []  # heap of (last step, rid) of running sequences
+        self._seqs: dict[int, Seq] = {}  # running ones by rid
+        self.busy_s = 0.0
+
+    # ------------------------------------------------------------ residents
+    def set_residents(self, models: dict[str, SimModel]) -> None:
+        """The served models (name -> architecture) whose weights are on the device now;
+        KV capacity is shared out anew."""
+        for n in list(self.residents):
+            r = self.residents[n]
+            if n not in models and not r.running and not r.waiting:
+                del self.residents[n]
+        for n, m in models.items():
+            self.residents.setdefault(n, _Resident(m))
+        held = [r.model for r in self.residents.values()]
+        for r in self.residents.values():
+            r.kv_cap = self.perf.kv_capacity_tokens(r.model, held)
+        if any(r.waiting for r in self.residents.values()):
+            self._wake(self._clock())  # freed pages may admit a waiting request
+
+    # -------------------------------------------------------- Worker protocol
+    def send(self, msg: object) -> bool:
+        now = self._clock()
+        if isinstance(msg, wm.Generate):
+            r = self.residents.get(msg.model)
+            if r is None:
+                self.failed.append(wm.RequestFailed(msg.req_id, f"model {msg.model!r} is not on this device",
+                                                    kind="unavailable"))
+                self._wake(now)
+                return True
+            meta = self._meta(msg.req_id)
+            seq = Seq(msg.req_id, msg.model, meta[0], meta[1], meta[2], len(msg.prompt_token_ids),
+                      msg.sampling.max_tokens)
+            alone = self.perf.kv_capacity_tokens(r.model, [r.model])
+            if seq.prompt + seq.n_out > alone:
+                self.failed.append(wm.RequestFailed(
+                    msg.req_id, f"needs {seq.prompt + seq.n_out} KV tokens; {msg.model} holds at most {alone} "
+                    "on a device", kind="unavailable"))
+                self._wake(now)
+                return True
+            seq.queued_at = now
+            r.waiting.append(seq)
+            self._wake(now)
+            return True
+        if isinstance(msg, wm.Abort):
+            self._abort(msg.req_id)
+            return True
+        return True
+
+    def _abort(self, rid: int) -> None:
+        for r in self.residents.values():
+            for s in r.waiting:
+                if s.rid == rid:
+                    r.waiting.remove(s)
+                    return
+        seq = self._seqs.get(rid)
+        if seq is not None:
+            self._retire(seq)
+            self.outcomes.pop(rid, None)
+
+    def _wake(self, now: float) -> None:
+        """Something new to do: start a step now when idle, else cut a decode segment at
+        the next step boundary."""
+        if not self.busy:
+            self._set_event(now)
+        elif not self._prefilling and self.seg_dt > 0:
+            k = math.ceil((now - self.seg_t0) / self.seg_dt - 1e-9)
+            k = max(1, min(k, self.seg_end - self.seg_s0))
+            self._set_event(self.seg_t0 + k * self.seg_dt)
+
+    def _set_event(self, t: float) -> None:
+        if t < self.event_at - 1e-12 or not self.busy:
+            self.event_at = t
+            self._schedule(self.device_index, t)
+
+    # ----------------------------------------------------------------- loop
+    def on_event(self, now: float) -> list[wm.TokenDelta]:
+        """The scheduled time came: close the steps done, start the next segment."""
+        if abs(now - self.event_at) > 1e-9:
+            return []  # a stale wake-up (replaced by an earlier one)
+        out: list[wm.TokenDelta] = []
+        if self.busy:
+            done = self.seg_end - self.seg_s0 if self._prefilling else \
+                int(round((now - self.seg_t0) / self.seg_dt)) if self.seg_dt > 0 else 0
+            self.step = self.seg_s0 + max(0, done)
+            for seq in self._prefilling:
+                out.append(wm.TokenDelta(seq.rid, [0], "", finished=seq.n_out <= 1, num_prompt_tokens=seq.prompt,
+                                         num_output_tokens=1, prefill_s=self.seg_dt))
+            self._prefilling = []
+            while self._finish and self._finish[0][0] < self.step:
+                _, rid = heapq.heappop(self._finish)
+                ended = self._seqs.get(rid)
+                if ended is None:
+                    continue
+                self._retire(ended)
+                if ended.n_out > 1:
+                    out.append(wm.TokenDelta(rid, [0] * (ended.n_out - 1), "", finished=True,
+                                             num_prompt_tokens=ended.prompt, num_output_tokens=ended.n_out))
+            self.busy = False
+        self._start(now)
+        return out
+
+    def _retire(self, seq: Seq) -> None:
+        r = self.residents[seq.model]
+        del self._seqs[seq.rid]
+        del r.running[seq.rid]
+        r.kv_used -= seq.prompt + seq.n_out
+        r.sum_prompt -= seq.prompt
+        r.sum_first -= seq.s_first
+        self.outcomes[seq.rid] = self._outcome(seq)
+
+    def _expire(self, now: float) -> float:
+        """Fail requests that waited out the KV bound; returns the next such deadline."""
+        nxt = math.inf
+        bound = self.limits.kv_wait_timeout_s
+        for r in self.residents.values():
+            while r.waiting and r.waiting[0].queued_at + bound <= now + 1e-9:
+                seq = r.waiting.popleft()
+                self.failed.append(wm.RequestFailed(seq.rid, f"no KV pages for {seq.prompt + seq.n_out} tokens of "
+                                                    f"{seq.model} within {bound:g} s", kind="unavailable"))
+            if r.waiting:
+                nxt = min(nxt, r.waiting[0].queued_at + bound)
+        return nxt
+
+    def _start(self, now: float) -> None:
+        expiry = self._expire(now)
+        flops = nbytes = 0.0
+        admitted: list[Seq] = []
+        s = self.step
+        lim = self.limits
+        for r in self.residents.values():
+            pf_tokens = 0
+            pf_pairs = 0.0
+            while r.waiting and len(r.running) < lim.max_num_seqs:
+                seq = r.waiting[0]
+                need = seq.prompt + seq.n_out
+                if r.kv_used + need > r.kv_cap or (pf_tokens and pf_tokens + seq.prompt > lim.max_batched_tokens):
+                    break
+                r.waiting.popleft()
+                pf_tokens += seq.prompt
+                pf_pairs += seq.prompt * (seq.prompt + 1) / 2.0
+                admitted.append(seq)
+            n = len(r.running)
+            ctx = r.sum_prompt + n * s - r.sum_first  # prompt + tokens produced so far, over running
+            f, b = self.perf.work(r.model, pf_tokens, pf_pairs, n, ctx)
+            flops += f
+            nbytes += b
+        for seq in admitted:
+            r = self.residents[seq.model]
+            seq.s_first = s
+            r.running[seq.rid] = seq
+            r.kv_used += seq.prompt + seq.n_out
+            r.sum_prompt += seq.prompt
+            r.sum_first += s
+            self._seqs[seq.rid] = seq
+            heapq.heappush(self._finish, (s + seq.n_out - 1, seq.rid))
+        if not self._seqs:
+            self.event_at = math.inf
+            if expiry < math.inf:  # idle with requests waiting for pages: wake up to fail them
+                self._set_event(expiry)
+            return
+        dt = self.perf.step_s(flops, nbytes)
+        steps = 1 if admitted else max(1, self._finish[0][0] - s + 1)
+        self._prefilling = admitted
+        self.busy = True
+        self.seg_s0, self.seg_t0, self.seg_dt, self.seg_end = s, now, dt, s + steps
+        self._hist_s.append(s)
+        self._hist_t.append(now)
+        self._hist_dt.append(dt)
+        self.busy_s += steps * dt
+        self.event_at = math.inf
+        self._set_event(now + steps * dt)
+        if len(self._hist_s) > 8192:
+            self._trim()
+
+    def _trim(self) -> None:
+        oldest = min((q.s_first for q in self._seqs.values()), default=self.step)
+        i = max(0, bisect.bisect_right(self._hist_s, oldest) - 1)
+        del self._hist_s[:i], self._hist_t[:i], self._hist_dt[:i]
+
+    # ----------------------------------------------------------- accounting
+    def _outcome(self, seq: Seq) -> Outcome:
+        """Tokens 1..n at the ends of steps s_first .. s_first + n - 1, counted on time per
+        segment in closed form (module doc); numpy when the request lived through many."""
+        hs = self._hist_s
+        first, last = seq.s_first, seq.s_first + seq.n_out - 1
+        j0 = bisect.bisect_right(hs, first) - 1
+        j1 = bisect.bisect_right(hs, last, lo=j0) - 1
+        if j1 - j0 >= 48 and not self.keep_times:
+            return self._outcome_np(seq, j0, j1)
+        ht, hd = self._hist_t, self._hist_dt
+        d0 = seq.arrival + seq.ttft_s - seq.tpot_s + EPS_S  # deadline of token k: d0 + k * tpot
+        on_time = 0
+        times: list[float] | None = [] if self.keep_times else None
+        t_first = t_last = 0.0
+        for j in range(j0, j1 + 1):
+            a = first if j == j0 else hs[j]
+            b = last if j == j1 else hs[j + 1] - 1
+            if a > b:
+                continue
+            dt = hd[j]
+            # step s ends at ht[j] + (s - hs[j] + 1) dt; token k is step first + k - 1
+            c = ht[j] + (first - hs[j]) * dt  # time of token k = c + k dt
+            ka, kb = a - first + 1, b - first + 1
+            if ka == 1:
+                t_first = c + dt
+            t_last = c + kb * dt
+            slope = dt - seq.tpot_s
+            room = d0 - c  # on time iff k * slope <= room
+            if slope > 0:
+                on_time += max(0, min(kb, math.floor(room / slope)) - ka + 1)
+            elif slope < 0:
+                on_time += max(0, kb - max(ka, math.ceil(room / slope)) + 1)
+            elif room >= 0:
+                on_time += kb - ka + 1
+            if times is not None:
+                times.extend(c + k * dt - seq.arrival for k in range(ka, kb + 1))
+        return Outcome(on_time, t_first - seq.arrival, t_last - seq.arrival, seq.n_out, times)
+
+    def _outcome_np(self, seq: Seq, j0: int, j1: int) -> Outcome:
+        """`_outcome` over the segments j0..j1 at once (same arithmetic, vectorised)."""
+        hs = np.asarray(self._hist_s[j0:j1 + 2], dtype=np.int64)
+        ht = np.asarray(self._hist_t[j0:j1 + 1])
+        dt = np.asarray(self._hist_dt[j0:j1 + 1])
+        first, last = seq.s_first, seq.s_first + seq.n_out - 1
+        s0 = hs[:-1] if len(hs) > j1 - j0 + 1 else hs
+        a = np.maximum(s0, first)
+        b = np.empty_like(a)
+        b[:-1] = hs[1:j1 - j0 + 1] - 1
+        b[-1] = last
+        b = np.minimum(b, last)
+        c = ht + (first - s0) * dt
+        ka = a - first + 1
+        kb = b - first + 1
+        slope = dt - seq.tpot_s
+        room = seq.arrival + seq.ttft_s - seq.tpot_s + EPS_S - c
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = room / slope
+            up = np.minimum(kb, np.floor(q)) - ka + 1
+            down = kb - np.maximum(ka, np.ceil(q)) + 1
+        flat = np.where(room >= 0, kb - ka + 1, 0)
+        n = np.where(slope > 0, up, np.where(slope < 0, down, flat))
+        n = np.where(a <= b, np.maximum(n, 0), 0)
+        t_first = float(c[0] + dt[0])
+        t_last = float(c[-1] + kb[-1] * dt[-1])
+        return Outcome(int(n.sum()), t_first - seq.arrival, t_last - seq.arrival, seq.n_out, None)
+
+    # ---------------------------------------------------------------- views
+    @property
+    def in_flight(self) -> int:
+        return len(self._seqs) + sum(len(r.waiting) for r in self.residents.values())
