@@ -167,3 +167,17 @@ def test_bench_engine_json_figures_are_consistent(tmp_path: Path) -> None:
             ratio = co[f"{n}_models_{mode}_tok_s"] / mean_alone
             assert co[f"{n}_models_{mode}_ratio"] == pytest.approx(ratio, rel=0.01)
     assert co["kv_pages_after"] == 0 and co["pool_free_after_unload"] is True
+
+
+def test_building_the_parser_loads_no_heavy_library():
+    """`janus` builds every subcommand's parser (benchmarks included) on each start, in
+    each replay process too: a module-level torch or scipy import there made `janus --help`
+    take 3 s and the replayer's processes fall a second behind their schedule."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom janusd.cli import build_parser\nbuild_parser()\n"
+            "print(sorted(m for m in ('torch', 'scipy.optimize', 'sklearn', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

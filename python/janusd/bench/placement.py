@@ -32,7 +32,6 @@ from collections.abc import Callable
 
 from janusd.policy.classify import classify
 from janusd.policy.placement import pack, plan
-from janusd.policy.placement_exact import lower_bound, min_bins
 from janusd.policy.policy_config import ClassifyConfig, PlacementConfig, ScalingConfig
 from janusd.policy.scaling import scale
 from janusd.policy.snapshot import AppTraffic, Assignment, ElasticApp, PlacementSnapshot, ScalingState, SteadyItem
@@ -72,6 +71,8 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def exact_reference(args: argparse.Namespace) -> dict:
+    from janusd.policy.placement_exact import lower_bound, min_bins  # scipy: only when run
+
     rng = random.Random(args.seed)
     gaps: list[int] = []
     ms: list[float] = []

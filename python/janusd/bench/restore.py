@@ -43,9 +43,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch loads in the functions: `janus --help` builds every bench's parser
+    import torch
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,6 +71,8 @@ def _p99(xs: list[float]) -> float:
 
 
 def _fill(t: torch.Tensor) -> None:
+    import torch
+
     gen = torch.Generator().manual_seed(1)
     step = 64 << 20
     for a in range(0, t.numel(), step):
@@ -78,6 +81,8 @@ def _fill(t: torch.Tensor) -> None:
 
 
 def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    import torch
+
     from janusd.engine.restore import Copier, release_backing
     from janusd.engine.worker_lifecycle import pull_segment
     from janusd.lifecycle.transfer import GlobalRegionTransport, Piece
