@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 def active_instances(port: int) -> dict[str, int]:
@@ -64,3 +65,35 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> int:
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait()
+
+
+def stream_completion(port: int, model: str, prompt: str, max_tokens: int,
+                      on_token: Any = None) -> tuple[list[float], str, int]:
+    """One greedy streamed completion (ignore_eos): the arrival time of each token event
+    (s after sending), the whole text and the prompt's token count. `on_token(n)` is
+    called as the n-th token event arrives; an HTTP or stream error raises RuntimeError."""
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"{model}: HTTP {resp.status}: {resp.read()[:300]!r}")
+    times: list[float] = []
+    text: list[str] = []
+    prompt_tokens = 0
+    while line := resp.readline():
+        if line.startswith(b"data: {"):
+            ev = json.loads(line[6:])
+            if "error" in ev:
+                raise RuntimeError(f"{model}: {ev['error']}")
+            if ev.get("usage"):
+                prompt_tokens = ev["usage"]["prompt_tokens"]
+            if ev.get("choices"):
+                times.append(time.perf_counter() - t0)
+                text.append(ev["choices"][0]["text"])
+                if on_token is not None:
+                    on_token(len(times))
+    conn.close()
+    return times, "".join(text), prompt_tokens

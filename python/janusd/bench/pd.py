@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import random
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,31 +42,6 @@ def _config(args: argparse.Namespace, cache: str, run_dir: Path) -> str:
         f'[[models]]\nname = "pd"\n{model}devices = [0, 1]\nprefill_devices = [0]\n'
         f'[[models]]\nname = "ref"\n{model}devices = [1]\n'
     )
-
-
-def _stream(port: int, model: str, prompt: str, max_tokens: int) -> tuple[list[float], str, int]:
-    """Arrival times (s after sending) of each token event, the whole text, prompt tokens."""
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    t0 = time.perf_counter()
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(f"{model}: HTTP {resp.status}: {resp.read()[:300]!r}")
-    times, text, prompt_tokens = [], [], 0
-    while line := resp.readline():
-        if line.startswith(b"data: {"):
-            ev = json.loads(line[6:])
-            if "error" in ev:
-                raise RuntimeError(f"{model}: {ev['error']}")
-            if ev.get("usage"):
-                prompt_tokens = ev["usage"]["prompt_tokens"]
-            if ev.get("choices"):
-                times.append(time.perf_counter() - t0)
-                text.append(ev["choices"][0]["text"])
-    conn.close()
-    return times, "".join(text), prompt_tokens
 
 
 def _metric(port: int, name: str) -> float:
@@ -101,7 +74,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         words = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "light", "north", "amber"]
         for model in ("pd", "ref"):  # warm-up: first requests pay lazy set-up on every path
-            _stream(port, model, "hello there", 2)
+            daemon_proc.stream_completion(port, model, "hello there", 2)
         for n in lengths:
             gap: dict[str, list[float]] = {"pd": [], "ref": []}
             ttft: dict[str, list[float]] = {"pd": [], "ref": []}
@@ -112,7 +85,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 prompt = " ".join(rng.choice(words) for _ in range(n))
                 texts = {}
                 for model in ("pd", "ref"):
-                    t, texts[model], tokens = _stream(port, model, prompt, args.max_tokens)
+                    t, texts[model], tokens = daemon_proc.stream_completion(port, model, prompt, args.max_tokens)
                     ttft[model].append(t[0])
                     gap[model].append(t[1] - t[0])
                     later[model].append((t[-1] - t[1]) / max(1, len(t) - 2))

@@ -33,7 +33,6 @@ mean more than absolute times.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import statistics
@@ -44,6 +43,8 @@ import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from janusd.bench import daemon_proc
 
 if TYPE_CHECKING:  # torch loads in the functions: `janus --help` builds every bench's parser
     import torch
@@ -223,26 +224,7 @@ def _ctl(sock: str, req: Any) -> dict[str, Any]:
 
 def _stream(port: int, model: str, max_tokens: int, on_token: Any = None) -> list[float]:
     """Arrival times (s after sending) of each streamed token."""
-    body = json.dumps({"model": model, "prompt": "Tell me a long story about the sea.", "max_tokens": max_tokens,
-                       "temperature": 0, "ignore_eos": True, "stream": True})
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    t0 = time.perf_counter()
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(f"{model}: HTTP {resp.status}: {resp.read()[:300]!r}")
-    times: list[float] = []
-    while line := resp.readline():
-        if line.startswith(b"data: {"):
-            ev = json.loads(line[6:])
-            if "error" in ev:
-                raise RuntimeError(f"{model}: {ev['error']}")
-            if ev.get("choices"):
-                times.append(time.perf_counter() - t0)
-                if on_token is not None:
-                    on_token(len(times))
-    conn.close()
-    return times
+    return daemon_proc.stream_completion(port, model, "Tell me a long story about the sea.", max_tokens, on_token)[0]
 
 
 def _rss_mib(pid: int) -> float:
@@ -251,7 +233,6 @@ def _rss_mib(pid: int) -> float:
 
 
 def _daemon(args: argparse.Namespace) -> dict[str, Any]:
-    from janusd.bench import daemon_proc
     from janusd.config import ServerConfig, cache_dir
     from janusd.wire import admin_msgs as am
 
