@@ -43,9 +43,12 @@ def test_parse_lists_and_loads():
 
 def test_variants_multiply_only_lst_imh_by_plan_and_the_default_writes_no_key():
     assert dr.variants(["lst_imh", "round_robin"], ["global"]) == [
-        {"label": "lst_imh", "policy": "lst_imh", "plan": None, "objective": None},
-        {"label": "round_robin", "policy": "round_robin", "plan": None, "objective": None},
+        {"label": "lst_imh", "policy": "lst_imh", "plan": None, "objective": None, "baseline": None},
+        {"label": "round_robin", "policy": "round_robin", "plan": None, "objective": None, "baseline": None},
     ]
+    v = dr.variants(["lst_imh", "round_robin"], ["global"], ["requests"], ["peer", "guarded"])
+    assert [(x["label"], x["baseline"]) for x in v] == [("lst_imh", None), ("round_robin/peer", "peer"),
+                                                          ("round_robin/guarded", None)]
     v = dr.variants(["lst_imh", "least_load"], ["global", "window"])
     assert [(x["label"], x["plan"]) for x in v] == [("lst_imh/global", None), ("lst_imh/window", "window"),
                                                       ("least_load", None)]
@@ -233,6 +236,11 @@ def test_daemon_config_parses_and_writes_plan_only_when_asked(tmp_path: Path):
     text = dr.daemon_config(policy="lst_imh", plan=None, objective="tokens", **common)
     assert "plan" not in text and parse_config(text).dispatch.objective == "tokens"
     assert "objective" not in dr.daemon_config(policy="lst_imh", plan=None, **common)
+    # a peer baseline: no deadline anywhere, and the daemon takes it
+    d = parse_config(dr.daemon_config(policy="least_load", plan=None, baseline="peer", **common)).dispatch
+    assert (d.requeue, d.admission, d.decode_guard) == ("keep", "queue", False)
+    d = parse_config(dr.daemon_config(policy="least_load", plan=None, **common)).dispatch
+    assert (d.requeue, d.admission, d.decode_guard) == ("reject", "reject_early", True)
 
 
 def test_warmup_lengths_span_the_mix():

@@ -26,7 +26,7 @@ DeviceKind = Literal["cpu", "cuda", "npu"]
 DType = Literal["float32", "bfloat16", "float16"]
 Role = Literal["mixed", "prefill", "decode"]
 DispatchPolicy = Literal["lst_imh", "round_robin", "least_load"]
-RequeuePolicy = Literal["reject", "relax"]
+RequeuePolicy = Literal["reject", "relax", "keep"]
 DispatchPlan = Literal["global", "window"]
 AdmissionPolicy = Literal["reject_early", "queue"]
 DispatchObjective = Literal["tokens", "requests"]
@@ -338,6 +338,8 @@ demote_pinned = false       # true: models with pool = "steady" also go Warm / C
 policy = "lst_imh"          # lst_imh | round_robin | least_load
 prepull_window_ms = 20.0    # wake an instance this long before its EPDT
 requeue = "reject"          # a queued request past its latest start: reject (503) | relax
+                            # | keep (serve it late; round_robin / least_load only, as routers
+                            # without deadlines do: the baselines of `janus bench dispatch-replay`)
 plan = "global"             # global: LST-IMH over all ready instances, commit what starts within
                             # the window, re-plan the rest | window: only instances in the window
 objective = "requests"      # lst_imh under overload keeps the most requests on time (the paper's)
@@ -465,6 +467,9 @@ def _check(cfg: JanusConfig) -> None:
             raise ValueError(
                 f"models[{i}].kv_cache_mib: {m.kv_cache_mib} exceeds devices.memory_mib = {cfg.devices.memory_mib}"
             )
+    if cfg.dispatch.requeue == "keep" and cfg.dispatch.policy == "lst_imh":
+        raise ValueError("dispatch.requeue: 'keep' (serve late, never drop) is for the round_robin and least_load "
+                         "baselines; lst_imh never selects a late request, so it would wait forever")
     if cfg.devices.kind == "cpu" and cfg.devices.transfer_protocol not in ("auto", "tcp"):
         raise ValueError(f"devices.transfer_protocol: {cfg.devices.transfer_protocol!r} moves device memory; cpu "
                          "devices use tcp (auto)")

@@ -10,6 +10,15 @@ changes how LST-IMH plans, so the baselines run without the key). With `--plans`
 "global" no `plan` key is written at all, so the bench runs against a daemon that does
 not know the key yet.
 
+Baselines (`--baselines`, default both): "peer" runs round_robin and least_load as the
+routers of peer systems do, with no deadline anywhere (`requeue = "keep"`: a late request
+is served late, never refused; `admission = "queue"`; `decode_guard = false`), the
+comparison the paper makes (its 92.4% vs 64.8% at 2x). "guarded" runs them with the
+daemon's defaults, i.e. with janus' own deadline machinery (the early refusal, the
+reject-on-late requeue and the decode guard) wrapped around the baseline's instance
+choice: not a system anyone deploys, but the test of what the assignment rule alone adds.
+Both are labelled `policy/peer` and `policy/guarded` when both are asked.
+
 1. Capacity. A fresh daemon (least_load, SLOs of 600 s so nothing is rejected) serves a
    closed loop of `--capacity-concurrency` clients for `--capacity-s` seconds; each client
    sends requests drawn in turn from the trace's length mix (the same synthesizer
@@ -56,10 +65,10 @@ not know the key yet.
    means) or "not_better"; "overall" is the weakest of those, "missing" names any variant
    without a successful run to compare with. Last line: one JSON object.
 
-Default cost: 2 loads x 3 policies x 3 runs = 18 runs of `--duration-s` (25 s) plus, per
-run, a daemon start (~5 s on a busy 2-core VM), the warm-up (~1 s), the drain of what is
+Default cost: 2 loads x 5 variants (lst_imh, two baselines x two kinds) x 3 runs = 30 runs
+of `--duration-s` (25 s) plus, per run, a daemon start (~5 s on a busy 2-core VM), the warm-up (~1 s), the drain of what is
 still in flight when the trace ends (seconds at 1.5x) and the stop (~2 s); with the
-capacity phase (~35 s) about 12 minutes on that VM.
+capacity phase (~35 s) about 20 minutes on that VM.
 """
 
 from __future__ import annotations
@@ -87,6 +96,9 @@ POLICIES = ("lst_imh", "round_robin", "least_load")
 PLANS = ("global", "window")
 DEFAULT_PLAN = "global"
 OBJECTIVES = ("requests", "tokens")
+BASELINES = ("peer", "guarded")
+# the [dispatch] keys of a "peer" baseline: no deadline anywhere (see the module doc)
+PEER_DISPATCH = 'requeue = "keep"\nadmission = "queue"\ndecode_guard = false\n'
 DEFAULT_OBJECTIVE = "requests"
 MODEL_NAME = "llm"
 RELAXED_SLO_MS = 600_000.0  # capacity and warm-up requests: never rejected, never late
@@ -104,6 +116,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--objectives", default=DEFAULT_OBJECTIVE,
                    help="comma-separated dispatch.objective values for lst_imh (requests|tokens); one other than "
                         "requests is written into [dispatch], the default writes no objective key")
+    p.add_argument("--baselines", default=",".join(BASELINES),
+                   help="comma-separated kinds of round_robin / least_load run: peer (no deadlines: serve late, "
+                        "no guard) | guarded (the daemon's deadline machinery around the baseline's choice)")
     p.add_argument("--loads", default="0.7,1.5", help="comma-separated loads as multiples of the measured capacity")
     p.add_argument("--runs", type=int, default=3, help="runs per load and policy (interleaved, fresh daemon each)")
     p.add_argument("--duration-s", type=float, default=25.0, help="trace span per run in seconds")
@@ -152,26 +167,31 @@ def parse_loads(text: str) -> list[float]:
     return loads
 
 
-def variants(policies: Sequence[str], plans: Sequence[str],
-             objectives: Sequence[str] = (DEFAULT_OBJECTIVE,)) -> list[dict[str, str | None]]:
-    """(label, policy, plan, objective) of each daemon configuration to compare.
+def variants(policies: Sequence[str], plans: Sequence[str], objectives: Sequence[str] = (DEFAULT_OBJECTIVE,),
+             baselines: Sequence[str] = ("guarded",)) -> list[dict[str, str | None]]:
+    """(label, policy, plan, objective, baseline) of each daemon configuration to compare.
 
-    Plan and objective only change LST-IMH, so they multiply lst_imh alone; each is None
-    where no key is to be written (the default). Labels: the policy, plus /plan and
-    /objective for lst_imh when more than one of that kind is asked.
+    Plan and objective only change LST-IMH, so they multiply lst_imh alone; baseline
+    kinds multiply the other policies alone. Each is None where no key is to be written
+    (the default; "guarded" is the daemon's default). Labels: the policy, plus /plan and
+    /objective for lst_imh, /kind for a baseline, when more than one of that kind is asked.
     """
     out: list[dict[str, str | None]] = []
     for pol in policies:
         lst = pol == "lst_imh"
         for plan in (plans if lst else [DEFAULT_PLAN]):
             for obj in (objectives if lst else [DEFAULT_OBJECTIVE]):
-                label = pol
-                if lst and len(plans) > 1:
-                    label += f"/{plan}"
-                if lst and len(objectives) > 1:
-                    label += f"/{obj}"
-                out.append({"label": label, "policy": pol, "plan": None if plan == DEFAULT_PLAN else plan,
-                            "objective": None if obj == DEFAULT_OBJECTIVE else obj})
+                for kind in ([None] if lst else baselines):
+                    label = pol
+                    if lst and len(plans) > 1:
+                        label += f"/{plan}"
+                    if lst and len(objectives) > 1:
+                        label += f"/{obj}"
+                    if not lst and len(baselines) > 1:
+                        label += f"/{kind}"
+                    out.append({"label": label, "policy": pol, "plan": None if plan == DEFAULT_PLAN else plan,
+                                "objective": None if obj == DEFAULT_OBJECTIVE else obj,
+                                "baseline": None if kind in (None, "guarded") else kind})
     return out
 
 
@@ -375,11 +395,12 @@ def verdicts(per_variant: dict[str, dict[str, Any]], variant_policy: dict[str, s
 
 def daemon_config(*, run_dir: Path, cache: str, checkpoint: str, policy: str, plan: str | None,
                   ttft_slo_ms: float, tpot_slo_ms: float, memory_mib: int, kv_cache_mib: int,
-                  objective: str | None = None) -> str:
+                  objective: str | None = None, baseline: str | None = None) -> str:
     """The daemon's TOML: one model on devices [0, 1]; `plan` (`objective`) None writes no
-    plan (objective) key."""
+    plan (objective) key; `baseline` "peer" writes PEER_DISPATCH."""
     plan_line = f'plan = "{plan}"\n' if plan is not None else ""
     plan_line += f'objective = "{objective}"\n' if objective is not None else ""
+    plan_line += PEER_DISPATCH if baseline == "peer" else ""
     return (
         f'[server]\nport = 0\nadmin_socket = "{run_dir / "admin.sock"}"\ncache_dir = "{cache}"\n'
         f"queue_limit = 100000\n"
@@ -531,7 +552,8 @@ def _one_run(args: argparse.Namespace, cache: str, run_dir: Path, variant: dict[
     from janusd.trace.results import RequestResult
 
     cfg = daemon_config(run_dir=run_dir, cache=cache, checkpoint=args.model, policy=str(variant["policy"]),
-                        plan=variant["plan"], objective=variant.get("objective"), ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms,
+                        plan=variant["plan"], objective=variant.get("objective"),
+                        baseline=variant.get("baseline"), ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms,
                         memory_mib=args.memory_mib, kv_cache_mib=args.kv_cache_mib)
     marks = [time.monotonic()]
     proc, port = daemon_proc.start(cfg, run_dir, args.torch_threads, {MODEL_NAME: 2})
@@ -597,7 +619,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     loads = parse_loads(args.loads)
     if args.runs < 1 or not args.duration_s > 0:
         raise ValueError("--runs must be >= 1 and --duration-s > 0")
-    vs = variants(policies, plans, objectives)
+    baselines = parse_list(args.baselines, BASELINES, "baseline kind")
+    vs = variants(policies, plans, objectives, baselines)
     labels = [str(v["label"]) for v in vs]
     by_label = {str(v["label"]): v for v in vs}
     cache = args.cache_dir or str(cache_dir(ServerConfig()))
@@ -664,6 +687,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "policies": policies,
         "plans": plans,
         "objectives": objectives,
+        "baselines": baselines,
         "runs": args.runs,
         "duration_s": args.duration_s,
         "seed": args.seed,

@@ -33,6 +33,10 @@ pub enum Requeue {
     Reject,
     /// Extend its deadline up to `max_relax` times, then reject it.
     Relax,
+    /// Never drop it: it is served late. What a router without deadlines does; for the
+    /// round-robin and least-load baselines only (LST-IMH would starve a job it never
+    /// selects, so `Dispatcher::new` refuses the pair).
+    Keep,
 }
 
 impl Requeue {
@@ -40,8 +44,9 @@ impl Requeue {
         match s {
             "reject" => Ok(Requeue::Reject),
             "relax" => Ok(Requeue::Relax),
+            "keep" => Ok(Requeue::Keep),
             _ => Err(DispatchError::InvalidInput(format!(
-                "requeue must be 'reject' or 'relax', got {s:?}"
+                "requeue must be 'reject', 'relax' or 'keep', got {s:?}"
             ))),
         }
     }

@@ -39,7 +39,7 @@
 
 use std::collections::HashMap;
 
-use super::config::{DispatcherConfig, Stats};
+use super::config::{DispatcherConfig, Policy, Requeue, Stats};
 use super::epdt::Load;
 use super::{check_time, DispatchError};
 
@@ -121,6 +121,13 @@ impl Dispatcher {
                 "relax_factor must be finite and >= 1, got {}",
                 cfg.relax_factor
             )));
+        }
+        if cfg.requeue == Requeue::Keep && cfg.policy == Policy::LstImh {
+            return Err(DispatchError::InvalidInput(
+                "requeue 'keep' is for the round_robin and least_load baselines: lst_imh \
+                 never selects a late job, so it would wait forever"
+                    .into(),
+            ));
         }
         Ok(Dispatcher {
             cfg,

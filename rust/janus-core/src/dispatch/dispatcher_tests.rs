@@ -457,3 +457,44 @@ fn objective_tokens_keeps_the_valuable_job_the_count_plan_drops() {
         assert_eq!(rej, rejected, "{objective:?}");
     }
 }
+
+#[test]
+fn keep_serves_late_jobs_and_never_spins() {
+    // One instance, three jobs of 0.4 s, all due at 0.5: only the first can start in time.
+    let mut d = disp(Policy::RoundRobin, Requeue::Keep, 0.02);
+    d.add_instance(1, "m", 1).unwrap();
+    for r in 0..3 {
+        d.submit(r, "m", 0.0, 0.5, 0.4).unwrap();
+    }
+    assert_eq!(d.tick(0.0).unwrap(), vec![(0, 1)]);
+    // Latest starts (0.1) pass while the instance is busy: the next wake-up is its window
+    // (0.4 - 0.02), not "now" again and again for the passed starts.
+    assert!(close(d.next_wakeup(0.2).unwrap().unwrap(), 0.38));
+    assert!(d.tick(0.2).unwrap().is_empty());
+    d.complete(0, 0.4).unwrap();
+    assert_eq!(d.tick(0.4).unwrap(), vec![(1, 1)]);
+    d.complete(1, 0.8).unwrap();
+    assert_eq!(d.tick(0.8).unwrap(), vec![(2, 1)]);
+    assert_eq!((d.stats().rejected, d.stats().assigned), (0, 3));
+    assert!(d.take_rejected().is_empty());
+    // The same jobs under reject: the two late ones are dropped.
+    let mut d = disp(Policy::RoundRobin, Requeue::Reject, 0.02);
+    d.add_instance(1, "m", 1).unwrap();
+    for r in 0..3 {
+        d.submit(r, "m", 0.0, 0.5, 0.4).unwrap();
+    }
+    d.tick(0.0).unwrap();
+    d.tick(0.2).unwrap();
+    assert_eq!(d.take_rejected(), vec![1, 2]);
+}
+
+#[test]
+fn keep_is_refused_for_lst_imh() {
+    let cfg = DispatcherConfig { requeue: Requeue::Keep, ..DispatcherConfig::default() };
+    let err = Dispatcher::new(cfg).err().expect("lst_imh + keep must be refused");
+    assert!(format!("{err:?}").contains("keep"), "{err:?}");
+    for policy in [Policy::RoundRobin, Policy::LeastLoad] {
+        let cfg = DispatcherConfig { policy, requeue: Requeue::Keep, ..DispatcherConfig::default() };
+        assert!(Dispatcher::new(cfg).is_ok());
+    }
+}

@@ -72,7 +72,7 @@ impl Dispatcher {
                     self.models[m].relaxed += 1;
                 }
             }
-            if now > r.deadline - r.est {
+            if self.cfg.requeue != Requeue::Keep && now > r.deadline - r.est {
                 self.requests.remove(&id);
                 self.rejected.push(id);
                 self.models[m].queued -= 1;
@@ -233,7 +233,7 @@ impl Dispatcher {
     /// work reaching its pre-pull window (its group's EPDT - window) after the last tick
     /// (with `plan = global` that is when a job planned there and deferred can be
     /// committed: the commit test is the same expression), (b) a queued
-    /// job passing its latest start (reject/relax is due), (c) `now` when the state
+    /// job passing its latest start (reject/relax is due; never under `keep`), (c) `now` when the state
     /// changed since the last tick or, for the one-job-per-tick policies, while a
     /// candidate is still inside its window. A result `<= now` means "tick now".
     /// `None` when nothing is queued.
@@ -262,7 +262,10 @@ impl Dispatcher {
                     best = best.min(now);
                 }
             }
-            for &(seq, id) in &model.queue {
+            // Under `keep` a latest start passing changes nothing: no wake-up for it (one
+            // in the past would ask for a tick at every call).
+            let queue: &[(u64, i64)] = if self.cfg.requeue == Requeue::Keep { &[] } else { &model.queue };
+            for &(seq, id) in queue {
                 if let Some(r) = self
                     .requests
                     .get(&id)
