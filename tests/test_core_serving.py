@@ -299,7 +299,7 @@ def test_the_decode_guard_keeps_new_prefills_off_a_device_decoding_slower_than_t
     for _ in range(5):  # device 0 decodes one sequence at 80 ms per token: over the 50 ms SLO
         rig.now += 0.08
         rig.token(0, r1)
-    assert rig.core.decode_fit[0].step_s(2) > 0.05
+    assert rig.core.guard.fit[0].step_s(2) > 0.05
     r2 = rig.submit("m", max_tokens=100)  # device 1 decodes nothing: it may always take work
     rig.tick()
     assert rig.workers[1].generates() == [r2]

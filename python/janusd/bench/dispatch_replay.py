@@ -85,6 +85,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from janusd.bench import daemon_proc
+from janusd.bench.closed_loop import closed_loop, warmup
+from janusd.bench.replay_figures import (AGG_KEYS, PREFILL_ERROR, VERDICT_RANK, _fmt, _table, aggregate, compare,
+                                         is_slo_rejection, metrics_delta, metrics_figures, rounded, run_figures,
+                                         spread, verdicts)
 
 if TYPE_CHECKING:  # numpy and the trace modules load inside the functions (`janus --help` stays light)
     import numpy as np
@@ -102,8 +106,6 @@ PEER_DISPATCH = 'requeue = "keep"\nadmission = "queue"\ndecode_guard = false\n'
 DEFAULT_OBJECTIVE = "requests"
 MODEL_NAME = "llm"
 RELAXED_SLO_MS = 600_000.0  # capacity and warm-up requests: never rejected, never late
-VERDICT_RANK = {"not_better": 0, "tie": 1, "mean_above": 2, "beyond_spread": 3}
-PREFILL_ERROR = "janusd_prefill_estimate_error_seconds"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -254,145 +256,6 @@ def peak_to_mean(arrival_s: Sequence[float] | np.ndarray, window_s: float = 2.0)
     return float(counts.max() / window_s / (len(a) / (a[-1] - a[0])))
 
 
-def is_slo_rejection(status: str, http_status: int | None, error: str | None) -> bool:
-    """A 503 slo_unattainable refusal (the daemon's reply to a request it rejected)."""
-    e = error or ""
-    return status == "error" and http_status == 503 and ("slo_unattainable" in e or "cannot meet its TTFT SLO" in e)
-
-
-def _pct(xs: Sequence[float], q: float) -> float | None:
-    import numpy as np
-
-    return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if len(xs) else None
-
-
-def run_figures(rows: Sequence[Any], span_s: float) -> dict[str, Any]:
-    """SLO figures of one replay from its RequestResults (trace/slo.py definitions)."""
-    from janusd.trace import slo
-    from janusd.trace.results import results_from
-
-    res = results_from(list(rows))
-    fig = slo.summarize(res.outcomes(), res.app_id, len(res.apps), span_s)
-    rejected = sum(is_slo_rejection(r.status, r.http_status, r.error) for r in rows)
-    failed = sum(r.status != "ok" for r in rows)
-    ttft = [r.token_times_s[0] * 1e3 for r in rows if r.status == "ok" and r.token_times_s]
-    return {
-        "requests": fig["requests"],
-        "token_attainment": fig["token_attainment"],
-        "ttft_attainment": fig["ttft_attainment"],
-        "tpot_attainment": fig["tpot_attainment"],
-        "rejected": int(rejected),
-        "other_failures": int(failed - rejected),
-        "ttft_p50_ms": _pct(ttft, 50),
-        "ttft_p99_ms": _pct(ttft, 99),
-    }
-
-
-def metrics_figures(text: str) -> dict[str, float | None]:
-    """From one /metrics scrape: janusd_rejected_total{reason="slo"} summed over models
-    (None when the family is absent) and the prefill estimate error's sum and count
-    (None when the daemon does not export it)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    rejected: float | None = None
-    err_sum: float | None = None
-    err_count: float | None = None
-    for fam in text_string_to_metric_families(text):
-        if fam.name == "janusd_rejected":
-            rejected = rejected or 0.0
-            rejected += sum(s.value for s in fam.samples
-                            if s.name == "janusd_rejected_total" and s.labels.get("reason") == "slo")
-        elif fam.name == PREFILL_ERROR:
-            for s in fam.samples:
-                if s.name == PREFILL_ERROR + "_sum":
-                    err_sum = (err_sum or 0.0) + s.value
-                elif s.name == PREFILL_ERROR + "_count":
-                    err_count = (err_count or 0.0) + s.value
-    return {"rejected_slo": rejected, "prefill_error_sum_s": err_sum, "prefill_error_count": err_count}
-
-
-def metrics_delta(before: dict[str, float | None], after: dict[str, float | None]) -> dict[str, float | None]:
-    """What one replay added: rejections (metric) and the mean absolute prefill estimate
-    error in ms over the estimates made during it (None when absent or none made)."""
-
-    def diff(key: str) -> float | None:
-        a, b = after.get(key), before.get(key)
-        return None if a is None else a - (b or 0.0)
-
-    rej = diff("rejected_slo")
-    s, c = diff("prefill_error_sum_s"), diff("prefill_error_count")
-    return {
-        "rejected_metric": rej,
-        "prefill_estimate_mae_ms": s / c * 1e3 if s is not None and c else None,
-        "prefill_estimates": c,
-    }
-
-
-def spread(values: Sequence[float | None]) -> dict[str, float | int | None]:
-    """mean, min, max (and how many) over the runs' non-null, finite values."""
-    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    if not xs:
-        return {"mean": None, "min": None, "max": None, "n": 0}
-    return {"mean": sum(xs) / len(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
-
-
-AGG_KEYS = ("token_attainment", "ttft_attainment", "tpot_attainment", "rejected", "rejected_metric",
-            "ttft_p50_ms", "ttft_p99_ms", "prefill_estimate_mae_ms")
-
-
-def aggregate(records: Sequence[dict[str, Any]], loads: Sequence[float], labels: Sequence[str]) -> dict[str, Any]:
-    """Per load (key str(load)) and variant label: spread of each figure over the runs.
-
-    A record: {"load", "variant", "run", "error"?, "valid"?, and the run's figures}. Runs
-    that failed (an "error") are counted, not averaged; invalid runs (replayer lag) are
-    averaged and counted.
-    """
-    out: dict[str, Any] = {}
-    for load in loads:
-        per: dict[str, Any] = {}
-        for label in labels:
-            mine = [r for r in records if r["load"] == load and r["variant"] == label]
-            good = [r for r in mine if not r.get("error")]
-            entry: dict[str, Any] = {"runs": len(good), "failed_runs": len(mine) - len(good),
-                                     "invalid_runs": sum(1 for r in good if r.get("valid") is False)}
-            for key in AGG_KEYS:
-                entry[key] = spread([r.get(key) for r in good])
-            per[label] = entry
-        out[str(load)] = per
-    return out
-
-
-def compare(mine: dict[str, Any], other: dict[str, Any]) -> str | None:
-    """One verdict of `mine` against `other` from their spreads (higher is better)."""
-    if not (mine["n"] and other["n"]):
-        return None
-    if mine["mean"] == other["mean"] and mine["min"] == other["max"]:
-        return "tie"  # e.g. every run of both at 1.0
-    if mine["min"] >= other["max"]:
-        return "beyond_spread"
-    if mine["mean"] > other["mean"]:
-        return "mean_above"
-    if mine["mean"] == other["mean"]:
-        return "tie"
-    return "not_better"
-
-
-def verdicts(per_variant: dict[str, dict[str, Any]], variant_policy: dict[str, str],
-             key: str = "token_attainment") -> dict[str, Any]:
-    """For each lst_imh variant: its verdict on `key` against every other variant (None
-    where either side has no successful run), "overall", the weakest of the known ones
-    (None when none is known), and "missing", the variants it could not be compared to."""
-    out: dict[str, Any] = {}
-    for label, pol in variant_policy.items():
-        if pol != "lst_imh":
-            continue
-        vs = {o: compare(per_variant[label][key], per_variant[o][key]) for o in variant_policy if o != label}
-        known = [v for v in vs.values() if v is not None]
-        overall = min(known, key=VERDICT_RANK.__getitem__) if known else None
-        out[label] = {"metric": key, "vs": vs, "overall": overall, "missing": [o for o, v in vs.items() if v is None]}
-    return out
-
-
 def daemon_config(*, run_dir: Path, cache: str, checkpoint: str, policy: str, plan: str | None,
                   ttft_slo_ms: float, tpot_slo_ms: float, memory_mib: int, kv_cache_mib: int,
                   objective: str | None = None, baseline: str | None = None) -> str:
@@ -431,77 +294,6 @@ def _scrape(port: int) -> dict[str, float | None]:
         conn.close()
 
 
-def _body(prompt: str, n_out: int, slo_ms: float | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": n_out, "min_tokens": n_out,
-                            "ignore_eos": True, "stream": True, "temperature": 0.0}
-    if slo_ms is not None:
-        body["slo"] = {"ttft_ms": slo_ms, "tpot_ms": slo_ms}
-    return body
-
-
-async def _complete(session: Any, url: str, body: dict[str, Any]) -> bool:
-    """Send one streaming request and read it to the end; True when it completed."""
-    async with session.post(url, json=body) as resp:
-        if resp.status != 200:
-            await resp.read()
-            return False
-        done = failed = False
-        async for line in resp.content:
-            if line.startswith(b"data: [DONE]"):
-                done = True
-            elif line.startswith(b'data: {"error"'):
-                failed = True
-        return done and not failed
-
-
-async def _closed_loop(port: int, pairs: list[tuple[int, int]], concurrency: int, seconds: float) -> dict[str, Any]:
-    import aiohttp
-
-    from janusd.trace.replay import PromptMaker
-
-    url = f"http://127.0.0.1:{port}/v1/completions"
-    prompts = PromptMaker()
-    done_s: list[float] = []
-    failures = 0
-    nxt = 0
-    t0 = time.monotonic()
-
-    async def client(session: Any) -> None:
-        nonlocal failures, nxt
-        while time.monotonic() - t0 < seconds:
-            n_in, n_out = pairs[nxt % len(pairs)]
-            nxt += 1
-            try:
-                ok = await _complete(session, url, _body(prompts(n_in), n_out, RELAXED_SLO_MS))
-            except (aiohttp.ClientError, OSError):
-                ok = False
-            if ok:
-                done_s.append(time.monotonic() - t0)
-            else:
-                failures += 1
-
-    conn = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as session:
-        tasks = [asyncio.create_task(client(session)) for _ in range(concurrency)]
-        await asyncio.sleep(seconds)
-        for t in tasks:  # the requests still running at the end are not counted
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return {"done_s": done_s, "failures": failures, "sent": nxt}
-
-
-async def _warmup(port: int, lengths: list[tuple[int, int]]) -> None:
-    import aiohttp
-
-    from janusd.trace.replay import PromptMaker
-
-    url = f"http://127.0.0.1:{port}/v1/completions"
-    prompts = PromptMaker()
-    async with aiohttp.ClientSession() as session:
-        for n_in, n_out in lengths:
-            await _complete(session, url, _body(prompts(n_in), n_out, RELAXED_SLO_MS))
-
-
 def _log(msg: str) -> None:
     print(f"dispatch-replay: {msg}", file=sys.stderr, flush=True)
 
@@ -521,8 +313,8 @@ def _measure_capacity(args: argparse.Namespace, cache: str, out: Path, kw: dict[
                         kv_cache_mib=args.kv_cache_mib)
     proc, port = daemon_proc.start(cfg, run_dir, args.torch_threads, {MODEL_NAME: 2})
     try:
-        _arun(_warmup(port, _warmup_lengths(pairs, args.warmup_requests)))
-        loop = _arun(_closed_loop(port, pairs, args.capacity_concurrency, args.capacity_s))
+        _arun(warmup(port, MODEL_NAME, _warmup_lengths(pairs, args.warmup_requests), RELAXED_SLO_MS))
+        loop = _arun(closed_loop(port, MODEL_NAME, pairs, args.capacity_concurrency, args.capacity_s, RELAXED_SLO_MS))
     finally:
         daemon_proc.stop(proc)
     rps = capacity_rps(loop["done_s"], args.capacity_warmup_s, args.capacity_s)
@@ -559,7 +351,7 @@ def _one_run(args: argparse.Namespace, cache: str, run_dir: Path, variant: dict[
     proc, port = daemon_proc.start(cfg, run_dir, args.torch_threads, {MODEL_NAME: 2})
     try:
         marks.append(time.monotonic())
-        _arun(_warmup(port, warm))
+        _arun(warmup(port, MODEL_NAME, warm, RELAXED_SLO_MS))
         before = _scrape(port)
         marks.append(time.monotonic())
         rcfg = ReplayConfig(url=f"http://127.0.0.1:{port}", max_lag_ms=args.max_lag_ms, timeout_s=300.0,
@@ -577,36 +369,6 @@ def _one_run(args: argparse.Namespace, cache: str, run_dir: Path, variant: dict[
     return {**run_figures(rows, trace.duration_s), **metrics_delta(before, after), "valid": summary["valid"],
             "lag_max_ms": summary["lag_max_ms"], "daemon_exit": exit_code, "wall_s": round(marks[-1] - marks[0], 1),
             **phases}
-
-
-def rounded(obj: Any, nd: int = 4) -> Any:
-    """Floats rounded to nd decimals, recursively (the JSON stays readable)."""
-    if isinstance(obj, float):
-        return round(obj, nd) if math.isfinite(obj) else obj
-    if isinstance(obj, dict):
-        return {k: rounded(v, nd) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [rounded(v, nd) for v in obj]
-    return obj
-
-
-def _fmt(x: Any, nd: int = 3) -> str:
-    return "-" if x is None else f"{x:.{nd}f}" if isinstance(x, float) else str(x)
-
-
-def _table(agg: dict[str, Any], verdict: dict[str, Any]) -> list[str]:
-    lines = []
-    for load, per in agg.items():
-        lines.append(f"load {load}x: variant  runs  token_att mean [min, max]  ttft_att mean  rejected mean  "
-                     f"p99_ttft_ms mean  prefill_err_ms")
-        for label, e in per.items():
-            t = e["token_attainment"]
-            lines.append(f"  {label:<16} {e['runs']:>2}  {_fmt(t['mean'])} [{_fmt(t['min'])}, {_fmt(t['max'])}]  "
-                         f"{_fmt(e['ttft_attainment']['mean'])}  {_fmt(e['rejected']['mean'], 1)}  "
-                         f"{_fmt(e['ttft_p99_ms']['mean'], 1)}  {_fmt(e['prefill_estimate_mae_ms']['mean'], 2)}")
-        for label, v in verdict.get(load, {}).items():
-            lines.append(f"  verdict {label}: {v['overall']} ({', '.join(f'{k}: {x}' for k, x in v['vs'].items())})")
-    return lines
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

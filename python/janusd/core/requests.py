@@ -139,3 +139,25 @@ class RequestTable:
     def on_device(self, device: int) -> list[Request]:
         """Requests whose tokens come from the worker of `device`."""
         return [r for r in self.by_id.values() if r.device == device]
+
+
+def removed(model: str) -> Failure:
+    """A request for a model that was removed (ctl remove, a reload without it)."""
+    return Failure(404, f"model {model!r} was removed", "invalid_request_error", code="model_not_found",
+                   param="model")
+
+
+def no_instance(model: str, waited_s: float) -> Failure:
+    """A request that waited the whole bound for an Active instance of its model."""
+    return Failure(503, f"no instance of model {model!r} became ready within {waited_s:g} s (loading, "
+                        "restarting or unloaded); retry later", code="model_not_ready", retry_after_s=1.0)
+
+
+def request_slo(req: Request) -> tuple[int, int]:
+    """(on-time tokens, counted tokens) of a finished request, per trace/slo.py."""
+    from janusd.trace.slo import request_attainment
+
+    times = [t - req.arrival for t in req.token_times]
+    expected = len(times) if not req.failed else max(len(times), 1)
+    a = request_attainment(times, expected, req.ttft_slo_s, req.tpot_slo_s, ok=not req.failed)
+    return a.on_time_tokens, a.total_tokens

@@ -5,13 +5,15 @@ are reached through the Worker protocol (core/worker_edge.py) and heard from thr
 on_batch / on_failed / on_kv / on_worker_death. The daemon (server/daemon.py) is one
 shell around it (HTTP, admin, signals, real worker processes, the real clock); the
 simulator will be another (virtual clock, simulated workers). What the core decides:
-- admission: unknown model (404), queue full (429), context too long (400);
+- admission: unknown model (404), queue full (429), context too long (400; the pure
+  rules are core/admission.py's);
 - queueing: a request for a model with an instance taking prefill work goes to the Rust
   Dispatcher; otherwise it is *held* (the model is loading, restarting or unloaded) for
   up to `model_wait_timeout_s`, then fails with 503 and Retry-After. Held requests go to
   the Dispatcher the moment an instance becomes Active, with a fresh TTFT budget (their
   SLO is already lost; serving them late beats refusing them);
-- assignment: Dispatcher ticks turn into Generate messages; rejections into 503s;
+- assignment: Dispatcher ticks turn into Generate messages; rejections into 503s; the
+  decode guard (core/decode_guard.py) takes a device decoding past TPOT out of the plan;
 - instance states: every change goes through `set_state` (lifecycle/states.py's table),
   which keeps the Dispatcher's ready flags and the held queues in step;
 - request end: RequestTable.fail / deliver, then `_finished` tidies the Dispatcher, the
@@ -30,18 +32,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 
 from janusd.config import DispatchConfig, ModelConfig
-from janusd.core.held import HeldQueues
+from janusd.core.admission import fit_to_context, late_by
+from janusd.core.decode_guard import DecodeGuard
 from janusd.core.dispatch import DispatchCore
+from janusd.core.held import HeldQueues
 from janusd.core.kv_handoff import KVHandoff
 from janusd.core.registry import Instance, Model, Registry
-from janusd.core.requests import Failure, Refused, Request, RequestTable
+from janusd.core.requests import Failure, Refused, Request, RequestTable, no_instance, removed, request_slo
 from janusd.core.worker_edge import Worker
 from janusd.lifecycle.states import COMING_UP, InstanceState, check_transition
 from janusd.log import log
-from janusd.oracle.decode_estimate import DecodeStepEstimator
 from janusd.telemetry import Telemetry
 from janusd.wire import worker_msgs as wm
 
@@ -90,13 +92,8 @@ class ServingCore:
         self.held = HeldQueues()
         self._admitting: dict[str, int] = {}
         self._tok_rr = 0
-        self._decoding: dict[int, int] = {}  # device -> requests past their first token there
-        self.decode_fit: dict[int, DecodeStepEstimator] = {}  # device -> seconds per token by sequences
+        self.guard = DecodeGuard(self.registry, self.dispatch)
         self._now = 0.0  # the time of the event being handled (for paths that end requests)
-        # devices whose decode guard may have changed since the last tick (None: all); the
-        # guard's inputs per device are its decoding count, its decode fit, its instances'
-        # states and their models' SLOs, and each change marks the device
-        self._guard_dirty: set[int] | None = None
 
     def _at(self, now: float) -> float:
         self._now = max(self._now, now)
@@ -110,7 +107,7 @@ class ServingCore:
         """New request-only settings (SLOs, app) for a served model: new requests get them."""
         m = self.registry.models[cfg.name]
         m.cfg = cfg
-        self._guard_dirty = None
+        self.guard.mark_all()
 
     def remove_model(self, name: str, now: float) -> None:
         """Forget a model whose instances are all Unloaded; its waiting requests end (404)."""
@@ -142,7 +139,7 @@ class ServingCore:
         check_transition(inst.state, target, f"{inst.model} on device {inst.device}")
         inst.state = target
         inst.error = error
-        self._mark_guard(inst.device)
+        self.guard.mark(inst.device)
         if target in COMING_UP:  # Loading, Restoring, Forking
             # a fresh membership: work it held was handed back by whoever took it out of
             # Active (on_worker_death ends those requests with the death's reason first)
@@ -261,19 +258,8 @@ class ServingCore:
         if self.registry.model(m.name) is not m:
             # removed (or replaced by a reload) while it was tokenized
             raise Refused(removed(m.name))
-        max_len = m.max_model_len
-        where = "messages" if chat else "prompt"
-        if len(ids) >= max_len:
-            raise Refused(Failure(400, f"{where}: the prompt has {len(ids)} tokens; this model's context is "
-                                       f"{max_len}", "invalid_request_error", code="context_length_exceeded",
-                                  param=where))
-        if not max_tokens_given:
-            sampling = msgspec.structs.replace(sampling, max_tokens=min(self.default_max_tokens(m),
-                                                                        max_len - len(ids)))
-        elif len(ids) + sampling.max_tokens > max_len:
-            raise Refused(Failure(400, f"max_tokens: {len(ids)} prompt tokens + max_tokens {sampling.max_tokens} "
-                                       f"exceed this model's context of {max_len}", "invalid_request_error",
-                                  code="context_length_exceeded", param="max_tokens"))
+        sampling = fit_to_context(len(ids), sampling, max_tokens_given, m.max_model_len,
+                                  self.default_max_tokens(m), chat)
         ttft = (ttft_ms or m.cfg.ttft_slo_ms) / 1000.0
         tpot = (tpot_ms or m.cfg.tpot_slo_ms) / 1000.0
         req = Request(self.requests.new_id(), m.name, ids, sampling, arrival, ttft, tpot, sink=sink,
@@ -300,9 +286,7 @@ class ServingCore:
         m = self.registry.models[req.model]
         free = [self.dispatch.epdt(i, now) for i in m.instances.values() if i.active and i.dispatched]
         earliest = min((f for f in free if f is not None), default=None)
-        if earliest is None or earliest + req.est_prefill_s <= req.arrival + req.ttft_slo_s:
-            return None
-        return earliest - now
+        return late_by(earliest, req.est_prefill_s, req.arrival + req.ttft_slo_s, now)
 
     def _submit(self, req: Request, now: float) -> None:
         m = self.registry.models[req.model]
@@ -367,7 +351,7 @@ class ServingCore:
             self.obs.rejected(req.model, "no_instance")
             self.requests.fail(req.rid, no_instance(req.model, timeout))
         if self.dispatch.cfg.decode_guard:
-            self._guard_decode()
+            self.guard.apply()
         assigned, rejected = self.dispatch.tick(now)
         for rid, iid in assigned:
             self._assign(rid, iid, now)
@@ -377,32 +361,6 @@ class ServingCore:
         if nxt is not None:
             wake = nxt if wake is None else min(wake, nxt)
         return wake
-
-    def _mark_guard(self, device: int) -> None:
-        if self._guard_dirty is not None:
-            self._guard_dirty.add(device)
-
-    def _guard_decode(self) -> None:
-        """An Active instance takes new prefill work only while its device, with one more
-        sequence decoding, is estimated to stay within the model's TPOT SLO; an instance
-        with nothing decoding always may (so every request is served eventually). Only
-        devices whose inputs changed since the last tick are looked at."""
-        dirty, self._guard_dirty = self._guard_dirty, set()
-        if dirty is None:
-            insts = list(self.registry.instances.values())
-        else:
-            insts = [i for d in dirty for i in self.registry.on_device(d)]
-        for inst in insts:
-            if not (inst.active and inst.dispatched):
-                continue
-            n = self._decoding.get(inst.device, 0)
-            fit = self.decode_fit.get(inst.device)
-            m = self.registry.models.get(inst.model)
-            tpot = m.cfg.tpot_slo_ms / 1000.0 if m is not None else float("inf")
-            full = n > 0 and fit is not None and fit.step_s(n + 1) > tpot
-            if full != inst.saturated:
-                inst.saturated = full
-                self.dispatch.set_ready(inst, not full)
 
     def _assign(self, rid: int, iid: int, now: float) -> None:
         req = self.requests.by_id.get(rid)
@@ -447,17 +405,14 @@ class ServingCore:
                 req.prefill_seen = True
                 if req.device is not None:
                     req.decode_device = req.device
-                    self._count_decoding(req.device, +1)
+                    self.guard.count(req.device, +1)
                 self.telemetry.on_first_token(req.rid, now)
                 if req.instance is not None:
                     self.dispatch.prefill_done(req.rid, req.instance, now, len(req.prompt_ids), d.prefill_s,
                                                req.est_prefill_s)
             elif d.token_ids and req.token_times and req.decode_device == device:
                 # a later token: the gap since the last one is the device's decode pace
-                gap = (now - req.token_times[-1]) / len(d.token_ids)
-                fit = self.decode_fit.setdefault(device, DecodeStepEstimator())
-                fit.observe(max(1, self._decoding.get(device, 1)), max(0.0, gap))
-                self._mark_guard(device)
+                self.guard.observe_gap(device, (now - req.token_times[-1]) / len(d.token_ids))
             if d.token_ids:
                 self.telemetry.on_tokens(req.rid, now, len(d.token_ids))
             self.requests.deliver(d, now)
@@ -475,18 +430,12 @@ class ServingCore:
         self.handoff.on_message(device, msg)
 
     # ---------------------------------------------------------- request end
-    def _count_decoding(self, device: int, delta: int) -> None:
-        n = max(0, self._decoding.get(device, 0) + delta)
-        self._decoding[device] = n
-        self._mark_guard(device)
-        self.dispatch.set_decode_load(device, n)
-
     def _finished(self, req: Request) -> None:
         now = self._now
         req.ended_at = now
         self.handoff.on_finished(req)
         if req.decode_device is not None:
-            self._count_decoding(req.decode_device, -1)
+            self.guard.count(req.decode_device, -1)
             req.decode_device = None
         if req.held_since is not None:
             self.held.drop(req)
@@ -532,25 +481,3 @@ class ServingCore:
                 raise RuntimeError(f"instance {inst.instance_id} is not its model's instance on its device")
             if inst not in self.registry.on_device(inst.device):
                 raise RuntimeError(f"instance {inst.instance_id} is missing from device {inst.device}'s index")
-
-
-def removed(model: str) -> Failure:
-    """A request for a model that was removed (ctl remove, a reload without it)."""
-    return Failure(404, f"model {model!r} was removed", "invalid_request_error", code="model_not_found",
-                   param="model")
-
-
-def no_instance(model: str, waited_s: float) -> Failure:
-    """A request that waited the whole bound for an Active instance of its model."""
-    return Failure(503, f"no instance of model {model!r} became ready within {waited_s:g} s (loading, "
-                        "restarting or unloaded); retry later", code="model_not_ready", retry_after_s=1.0)
-
-
-def request_slo(req: Request) -> tuple[int, int]:
-    """(on-time tokens, counted tokens) of a finished request, per trace/slo.py."""
-    from janusd.trace.slo import request_attainment
-
-    times = [t - req.arrival for t in req.token_times]
-    expected = len(times) if not req.failed else max(len(times), 1)
-    a = request_attainment(times, expected, req.ttft_slo_s, req.tpot_slo_s, ok=not req.failed)
-    return a.on_time_tokens, a.total_tokens

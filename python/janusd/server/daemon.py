@@ -29,8 +29,8 @@ import traceback
 from typing import Any
 
 from janusd.config import JanusConfig, cache_dir, dump_config
-from janusd.core.requests import Failure, Refused, Request
-from janusd.core.serving import Limits, Observers, ServingCore, no_instance, removed
+from janusd.core.requests import Failure, Refused, Request, no_instance, removed
+from janusd.core.serving import Limits, Observers, ServingCore
 from janusd.log import log
 from janusd.server import model_ops, sdnotify
 from janusd.server.admin import AdminSocketError, check_admin_socket_free, start_admin
