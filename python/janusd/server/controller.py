@@ -13,15 +13,20 @@ With `control.managed`, two loops run in the daemon:
   Active one goes Warm after draining;
 - slow (control.slow_period_s, 30 s): keep-alive (policy/keepalive.py): a model without
   a request for `warm_after_s` goes Warm on every device, after `cold_after_s` Cold; its
-  next request is held and wakes it (lifecycle_ops.wake), never refused.
+  next request is held and wakes it (lifecycle_ops.wake), never refused; then the steady
+  placement (server/steady.py): models without `devices` are packed on the pool by
+  policy/placement.py and moved (fork or load the target, then drain the source),
+  within the migration budget and a bound on transfers per device. The elastic budget
+  is the elastic models' devices less those the steady placement took.
 Each loop computes its plan from a snapshot (plan_fast / plan_slow: no awaiting, so a
 test drives them with a fake clock) and then starts the operations; an operation in
 flight is never started twice, a failed one is logged, counted and planned again next
 period, never left half done (lifecycle_ops rolls an instance back to where it was). A
 loop that overruns its period logs it and skips the missed ticks, never stacks them.
 
-Not executed yet: the steady pool's bin packing (policy/placement.py) needs instances on
-devices the config does not list; a steady model stays on its configured devices. `janus ctl plan` shows what the loops decided and why.
+A model the steady placement places is not scaled by the fast loop (its elastic
+replicas on free devices are not built yet); models with `devices` are scaled among
+them as before. `janus ctl plan` shows what the loops decided and why.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from janusd.policy.demand import elastic_demand
 from janusd.policy.keepalive import residency
 from janusd.policy.scaling import scale
 from janusd.policy.snapshot import AppPool, AppTraffic, ElasticApp, ModelActivity, ScalingPlan, ScalingState
+from janusd.server.steady import SteadyExecutor, placed_by_controller
 
 BUCKET_S = 1.0  # arrivals are bucketed per second for the classifier
 SHORT_BUCKETS = 5  # its short window: 5 s (a burst's 5-10x jump within seconds)
@@ -68,6 +74,8 @@ class ControllerHost(Protocol):
     def predictor(self) -> ElasticityPredictor: ...
 
     async def set_state(self, name: str, device: int, target: str, probe: bool = True) -> dict[str, Any]: ...
+
+    async def fork(self, name: str, src: int, dst: int) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -97,13 +105,19 @@ def _serving(i: Instance) -> bool:
 class Controller:
     def __init__(self, host: ControllerHost, clock: Callable[[], float] = time.monotonic,
                  on_op: Callable[[str, str], None] = lambda op, outcome: None,
-                 on_elastic: Callable[[str, int, int], None] = lambda model, demand, count: None) -> None:
+                 on_elastic: Callable[[str, int, int], None] = lambda model, demand, count: None,
+                 on_move: Callable[[str, str], None] = lambda kind, outcome: None,
+                 on_figure: Callable[[str, float], None] = lambda figure, value: None) -> None:
         """Metrics' hooks: `on_op(target, outcome)` once per finished operation,
-        `on_elastic(model, m*, count given)` per elastic model at each fast tick."""
+        `on_elastic(model, m*, count given)` per elastic model at each fast tick,
+        `on_move(kind, outcome)` once per finished steady placement move, `on_figure(name,
+        value)` for the plans' figures (steady_bins_used, steady_phi, steady_migrations,
+        steady_pending_moves, elastic_budget, elastic_asked, elastic_given)."""
         self.host = host
         self.clock = clock
         self.on_op = on_op
         self.on_elastic = on_elastic
+        self.on_figure = on_figure
         self.scaling_state = ScalingState()
         self.pools: tuple[AppPool, ...] = ()  # the classifier's state between ticks
         self.last_pools: list[dict[str, Any]] = []
@@ -116,6 +130,18 @@ class Controller:
         self.recent: deque[_Done] = deque(maxlen=50)
         self.overruns = {"fast": 0, "slow": 0}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.steady = SteadyExecutor(host, host.core.registry, host.core.telemetry, clock, self._claim,
+                                     self._release, on_move)
+
+    def _claim(self, model: str, device: int) -> bool:
+        """Reserve an instance for a steady move (False: an operation is in flight there)."""
+        if (model, device) in self.in_flight:
+            return False
+        self.in_flight[(model, device)] = (Op(model, device, "steady", "steady placement move"), self.clock())
+        return True
+
+    def _release(self, model: str, device: int) -> None:
+        self.in_flight.pop((model, device), None)
 
     # ------------------------------------------------------------------ plans
     def _traffic(self, m: Model, now: float) -> AppTraffic:
@@ -143,7 +169,8 @@ class Controller:
 
     def _elastic(self, now: float) -> list[Model]:
         """The models in the elastic pool now (classified with hysteresis, pins obeyed)."""
-        models = [m for m in self.host.core.registry.models.values() if not m.cfg.prefill_devices and m.instances]
+        models = [m for m in self.host.core.registry.models.values()
+                  if not m.cfg.prefill_devices and m.instances and not placed_by_controller(self.host.cfg, m)]
         if not models:
             return []
         c = classify_apps([self._traffic(m, now) for m in models], self.pools, now, self.host.cfg.control.classify)
@@ -186,8 +213,11 @@ class Controller:
             devices.update(m.instances)
         if not apps:
             return []
-        plan = scale(apps, len(devices), self.scaling_state, cfg.scaling)
+        # the steady pool has priority (PAPER.md §2): devices it took leave the elastic budget
+        plan = scale(apps, len(devices - self.steady.managed_devices()), self.scaling_state, cfg.scaling)
         self.scaling_state, self.last_scaling = plan.state, plan
+        for k, v in (("budget", plan.budget), ("asked", plan.asked), ("given", plan.given)):
+            self.on_figure(f"elastic_{k}", v)
         ops: list[Op] = []
         for a in plan.apps:
             self.on_elastic(a.app, a.demand, a.count)
@@ -214,8 +244,10 @@ class Controller:
         elif serving > count:
             busy = self.host.core.requests.on_device
             active = [i for i in free if i.state is S.ACTIVE]
-            # the one with the least work in flight goes first (its drain is shortest)
-            for i in sorted(active, key=lambda i: (len(busy(i.device)), -i.device)):
+            steady = self.steady.managed_devices()
+            # one on a device the steady pool took goes first, then the one with the least
+            # work in flight (its drain is shortest)
+            for i in sorted(active, key=lambda i: (i.device not in steady, len(busy(i.device)), -i.device)):
                 if serving <= max(count, 1):  # never below one Active instance
                     break
                 ops.append(Op(m.name, i.device, "warm", f"scale in: {reason}"))
@@ -246,6 +278,7 @@ class Controller:
                                       pinned=m.cfg.pool == "steady"))
             models[m.name] = m
         decisions = residency(acts, now, cfg.keepalive)
+        self._plan_steady(now, {d.model for d in decisions if d.changed and d.residency != "active"})
         self.last_keepalive = [{"model": d.model, "residency": d.residency, "changed": d.changed, "reason": d.reason}
                                for d in decisions]
         ops: list[Op] = []
@@ -259,6 +292,20 @@ class Controller:
                         and (m.name, i.device) not in self.in_flight:
                     ops.append(Op(m.name, i.device, d.residency, f"keep-alive: {d.reason}"))
         return ops
+
+    def _plan_steady(self, now: float, resting: set[str]) -> None:
+        """The steady placement's plan, when the controller places any model (its moves
+        are queued in self.steady and started by the loop). `resting`: models keep-alive
+        sends Warm or Cold at this tick (they leave the steady pool without a move)."""
+        if not any(placed_by_controller(self.host.cfg, m) for m in self.host.core.registry.models.values()):
+            return
+        elastic = [p.app for p in self.pools if p.pool == "elastic"]
+        p = self.steady.plan_now(now, self.host.predictor(), elastic, resting)
+        if p is not None:
+            self.on_figure("steady_bins_used", p.bins_used)
+            self.on_figure("steady_phi", p.phi)
+            self.on_figure("steady_migrations", p.migrations)
+        self.on_figure("steady_pending_moves", len(self.steady.queue) + len(self.steady.running))
 
     # -------------------------------------------------------------- execution
     def start(self, ops: list[Op]) -> None:
@@ -300,6 +347,7 @@ class Controller:
             now = self.clock()
             try:
                 self.start(plan(now))
+                self.steady.pump()
             except Exception as e:  # a policy's ValueError on odd input: logged, the loop lives on
                 _log(f"controller {name} loop: {type(e).__name__}: {e}", logging.ERROR)
             took = self.clock() - now
@@ -313,6 +361,7 @@ class Controller:
             await asyncio.sleep(max(0.0, nxt - self.clock()))
 
     async def close(self) -> None:
+        await self.steady.close()
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -332,6 +381,7 @@ class Controller:
                 "apps": [{"model": a.app, "demand": a.demand, "debounced": a.debounced, "count": a.count,
                           "reason": a.reason} for a in (sp.apps if sp else ())],
             },
+            "steady": self.steady.view(now),
             "pools": self.last_pools,
             "keepalive": self.last_keepalive,
             "in_flight": [{"model": op.model, "device": op.device, "target": op.target, "reason": op.reason,
