@@ -285,3 +285,20 @@ def test_the_elastic_budget_is_what_the_steady_pool_leaves():
     sp = ctl.last_scaling
     assert sp is not None and sp.budget == 3 and sp.apps[0].demand == 4 and sp.apps[0].count == 3
     assert [(o.device, o.target) for o in ops] == [(3, "warm")]
+
+
+def test_config_pool_devices_and_placement_section():
+    import pytest
+
+    from janusd.config import ConfigError, parse_config
+
+    cfg = parse_config("[devices]\ncount = 4\n[control]\nmanaged = true\npool_devices = [1, 2]\n"
+                       "max_transfers_per_device = 2\n[control.placement]\nmigration_budget = 3\n")
+    assert cfg.control.pool_devices == [1, 2] and cfg.control.max_transfers_per_device == 2
+    assert cfg.control.placement.migration_budget == 3
+    with pytest.raises(ConfigError, match=r"control.pool_devices: device 4 does not exist"):
+        parse_config("[devices]\ncount = 4\n[control]\npool_devices = [4]\n")
+    with pytest.raises(ConfigError, match="max_transfers_per_device"):
+        parse_config("[control]\nmax_transfers_per_device = 0\n")
+    with pytest.raises(ConfigError, match="migration_budgt"):
+        parse_config("[control.placement]\nmigration_budgt = 3\n")

@@ -300,7 +300,11 @@ class Controller:
         if not any(placed_by_controller(self.host.cfg, m) for m in self.host.core.registry.models.values()):
             return
         elastic = [p.app for p in self.pools if p.pool == "elastic"]
-        p = self.steady.plan_now(now, self.host.predictor(), elastic, resting)
+        try:
+            p = self.steady.plan_now(now, self.host.predictor(), elastic, resting)
+        except ValueError as e:  # a policy's refusal of odd input: logged, keep-alive still runs
+            _log(f"controller: steady placement: {e}", logging.ERROR)
+            return
         if p is not None:
             self.on_figure("steady_bins_used", p.bins_used)
             self.on_figure("steady_phi", p.phi)
