@@ -1,5 +1,6 @@
 """Elastic scaling (policy/scaling.py): the quota method sums to the budget, keeps the
-quota rule and is monotone in the budget for every app, the debounce stops flapping on oscillating demands, P/D splits."""
+quota rule and is monotone in the budget for every app, the debounce stops flapping on
+oscillating demands, P/D splits."""
 
 from __future__ import annotations
 

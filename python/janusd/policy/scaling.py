@@ -120,7 +120,8 @@ def quota_method(weights: Sequence[int], seats: int, tie: Sequence[tuple[int, ..
     return out
 
 
-def apportion(demands: Sequence[int], budget: int, floor: int, tie: Sequence[tuple[int, ...]] | None = None) -> list[int]:
+def apportion(demands: Sequence[int], budget: int, floor: int,
+              tie: Sequence[tuple[int, ...]] | None = None) -> list[int]:
     """Counts for `demands` (each > 0 asked; sum > budget) over `budget`: the floor rounds,
     then the quota method on the rest (module doc, step 2). House monotone in `budget`:
     it is the first `budget` seats of one fixed sequence."""
