@@ -80,9 +80,11 @@ def _trace(model: str, arrivals: np.ndarray, out_tokens: int, ttft_ms: float, tp
                        np.full(n, ttft_ms), np.full(n, tpot_ms), sort=True)
 
 
-def _replay(d, trace: Trace, out: Path, result: dict) -> None:
+def _replay(d, trace: Trace, out: Path, result: dict, start_at: float | None = None) -> None:
+    """Open loop: each request is sent at its arrival (time 0 = the trace's first arrival,
+    at the wall-clock instant `start_at` when given), whatever the answers so far."""
     cfg = ReplayConfig(url=f"http://127.0.0.1:{d.port}", devices_poll_s=0.0, max_lag_ms=500.0, timeout_s=60.0)
-    result.update(asyncio.run(replay(trace, cfg, out)))
+    result.update(asyncio.run(replay(trace, cfg, out, start_at=start_at)))
 
 
 def _states(d) -> dict[tuple[str, int], str]:
@@ -98,16 +100,18 @@ def test_a_burst_gets_an_elastic_replica_in_2_s_and_leaves_the_colocated_model_a
         # 1. the steady model alone (no burst, so no scaling): its attainment as the reference
         alone: dict = {}
         _replay(d, calm, tmp_path / "alone", alone)
-        # 2. the same steady traffic while "hot" bursts: 16 requests within 0.5 s from t = 1 s
-        burst = _trace("hot", 1.0 + np.linspace(0.0, 0.5, 16), 16, 20000.0, 5000.0)
+        # 2. the same steady traffic while "hot" bursts: 16 requests within 0.5 s, both
+        # replays on one schedule starting at the same instant
+        burst = _trace("hot", np.linspace(0.0, 0.5, 16), 16, 20000.0, 5000.0)
         during: dict = {}
         hot: dict = {}
-        threads = [threading.Thread(target=_replay, args=(d, calm, tmp_path / "calm", during)),
-                   threading.Thread(target=_replay, args=(d, burst, tmp_path / "hot", hot))]
-        t_start = time.monotonic()
+        wall0 = time.time() + 1.0
+        burst_at = time.monotonic() + (wall0 - time.time())  # the burst's first arrival, on the monotonic clock
+        threads = [threading.Thread(target=_replay, args=(d, calm, tmp_path / "calm", during, wall0)),
+                   threading.Thread(target=_replay, args=(d, burst, tmp_path / "hot", hot, wall0))]
+        assert sum(s == "active" for (m, _), s in _states(d).items() if m == "hot") <= 1
         for t in threads:
             t.start()
-        burst_at = t_start + 0.2 + 1.0  # the replay's start delay, then the burst's first arrival
         assert wait_until(lambda: sum(s == "active" for (m, _), s in _states(d).items() if m == "hot") >= 2,
                           15.0, 0.02), _states(d)
         took = time.monotonic() - burst_at
