@@ -5,7 +5,10 @@ decision time at the paper's size (768 devices, 62 apps).
    (trace/synth.py, `--trace-hours` at its default 3 req/s, diurnal and bursty) gives
    `--snapshots` snapshots: at a random instant, each app's load over the last
    `--window-s` seconds (rates, length means and variances: oracle LoadFeatures), its
-   rates times `--load-scale` (the synthetic rate is far below one device's capacity),
+   rates times `--load-scale` (10: the synthetic 3 req/s over 62 apps is far below one
+   device's capacity; at 10 the vectors are mostly decode bandwidth, median ~0.3, and
+   HBM ~0.12 for an 8B model, a mix of small and near-full items; at 100 nearly every
+   item fills a device and packing is trivial),
    through the Capacity prior (oracle/prior.py RooflinePrior on `--device`) of the
    model the app is given (qwen3-1.7b, qwen3-8b, llama3-8b or qwen3-32b, fixed per app
    by the seed) and policy/demand.steady_items (mean + margin x std; replicas when one
@@ -60,7 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--periods", type=int, default=20, help="slow periods of consolidation followed after the tick")
     p.add_argument("--trace-hours", type=float, default=24.0, help="length of the synthetic trace snapshots come from")
     p.add_argument("--window-s", type=float, default=60.0, help="load window of a snapshot (the telemetry window)")
-    p.add_argument("--load-scale", type=float, default=100.0, help="the trace's rates are multiplied by this")
+    p.add_argument("--load-scale", type=float, default=10.0,
+                   help="the trace's rates are multiplied by this (10: bandwidth vectors p50 ~0.3 on an h200)")
     p.add_argument("--device", default="h200", help="device preset the Capacity prior sizes vectors for")
 
 
