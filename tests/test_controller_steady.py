@@ -302,3 +302,26 @@ def test_config_pool_devices_and_placement_section():
         parse_config("[control]\nmax_transfers_per_device = 0\n")
     with pytest.raises(ConfigError, match="migration_budgt"):
         parse_config("[control.placement]\nmigration_budgt = 3\n")
+
+
+def test_ctl_plan_prints_the_steady_placement(capsys):
+    """`janus ctl plan` (tables): device vectors and Phi, the moves with their reasons and
+    timings, next to the elastic and keep-alive tables."""
+    from janusd import ctl_cli
+
+    rig = Rig(devices=2)
+    managed(rig, "a", 0)
+    managed(rig, "b", 1)
+    host = Host(rig, ControlConfig(managed=True), {"a": (0.3, 0.2, 0.2), "b": (0.3, 0.3, 0.1)})
+    ctl = Controller(host, clock=lambda: rig.now)
+    slow_tick(ctl, rig)
+    view = ctl.view(rig.now)
+    st = view["steady"]
+    assert st["bins_used"] == 1 and st["phi"] >= 0.0 and len(st["devices"]) == 1
+    assert st["devices"][0]["load"] == [0.6, 0.5, 0.3] and sorted(st["devices"][0]["items"]) == ["a", "b"]
+    assert st["moves"][0]["reason"] and st["recent"][0]["seconds"] >= 0.0
+    ctl_cli._print("plan", {"plan": view})
+    out = capsys.readouterr().out
+    for title in ("steady placement", "steady devices", "steady moves (last plan)", "steady moves done", "elastic"):
+        assert title in out
+    assert "migrate" in out

@@ -146,7 +146,8 @@ def trace_snapshots(args: argparse.Namespace) -> Iterator[list[Vec]]:
     table = presets()
     dev = device_spec(args.device)
     oracle = Oracle()
-    names, weights = zip(*TRACE_MODELS)
+    names = [n for n, _ in TRACE_MODELS]
+    weights = [w for _, w in TRACE_MODELS]
     for a, prof in enumerate(profiles):
         arch = table[rng.choices(names, weights)[0]].spec
         if arch is None:

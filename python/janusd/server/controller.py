@@ -44,7 +44,7 @@ from janusd.core.registry import Instance, Model
 from janusd.core.serving import ServingCore
 from janusd.lifecycle.states import COMING_UP, RESTORABLE, InstanceState
 from janusd.log import log
-from janusd.oracle.types import ElasticityPredictor, LoadFeatures
+from janusd.oracle.types import CapacityPredictor, ElasticityPredictor, LoadFeatures
 from janusd.policy.classify import traffic_from_counts
 from janusd.policy.classify import classify as classify_apps
 from janusd.policy.demand import elastic_demand
@@ -63,6 +63,10 @@ def _log(msg: str, level: int = logging.INFO) -> None:
     log.log(level, msg)
 
 
+class Predictor(CapacityPredictor, ElasticityPredictor, Protocol):
+    """The oracle as the controller asks it: capacity vectors (steady) and m* (elastic)."""
+
+
 class ControllerHost(Protocol):
     """What the controller needs of the daemon (server/daemon.py implements it)."""
 
@@ -71,7 +75,7 @@ class ControllerHost(Protocol):
     @property
     def cfg(self) -> JanusConfig: ...
 
-    def predictor(self) -> ElasticityPredictor: ...
+    def predictor(self) -> Predictor: ...
 
     async def set_state(self, name: str, device: int, target: str, probe: bool = True) -> dict[str, Any]: ...
 
