@@ -325,3 +325,43 @@ def test_ctl_plan_prints_the_steady_placement(capsys):
     for title in ("steady placement", "steady devices", "steady moves (last plan)", "steady moves done", "elastic"):
         assert title in out
     assert "migrate" in out
+
+
+def test_a_placed_model_gets_extra_replicas_on_free_devices_and_gives_them_back():
+    """A model without `devices` in the elastic pool: its steady instance stays where the
+    placement put it; m* beyond it are extra replicas forked onto the devices the steady
+    pool leaves, never moved by the placement, and drained to Cold when m* falls."""
+    rig = Rig(devices=4)
+    rig.core.add_model(ModelConfig(name="hot", checkpoint="demo:llama-tiny", pool="elastic"))
+    rig.activate("hot", 0)
+    managed(rig, "s", 1)
+    host = Host(rig, ControlConfig(managed=True), {"hot": (0.6, 0.6, 0.6), "s": (0.5, 0.5, 0.5)})
+    ctl = Controller(host, clock=lambda: rig.now)
+
+    def fast() -> list:
+        async def go() -> list:
+            ops = ctl.plan_fast(rig.now)
+            ctl.start(ops)
+            await asyncio.gather(*ctl._tasks)
+            return ops
+        return asyncio.run(go())
+
+    slow_tick(ctl, rig)
+    assert ctl.steady.plan is not None and ctl.steady.plan_devices() == [0, 1]
+    for _ in range(6):  # 6 rps: m* = 3, one steady instance besides: 2 extra replicas
+        rig.submit("hot", max_tokens=2)
+    ops = fast()
+    assert [(o.device, o.target) for o in ops] == [(2, "active"), (3, "active")]
+    assert [c[:4] for c in host.calls] == [("fork", "hot", 2, 0), ("fork", "hot", 3, 0)]
+    assert ctl.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
+    assert ctl.last_scaling is not None and ctl.last_scaling.budget == 2
+    n = len(host.calls)
+    slow_tick(ctl, rig)  # the placement leaves the extras alone
+    assert len(host.calls) == n and ctl.steady.plan.moves == ()
+    assert sorted(ctl.steady.plan.assignment, key=lambda a: a.key)[0].device == 0
+    rig.now += 60.0  # the window empties but for new arrivals: 1 request, m* = 1
+    rig.submit("hot", max_tokens=2)
+    fast()
+    fast()  # the debounce: two low demands
+    assert serving(rig, "hot") == [0] and ctl.extras == {}
+    assert {rig.core.instance("hot", d).state for d in (2, 3)} == {S.COLD}

@@ -134,8 +134,10 @@ class Controller:
         self.recent: deque[_Done] = deque(maxlen=50)
         self.overruns = {"fast": 0, "slow": 0}
         self._tasks: set[asyncio.Task[Any]] = set()
+        # model -> devices of its extra (elastic) replicas, for models the steady placement places
+        self.extras: dict[str, set[int]] = {}
         self.steady = SteadyExecutor(host, host.core.registry, host.core.telemetry, clock, self._claim,
-                                     self._release, on_move)
+                                     self._release, on_move, extras=self.extras)
 
     def _claim(self, model: str, device: int) -> bool:
         """Reserve an instance for a steady move (False: an operation is in flight there)."""
@@ -173,8 +175,7 @@ class Controller:
 
     def _elastic(self, now: float) -> list[Model]:
         """The models in the elastic pool now (classified with hysteresis, pins obeyed)."""
-        models = [m for m in self.host.core.registry.models.values()
-                  if not m.cfg.prefill_devices and m.instances and not placed_by_controller(self.host.cfg, m)]
+        models = [m for m in self.host.core.registry.models.values() if not m.cfg.prefill_devices and m.instances]
         if not models:
             return []
         c = classify_apps([self._traffic(m, now) for m in models], self.pools, now, self.host.cfg.control.classify)
@@ -199,6 +200,8 @@ class Controller:
         models: dict[str, Model] = {}
         devices: set[int] = set()
         self.demands = {}
+        self._prune_extras()
+        free = self._free_elastic_devices()
         for m in self._elastic(now):
             w = tel.model(m.name, now)
             if w.request_rate <= 0.0 and w.in_flight == 0:
@@ -208,12 +211,25 @@ class Controller:
             except KeyError as e:  # the oracle has no prior for it yet (its spec is being read)
                 _log(f"controller: {m.name}: {e}; keeping its instances as they are", logging.DEBUG)
                 continue
+            models[m.name] = m
+            if placed_by_controller(self.host.cfg, m):
+                # its steady instance(s) stay the steady pool's; m* beyond them are extra
+                # replicas on the devices the steady pool leaves
+                extras = self.extras.get(m.name, set())
+                base = [d for d, i in m.instances.items() if _serving(i) and d not in extras]
+                if not base:  # resting (keep-alive): the waking request brings it back first
+                    continue
+                mine = extras | set(free)
+                want = max(0, min(want - len(base), len(mine)))
+                self.demands[m.name] = (want, f"{why}; {len(base)} steady instance(s) besides")
+                apps.append(ElasticApp(app=m.name, demand=want, current=len(extras)))
+                devices.update(mine)
+                continue
             usable = sum(1 for i in m.instances.values() if _serving(i) or i.state in RESTORABLE)
             want = max(1, min(want, usable))
             self.demands[m.name] = (want, why)
             apps.append(ElasticApp(app=m.name, demand=want,
                                    current=sum(1 for i in m.instances.values() if _serving(i))))
-            models[m.name] = m
             devices.update(m.instances)
         if not apps:
             return []
@@ -225,8 +241,63 @@ class Controller:
         ops: list[Op] = []
         for a in plan.apps:
             self.on_elastic(a.app, a.demand, a.count)
-            ops += self._meet(models[a.app], max(1, a.count), f"m*={a.demand} (debounced {a.debounced}, "
-                                                              f"given {a.count}): {a.reason}")
+            why = f"m*={a.demand} (debounced {a.debounced}, given {a.count}): {a.reason}"
+            if placed_by_controller(self.host.cfg, models[a.app]):
+                ops += self._meet_extras(models[a.app], a.count, free, f"extra replicas {why}")
+            else:
+                ops += self._meet(models[a.app], max(1, a.count), why)
+        return ops
+
+    # -- elastic replicas of models the steady placement places ----------------------
+    def _prune_extras(self) -> None:
+        """An extra replica that no longer serves (drained, failed, keep-alive) is no more."""
+        reg = self.host.core.registry.models
+        for name in list(self.extras):
+            m = reg.get(name)
+            keep = {d for d in self.extras[name] if m is not None and d in m.instances
+                    and (_serving(m.instances[d]) or (name, d) in self.in_flight)}
+            if keep:
+                self.extras[name] = keep
+            else:
+                del self.extras[name]
+
+    def _free_elastic_devices(self) -> list[int]:
+        """Pool devices with no steady item and no extra replica: where extra replicas may
+        go (a pinned model's devices are the operator's and stay out)."""
+        from janusd.server.steady import pool_devices
+
+        taken = set(self.steady.plan_devices()) | {d for ds in self.extras.values() for d in ds}
+        for m in self.host.core.registry.models.values():
+            taken.update(m.cfg.devices)
+            taken.update(d for d, i in m.instances.items() if _serving(i))  # whoever serves there
+        return [d for d in pool_devices(self.host.cfg) if d not in taken]
+
+    def _meet_extras(self, m: Model, count: int, free: list[int], reason: str) -> list[Op]:
+        """Bring a placed model to `count` extra replicas: new ones on free devices (one
+        where it rests Warm or Cold first, then the lowest id; taken from `free`), surplus
+        ones drained to Cold (the least busy first)."""
+        extras = self.extras.get(m.name, set())
+        pending = {d: op.target for (name, d), (op, _) in self.in_flight.items() if name == m.name}
+        have = sum(1 for d in extras if pending.get(d, "active") == "active")
+        ops: list[Op] = []
+        if have < count:
+            def rank(d: int) -> tuple[int, int]:
+                i = m.instances.get(d)
+                return (0 if i is not None and i.state in RESTORABLE else 1, d)
+
+            for d in sorted((d for d in free if (m.name, d) not in self.in_flight), key=rank):
+                if have >= count:
+                    break
+                free.remove(d)
+                ops.append(Op(m.name, d, "active", f"scale out: {reason}"))
+                have += 1
+        elif have > count:
+            busy = self.host.core.requests.on_device
+            for d in sorted((d for d in extras if d not in pending), key=lambda d: (len(busy(d)), -d)):
+                if have <= count:
+                    break
+                ops.append(Op(m.name, d, "cold", f"scale in: {reason}"))
+                have -= 1
         return ops
 
     def _meet(self, m: Model, count: int, reason: str) -> list[Op]:
@@ -310,6 +381,8 @@ class Controller:
             _log(f"controller: steady placement: {e}", logging.ERROR)
             return
         if p is not None:
+            for a in p.assignment:  # a device the steady pool now holds is no longer an extra
+                self.extras.get(a.key.split("#")[0].split("@")[0], set()).discard(a.device)
             self.on_figure("steady_bins_used", p.bins_used)
             self.on_figure("steady_phi", p.phi)
             self.on_figure("steady_migrations", p.migrations)
@@ -333,9 +406,23 @@ class Controller:
         key = (op.model, op.device)
         phases: dict[str, float] = {}
         try:
-            reply = await self.host.set_state(op.model, op.device, op.target, probe=False)
+            m = self.host.core.registry.models.get(op.model)
+            inst = m.instances.get(op.device) if m is not None else None
+            peers = sorted(d for d, i in (m.instances.items() if m is not None else ()) if i.state is S.ACTIVE
+                           and d != op.device)
+            if op.target == "active" and (inst is None or inst.state is S.UNLOADED) and peers:
+                reply = await self.host.fork(op.model, peers[0], op.device)  # a new replica: D2D from a live one
+            else:
+                reply = await self.host.set_state(op.model, op.device, op.target, probe=False)
             phases = {k: float(v) for k, v in (reply.get("phases") or {}).items()}
             outcome = "ok"
+            if m is not None and placed_by_controller(self.host.cfg, m) and op.reason.startswith("scale "):
+                if op.target == "active":
+                    self.extras.setdefault(op.model, set()).add(op.device)
+                elif op.device in self.extras.get(op.model, ()):
+                    self.extras[op.model].discard(op.device)
+                    if not self.extras[op.model]:
+                        del self.extras[op.model]
         except Exception as e:  # a refused or failed move: planned again next period
             outcome = f"{type(e).__name__}: {e}"
             _log(f"controller: {op.model} on device {op.device} -> {op.target} failed: {e}", logging.WARNING)

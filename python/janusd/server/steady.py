@@ -89,10 +89,14 @@ def _serving_devices(m: Model) -> list[int]:
 
 def placement_snapshot(cfg: JanusConfig, registry: Registry, telemetry: Telemetry, pred: CapacityPredictor,
                        elastic: Iterable[str], last: dict[str, int], now: float,
-                       resting: Iterable[str] = ()) -> tuple[PlacementSnapshot, list[str]]:
+                       resting: Iterable[str] = (), extras: dict[str, set[int]] | None = None,
+                       ) -> tuple[PlacementSnapshot, list[str]]:
     """The steady pool now (module doc, step 1) and the reasons for what was left out.
     `elastic`: models the classifier has in the elastic pool; `last`: item key -> device
-    of the last plan; `resting`: models going Warm/Cold now (keep-alive): not placed."""
+    of the last plan; `resting`: models going Warm/Cold now (keep-alive): not placed;
+    `extras`: model -> devices of its elastic replicas (not the steady pool's: left out
+    of its current devices, counted as elastic devices)."""
+    extras = extras or {}
     elastic, resting = set(elastic), set(resting)
     notes: list[str] = []
     models: list[SteadyModel] = []
@@ -100,7 +104,9 @@ def placement_snapshot(cfg: JanusConfig, registry: Registry, telemetry: Telemetr
     frozen: list[SteadyItem] = []
     elastic_devs: set[int] = set()
     for m in sorted(registry.models.values(), key=lambda m: m.name):
-        devs = _serving_devices(m)
+        mine = extras.get(m.name, set())
+        elastic_devs.update(d for d in _serving_devices(m) if d in mine)
+        devs = [d for d in _serving_devices(m) if d not in mine]
         if not devs or m.cfg.prefill_devices or m.name in resting:
             continue
         if not placed_by_controller(cfg, m):
@@ -163,7 +169,8 @@ class SteadyExecutor:
 
     def __init__(self, host: SteadyHost, registry: Registry, telemetry: Telemetry, clock: Callable[[], float],
                  claim: Callable[[str, int], bool], release: Callable[[str, int], None],
-                 on_move: Callable[[str, str], None] = lambda kind, outcome: None) -> None:
+                 on_move: Callable[[str, str], None] = lambda kind, outcome: None,
+                 extras: dict[str, set[int]] | None = None) -> None:
         """`claim(model, device)` reserves an instance against the controller's other
         operations (False: one is in flight there), `release` gives it back."""
         self.host = host
@@ -173,6 +180,7 @@ class SteadyExecutor:
         self.claim = claim
         self.release = release
         self.on_move = on_move
+        self.extras = extras if extras is not None else {}  # the controller's (model -> extra replicas' devices)
         self.plan: PlacementPlan | None = None
         self.managed_keys: set[str] = set()
         self.planned_at: float | None = None
@@ -195,6 +203,10 @@ class SteadyExecutor:
         leaves them out (a pinned model's devices are the operator's, as before)."""
         return {a.device for a in self.plan.assignment if a.key in self.managed_keys} if self.plan else set()
 
+    def plan_devices(self) -> list[int]:
+        """Every device holding a steady item in the last plan (pinned ones included)."""
+        return [d.device for d in self.plan.devices] if self.plan is not None else []
+
     def plan_now(self, now: float, pred: CapacityPredictor, elastic: Iterable[str],
                  resting: Iterable[str] = ()) -> PlacementPlan | None:
         """A new plan when the last one is done; its moves are queued (no awaiting)."""
@@ -204,7 +216,7 @@ class SteadyExecutor:
                  "not planning again yet", logging.DEBUG)
             return None
         snap, self.notes = placement_snapshot(cfg, self.registry, self.telemetry, pred, elastic, self.last, now,
-                                              resting)
+                                              resting, self.extras)
         p = placement_plan(snap, cfg.control.placement, consolidate=True)
         self.plan, self.planned_at = p, now
         self.managed_keys = {it.key for it in snap.items if it.pinned_device is None}
