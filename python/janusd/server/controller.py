@@ -24,9 +24,12 @@ flight is never started twice, a failed one is logged, counted and planned again
 period, never left half done (lifecycle_ops rolls an instance back to where it was). A
 loop that overruns its period logs it and skips the missed ticks, never stacks them.
 
-A model the steady placement places is not scaled by the fast loop (its elastic
-replicas on free devices are not built yet); models with `devices` are scaled among
-them as before. `janus ctl plan` shows what the loops decided and why.
+A model the steady placement places (no `devices`) that is in the elastic pool keeps its
+steady instance(s); m* beyond them are extra replicas on the pool's free devices (no
+steady item, no extra of another model, nothing serving, no pinned model's device):
+forked from a live instance (or restored where it rests Warm/Cold), drained to Cold when
+m* falls, never moved by the placement (`self.extras`). A model with `devices` is scaled
+among them as before. `janus ctl plan` shows what the loops decided and why.
 """
 
 from __future__ import annotations
