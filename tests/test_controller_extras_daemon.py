@@ -65,7 +65,6 @@ def test_an_elastic_model_without_devices_forks_an_extra_replica_onto_a_free_dev
         plan = d.ctl(am.PlanReq()).data["plan"]
         ups = [r for r in plan["recent"] if r["model"] == "e" and r["target"] == "active" and r["device"] == 1]
         assert ups and ups[0]["outcome"] == "ok" and "extra replicas" in ups[0]["reason"], plan["recent"]
-        assert [a for a in plan["steady"]["devices"]] and plan["steady"]["devices"][0]["device"] == 0
         assert not [r for r in plan["steady"]["recent"] if r["model"] == "e"]  # the placement never moved it
         assert wait_until(lambda: {s for (m, _), s in _states(d).items() if m == "e"} == {"warm"}, 30.0, 0.1), \
             _states(d)
