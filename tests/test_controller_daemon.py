@@ -45,8 +45,8 @@ kv_cache_mib = 8
 devices = [0, 1]
 warm_devices = [1]
 pool = "elastic"
-ttft_slo_ms = 1.0
-tpot_slo_ms = 0.1
+ttft_slo_ms = 0.01
+tpot_slo_ms = 0.001
 
 [[models]]
 name = "steady"

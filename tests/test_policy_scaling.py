@@ -1,5 +1,6 @@
-"""Elastic scaling (policy/scaling.py): largest remainder sums to the budget and keeps
-the quota rule, the debounce stops flapping on oscillating demands, P/D splits."""
+"""Elastic scaling (policy/scaling.py): the quota method sums to the budget, keeps the
+quota rule and is monotone in the budget for every app, the debounce stops flapping on
+oscillating demands, P/D splits."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from janusd.policy.policy_config import ScalingConfig
-from janusd.policy.scaling import ScalingError, debounce, largest_remainder, scale
+from janusd.policy.scaling import ScalingError, apportion, debounce, quota_method, scale
 from janusd.policy.snapshot import ElasticApp, ScalingState
 
 CFG = ScalingConfig()
@@ -30,25 +31,58 @@ def test_demands_within_budget_are_given_as_asked():
     assert counts(p) == [3, 1, 4] and p.given == p.asked == 8 and not p.compressed
 
 
-def test_compression_is_proportional_with_largest_remainders():
+def test_compression_is_proportional_within_quota():
     # budget 7 over 6, 3, 3 (min 1 each): extra 5, 2, 2 share 4 seats: quotas 2.22, 0.89, 0.89
     p = scale(apps(6, 3, 3), 7, ScalingState(), CFG)
     assert counts(p) == [3, 2, 2] and p.given == 7 and p.compressed
     assert "compressed to 3 (budget 7 < asked 12)" in p.apps[0].reason
 
 
-def test_equal_remainders_go_to_the_app_holding_more_instances_then_the_name():
+def test_equal_priorities_go_to_the_app_holding_more_instances_then_the_name():
     a = [ElasticApp(app="x", demand=2, current=0), ElasticApp(app="y", demand=2, current=2)]
     assert counts(scale(a, 3, ScalingState(), CFG)) == [1, 2]
     b = [ElasticApp(app="x", demand=2), ElasticApp(app="y", demand=2)]
     assert counts(scale(b, 3, ScalingState(), CFG)) == [2, 1]
 
 
-def test_the_alabama_paradox_is_real_and_documented():
-    """Hamilton's method is not monotone per app in the budget: classic instance."""
+def test_no_alabama_paradox():
+    """Hamilton's method gives weights 6, 6, 2 the counts 4, 4, 2 of 10 seats and 5, 5, 1
+    of 11 (the third app loses one as the house grows); the quota method does not."""
     w = [6, 6, 2]
-    assert largest_remainder(w, 10) == [4, 4, 2]
-    assert largest_remainder(w, 11) == [5, 5, 1]
+    ten, eleven = quota_method(w, 10), quota_method(w, 11)
+    assert sum(ten) == 10 and sum(eleven) == 11
+    assert all(b >= a for a, b in zip(ten, eleven)), (ten, eleven)
+    assert ten == [5, 4, 1] and eleven == [5, 5, 1]  # quotas 4.29 4.29 1.43; 4.71 4.71 1.57
+
+
+def _hamilton(w: list[int], seats: int) -> list[int]:
+    q = [Fraction(x * seats, sum(w)) for x in w]
+    out = [math.floor(x) for x in q]
+    for i in sorted(range(len(w)), key=lambda i: (-(q[i] - out[i]), i))[: seats - sum(out)]:
+        out[i] += 1
+    return out
+
+
+@given(st.lists(st.integers(0, 60), min_size=1, max_size=12), st.data())
+@settings(max_examples=300)
+def test_quota_method_keeps_quota_and_is_house_monotone(weights, data):
+    if sum(weights) == 0:
+        weights = weights[:-1] + [1]
+    total = sum(weights)
+    seats = data.draw(st.integers(0, total - 1))
+    c, bigger = quota_method(weights, seats), quota_method(weights, seats + 1)
+    for house, counts_ in ((seats, c), (seats + 1, bigger)):
+        assert sum(counts_) == house
+        for x, w in zip(counts_, weights):
+            q = Fraction(w * house, total)
+            assert math.floor(q) <= x <= math.ceil(q)  # the quota rule, both sides
+    assert all(b >= a for a, b in zip(c, bigger))  # no app loses a seat as the house grows
+    assert quota_method(weights, total) == weights  # the whole house is the weights themselves
+
+
+def test_hamilton_would_fail_the_monotone_property():
+    """The property above can fail: Hamilton violates it on the classic instance."""
+    assert _hamilton([6, 6, 2], 10) == [4, 4, 2] and _hamilton([6, 6, 2], 11) == [5, 5, 1]
 
 
 @given(st.lists(st.integers(0, 40), min_size=1, max_size=12), st.integers(0, 120), st.integers(0, 3))
@@ -62,14 +96,35 @@ def test_counts_sum_to_the_budget_and_keep_the_quota(demands, budget, floor):
         assert c == demands and p.given == sum(demands)
     else:
         assert p.given == sum(c) == budget  # exactly the budget
-        base = [min(floor, d) for d in demands] if budget >= floor * len(demands) else [0] * len(demands)
-        extra = [d - b for d, b in zip(demands, base)]
-        seats = budget - sum(base)
-        for x, b, e in zip(c, base, extra):
-            q = Fraction(e * seats, sum(extra)) if sum(extra) else Fraction(0)
-            assert math.floor(q) <= x - b <= math.ceil(q)  # the quota rule
-    # total given is monotone in the budget
-    assert scale(apps(*demands), budget + 1, ScalingState(), cfg).given >= p.given
+        base = [min(floor, d) for d in demands]
+        if budget < sum(base):  # the floor rounds alone: nobody above the floor
+            assert all(x <= b for x, b in zip(c, base))
+        else:
+            extra = [d - b for d, b in zip(demands, base)]
+            seats = budget - sum(base)
+            for x, b, e in zip(c, base, extra):
+                q = Fraction(e * seats, sum(extra)) if sum(extra) else Fraction(0)
+                assert math.floor(q) <= x - b <= math.ceil(q)  # the quota rule
+
+
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=12), st.integers(0, 3),
+       st.lists(st.integers(0, 5), min_size=12, max_size=12), st.data())
+@settings(max_examples=300)
+def test_every_apps_count_is_monotone_in_the_budget(demands, floor, current, data):
+    """The issue's property: one more device in the budget never gives any app fewer
+    instances (and the counts sum to the budget)."""
+    cfg = ScalingConfig(min_instances_per_app=floor)
+    a = [ElasticApp(app=f"a{i:02d}", demand=d, current=c) for i, (d, c) in enumerate(zip(demands, current))]
+    budget = data.draw(st.integers(0, sum(demands) + 1))
+    c = counts(scale(a, budget, ScalingState(), cfg))
+    more = counts(scale(a, budget + 1, ScalingState(), cfg))
+    assert sum(c) == min(budget, sum(demands)) and sum(more) == min(budget + 1, sum(demands))
+    assert all(y >= x for x, y in zip(c, more)), (budget, c, more)
+
+
+def test_apportion_floor_rounds_go_to_the_largest_demands_first():
+    assert apportion([1, 5, 3], 2, 1) == [0, 1, 1]
+    assert apportion([1, 5, 3], 4, 1) == [1, 2, 1]
 
 
 @given(st.lists(st.integers(0, 30), min_size=1, max_size=8), st.integers(0, 80))

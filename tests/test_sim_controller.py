@@ -76,7 +76,7 @@ def test_the_controller_calls_the_daemons_policy_functions(monkeypatch):
     assert all(v > 0 for v in calls.values()), calls
     # and no module of the simulator defines a function by a policy's name
     policy_names = {"classify", "plan", "scale", "elastic_demand", "steady_items", "residency", "debounce",
-                    "largest_remainder", "traffic_from_counts", "pack"}
+                    "quota_method", "apportion", "traffic_from_counts", "pack"}
     for f in Path(sim_pkg.__file__).parent.glob("*.py"):
         defined = {n.name for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.FunctionDef)}
         assert not (defined & policy_names), f"{f.name} defines {defined & policy_names}"

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from janusd.policy.policy_config import ClassifyConfig, DemandConfig, KeepAliveConfig, ScalingConfig
+from janusd.policy.policy_config import ClassifyConfig, DemandConfig, KeepAliveConfig, PlacementConfig, ScalingConfig
 
 PositiveInt = Annotated[int, Meta(gt=0)]
 NonNegInt = Annotated[int, Meta(ge=0)]
@@ -172,8 +172,15 @@ class ControlConfig(_Section):
     # the telemetry window every per-model rate and length figure covers (controller,
     # oracle features, ctl, /metrics); shorter reacts faster, longer is steadier
     window_s: Annotated[float, Meta(ge=1.0)] = 60.0
+    # steady placement (server/steady.py): models without `devices` are placed by the slow
+    # loop on these devices (empty = every device); models with `devices` stay pinned
+    pool_devices: list[NonNegInt] = []
+    # weight transfers (activations, D2D forks: a fork counts on its source too) running
+    # at once per device while the steady placement executes its moves
+    max_transfers_per_device: PositiveInt = 1
     # the policies' own settings (policy/policy_config.py), each section its own table
     demand: DemandConfig = DemandConfig()
+    placement: PlacementConfig = PlacementConfig()
     scaling: ScalingConfig = ScalingConfig()
     classify: ClassifyConfig = ClassifyConfig()
     keepalive: KeepAliveConfig = KeepAliveConfig()
@@ -307,15 +314,26 @@ kv_wait_timeout_s = 30.0    # a request waits this long for KV pages others hold
 
 [control]
 managed = false             # true: the controller scales models with pool = "elastic" among their
-                            # devices (Active <-> Warm) by the oracle's m*, and idle models go Warm, then Cold
+                            # devices (Active <-> Warm) by the oracle's m*, idle models go Warm, then Cold,
+                            # and models without `devices` are placed (and moved) by the steady placement
 window_s = 60.0             # telemetry window of the per-model rates the loops (and the oracle) read
-slow_period_s = 30.0        # slow loop: keep-alive (steady placement is planned, not executed yet)
+slow_period_s = 30.0        # slow loop: steady placement (bin packing, bounded migrations) and keep-alive
 fast_period_s = 0.5         # fast loop: elastic scaling
+pool_devices = []           # devices the steady placement may use for models without `devices`; [] = all
+max_transfers_per_device = 1   # weight transfers (loads, forks; a fork counts on its source) at once per device
 
 [control.demand]
+capacity_margin = 1.0       # steady capacity vector = the Capacity GP's mean + margin * std per dimension
+max_steady_replicas = 16    # a steady model over one device is split into at most this many replicas
 attainment_target = 0.95    # m* = fewest instances whose predicted attainment - margin * std reaches this
 attainment_margin = 1.0
 max_elastic_instances = 64
+
+[control.placement]
+migration_budget = 8        # optional moves (repack, consolidation) per slow period; forced ones are not limited
+repack_phi_threshold = 0.05 # a model leaving repacks its device when Phi rose by this much (or a device frees)
+repack_max_moves = 2
+min_phi_gain = 0.02         # a balancing move must lower the summed Phi by at least this much
 
 [control.scaling]
 debounce_plans = 2          # a count moves only when the last N demands lie on the same side of it
@@ -381,7 +399,8 @@ min_points = 8              # no fit before a model has this many points (the pr
 #   app = name    the application the model serves
 #   ttft_slo_ms = 1000.0, tpot_slo_ms = 200.0   latency targets used by dispatch
 #   dtype = "float32"   float32 | bfloat16 | float16
-#   devices = []  device indices; empty = spread round-robin over the devices
+#   devices = []  device indices (pinned there); empty = spread round-robin over the devices, or,
+#                 with control.managed, placed and moved by the steady placement within pool_devices
 #   role = "mixed"      mixed | decode (a decode instance also serves whole requests)
 #   prefill_devices = []   P/D: these of `devices` prefill only, the others decode; KV moves
 #                 from P to the D instance with the least decode backlog over Mooncake
@@ -467,6 +486,9 @@ def _check(cfg: JanusConfig) -> None:
             raise ValueError(
                 f"models[{i}].kv_cache_mib: {m.kv_cache_mib} exceeds devices.memory_mib = {cfg.devices.memory_mib}"
             )
+    for d in cfg.control.pool_devices:
+        if d >= cfg.devices.count:
+            raise ValueError(f"control.pool_devices: device {d} does not exist (devices.count = {cfg.devices.count})")
     if cfg.dispatch.requeue == "keep" and cfg.dispatch.policy == "lst_imh":
         raise ValueError("dispatch.requeue: 'keep' (serve late, never drop) is for the round_robin and least_load "
                          "baselines; lst_imh never selects a late request, so it would wait forever")

@@ -150,6 +150,16 @@ def _print(action: str, data: dict[str, Any]) -> None:
         if not p.get("managed"):
             _table("plan", [p])
             return
+        st = p.get("steady") or {}
+        if st.get("bins_used") is not None:
+            _table("steady placement", [{k: st[k] for k in ("planned_at_s_ago", "bins_used", "phi", "migrations",
+                                                             "failed_plans") if k in st}])
+            _table("steady devices", st["devices"])
+            _table("steady moves (last plan)", st["moves"])
+            _table("steady moves running / queued", st["running"] + st["queued"])
+            _table("steady moves done", st["recent"])
+            if st.get("notes"):
+                _table("steady notes", [{"note": n} for n in st["notes"]])
         e = p["elastic"]
         _table("elastic", [{k: v for k, v in e.items() if k != "apps"}])
         _table("pools", p.get("pools", []))

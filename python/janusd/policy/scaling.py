@@ -11,24 +11,33 @@
    then holds (tests/test_policy_scaling.py). The first tick of an app takes its demand.
 2. Budget. The elastic budget is the devices the steady pool leaves (the caller passes
    it: the pool minus the steady plan's bins_used; scale-in waits for drain, so a device
-   whose instance is still draining is counted as held until it is free). When the debounced demands fit, each app gets its own. When they exceed it,
-   each app first gets `min_instances_per_app` (when the budget allows that for every
-   app), and the rest is shared in proportion to what each asked beyond it, by the
-   largest-remainder (Hamilton) method: floors of the exact quotas, then one more
-   instance to the largest remainders. Ties between equal remainders go to the app that
-   holds more instances now (fewer moves), then the larger demand, then the app name.
-   The counts then sum to the budget exactly, and each is within one of its exact quota
-   and never above its demand. Hamilton's method can give an app one instance fewer at
-   a larger budget (the Alabama paradox; a test shows the case), which the debounce of
-   the next ticks absorbs as it would any change.
+   whose instance is still draining is counted as held until it is free). When the
+   debounced demands fit, each app gets its own. When they exceed it, the budget is
+   handed out one instance at a time, so that a larger budget only ever adds to what a
+   smaller one gave (house monotone: no app loses an instance because the budget grew):
+   first `min_instances_per_app` rounds of one instance per app (within a round the
+   larger demand first, then the tie-break below), then the rest by Balinski and
+   Young's quota method on what each asked beyond that floor: the next instance goes to
+   the app with the largest extra / (extra instances so far + 1) (Jefferson's divisor)
+   among those it would not lift above their upper quota at the new total. Every
+   count then stays within one of its exact quota, never above its demand, and the
+   counts sum to the budget exactly. Why not largest remainder (Hamilton): it keeps
+   quota but is not house monotone (the Alabama paradox: weights 6, 6, 2 get 4, 4, 2 of
+   10 and 5, 5, 1 of 11), and a fast tick whose budget grows by one device must not
+   take an instance away from an app (a drain for nothing). Why not a divisor method
+   alone (Jefferson, Webster): house monotone but can break quota (a large app takes
+   more than its ceiling). The quota method has both (Balinski and Young 1975). Ties
+   between equal priorities go to the app that holds more instances now (fewer moves),
+   then the larger demand, then the app name. Below `min_instances_per_app` x apps,
+   the budget goes by the floor rounds alone (the largest demands first).
 3. P/D. An app with at least `pd_min_instances` instances runs prefill and decode apart:
    round(count * prefill_share) prefill instances (halves up), at least one of each.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
-from fractions import Fraction
 
 from janusd.policy.policy_config import ScalingConfig
 from janusd.policy.snapshot import AppCount, ElasticApp, ScalingPlan, ScalingState
@@ -60,22 +69,79 @@ def debounce(previous: int | None, recent: Sequence[int]) -> int:
     return min(max(previous, lo), hi)
 
 
-def largest_remainder(weights: Sequence[int], seats: int, tie: Sequence[tuple[int, ...]] | None = None) -> list[int]:
-    """Hamilton apportionment of `seats` in proportion to integer `weights` (sum > 0):
-    floors of the exact quotas (exact rational arithmetic, no float ties), then one seat
-    each to the largest remainders; `tie[i]` orders equal remainders (larger first),
-    then the lower index."""
+def _tie_key(tie: Sequence[tuple[int, ...]] | None, i: int) -> tuple[int, ...]:
+    return tuple(-x for x in tie[i]) if tie is not None else ()
+
+
+def quota_method(weights: Sequence[int], seats: int, tie: Sequence[tuple[int, ...]] | None = None) -> list[int]:
+    """Balinski-Young quota apportionment of `seats` in proportion to integer `weights`
+    (sum > 0, seats <= sum): one seat at a time, house size h -> h + 1, to the largest
+    weight / (seats so far + 1) among apps whose seats so far are below their exact quota
+    at h + 1 (so no app passes its upper quota); exact integer arithmetic, no float
+    ties. `tie[i]` orders equal priorities (larger first), then the lower index. Each
+    count is within one of its quota, they sum to `seats`, and none decreases when
+    `seats` grows (house monotone)."""
     total = sum(weights)
     if total <= 0:
-        raise ScalingError("largest_remainder: weights must sum to > 0")
-    quotas = [Fraction(w * seats, total) for w in weights]
-    out = [int(q) for q in quotas]  # floor: quotas are >= 0
-    rest = seats - sum(out)
-    key = tie if tie is not None else [() for _ in weights]
-    order = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - out[i]), tuple(-x for x in key[i]), i))
-    for i in order[:rest]:
-        out[i] += 1
+        raise ScalingError("quota_method: weights must sum to > 0")
+    if not 0 <= seats <= total:
+        raise ScalingError(f"quota_method: seats must be in [0, {total}], got {seats}")
+    n = len(weights)
+    out = [0] * n
+    # a heap on priority weight / (a + 1), as the pair (weight, a + 1) compared exactly
+    order = sorted(range(n), key=lambda i: _tie_key(tie, i) + (i,))
+    rank = {i: r for r, i in enumerate(order)}
+
+    class _P:
+        __slots__ = ("i",)
+
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        def __lt__(self, other: _P) -> bool:  # larger priority first, then the tie order
+            a, b = self.i, other.i
+            lhs, rhs = weights[a] * (out[b] + 1), weights[b] * (out[a] + 1)
+            return lhs > rhs if lhs != rhs else rank[a] < rank[b]
+
+    heap = [_P(i) for i in range(n) if weights[i] > 0]
+    heapq.heapify(heap)
+    for h in range(seats):
+        held: list[_P] = []
+        while True:
+            p = heapq.heappop(heap)
+            # eligible: seats so far < quota at h + 1 = weight * (h + 1) / total
+            if out[p.i] * total < weights[p.i] * (h + 1):
+                break
+            held.append(p)
+        out[p.i] += 1
+        heapq.heappush(heap, p)
+        for q in held:
+            heapq.heappush(heap, q)
     return out
+
+
+def apportion(demands: Sequence[int], budget: int, floor: int,
+              tie: Sequence[tuple[int, ...]] | None = None) -> list[int]:
+    """Counts for `demands` (each > 0 asked; sum > budget) over `budget`: the floor rounds,
+    then the quota method on the rest (module doc, step 2). House monotone in `budget`:
+    it is the first `budget` seats of one fixed sequence."""
+    n = len(demands)
+    base = [0] * n
+    # the floor rounds: round r gives one instance to each app asking more than r
+    by_demand = sorted(range(n), key=lambda i: (-demands[i],) + _tie_key(tie, i) + (i,))
+    left = budget
+    for r in range(floor):
+        for i in by_demand:
+            if left == 0:
+                return base
+            if demands[i] > r:
+                base[i] += 1
+                left -= 1
+    extra = [d - b for d, b in zip(demands, base)]
+    if left == 0 or sum(extra) == 0:
+        return base
+    share = quota_method(extra, min(left, sum(extra)), tie)
+    return [b + s for b, s in zip(base, share)]
 
 
 def _split(count: int, share: float, cfg: ScalingConfig) -> tuple[int, int]:
@@ -104,13 +170,8 @@ def scale(apps: Sequence[ElasticApp], budget: int, state: ScalingState, cfg: Sca
     if not compressed:
         counts = list(wanted)
     else:
-        floor = cfg.min_instances_per_app if budget >= cfg.min_instances_per_app * len(ordered) else 0
-        base = [min(floor, w) for w in wanted]
-        extra = [w - b for w, b in zip(wanted, base)]
-        seats = budget - sum(base)
         tie = [(a.current, w) for a, w in zip(ordered, wanted)]
-        share = largest_remainder(extra, seats, tie) if sum(extra) > 0 else [0] * len(extra)
-        counts = [b + s for b, s in zip(base, share)]
+        counts = apportion(wanted, budget, cfg.min_instances_per_app, tie)
     out = []
     for a, recent, w, c in zip(ordered, recents, wanted, counts):
         p, d = _split(c, a.prefill_share, cfg)

@@ -13,15 +13,23 @@ With `control.managed`, two loops run in the daemon:
   Active one goes Warm after draining;
 - slow (control.slow_period_s, 30 s): keep-alive (policy/keepalive.py): a model without
   a request for `warm_after_s` goes Warm on every device, after `cold_after_s` Cold; its
-  next request is held and wakes it (lifecycle_ops.wake), never refused.
+  next request is held and wakes it (lifecycle_ops.wake), never refused; then the steady
+  placement (server/steady.py): models without `devices` are packed on the pool by
+  policy/placement.py and moved (fork or load the target, then drain the source),
+  within the migration budget and a bound on transfers per device. The elastic budget
+  is the elastic models' devices less those the steady placement took.
 Each loop computes its plan from a snapshot (plan_fast / plan_slow: no awaiting, so a
 test drives them with a fake clock) and then starts the operations; an operation in
 flight is never started twice, a failed one is logged, counted and planned again next
 period, never left half done (lifecycle_ops rolls an instance back to where it was). A
 loop that overruns its period logs it and skips the missed ticks, never stacks them.
 
-Not executed yet: the steady pool's bin packing (policy/placement.py) needs instances on
-devices the config does not list; a steady model stays on its configured devices. `janus ctl plan` shows what the loops decided and why.
+A model the steady placement places (no `devices`) that is in the elastic pool keeps its
+steady instance(s); m* beyond them are extra replicas on the pool's free devices (no
+steady item, no extra of another model, nothing serving, no pinned model's device):
+forked from a live instance (or restored where it rests Warm/Cold), drained to Cold when
+m* falls, never moved by the placement (`self.extras`). A model with `devices` is scaled
+among them as before. `janus ctl plan` shows what the loops decided and why.
 """
 
 from __future__ import annotations
@@ -39,13 +47,14 @@ from janusd.core.registry import Instance, Model
 from janusd.core.serving import ServingCore
 from janusd.lifecycle.states import COMING_UP, RESTORABLE, InstanceState
 from janusd.log import log
-from janusd.oracle.types import ElasticityPredictor, LoadFeatures
+from janusd.oracle.types import CapacityPredictor, ElasticityPredictor, LoadFeatures
 from janusd.policy.classify import traffic_from_counts
 from janusd.policy.classify import classify as classify_apps
 from janusd.policy.demand import elastic_demand
 from janusd.policy.keepalive import residency
 from janusd.policy.scaling import scale
 from janusd.policy.snapshot import AppPool, AppTraffic, ElasticApp, ModelActivity, ScalingPlan, ScalingState
+from janusd.server.steady import SteadyExecutor, placed_by_controller
 
 BUCKET_S = 1.0  # arrivals are bucketed per second for the classifier
 SHORT_BUCKETS = 5  # its short window: 5 s (a burst's 5-10x jump within seconds)
@@ -57,6 +66,10 @@ def _log(msg: str, level: int = logging.INFO) -> None:
     log.log(level, msg)
 
 
+class Predictor(CapacityPredictor, ElasticityPredictor, Protocol):
+    """The oracle as the controller asks it: capacity vectors (steady) and m* (elastic)."""
+
+
 class ControllerHost(Protocol):
     """What the controller needs of the daemon (server/daemon.py implements it)."""
 
@@ -65,9 +78,11 @@ class ControllerHost(Protocol):
     @property
     def cfg(self) -> JanusConfig: ...
 
-    def predictor(self) -> ElasticityPredictor: ...
+    def predictor(self) -> Predictor: ...
 
     async def set_state(self, name: str, device: int, target: str, probe: bool = True) -> dict[str, Any]: ...
+
+    async def fork(self, name: str, src: int, dst: int) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -97,13 +112,19 @@ def _serving(i: Instance) -> bool:
 class Controller:
     def __init__(self, host: ControllerHost, clock: Callable[[], float] = time.monotonic,
                  on_op: Callable[[str, str], None] = lambda op, outcome: None,
-                 on_elastic: Callable[[str, int, int], None] = lambda model, demand, count: None) -> None:
+                 on_elastic: Callable[[str, int, int], None] = lambda model, demand, count: None,
+                 on_move: Callable[[str, str], None] = lambda kind, outcome: None,
+                 on_figure: Callable[[str, float], None] = lambda figure, value: None) -> None:
         """Metrics' hooks: `on_op(target, outcome)` once per finished operation,
-        `on_elastic(model, m*, count given)` per elastic model at each fast tick."""
+        `on_elastic(model, m*, count given)` per elastic model at each fast tick,
+        `on_move(kind, outcome)` once per finished steady placement move, `on_figure(name,
+        value)` for the plans' figures (steady_bins_used, steady_phi, steady_migrations,
+        steady_pending_moves, elastic_budget, elastic_asked, elastic_given)."""
         self.host = host
         self.clock = clock
         self.on_op = on_op
         self.on_elastic = on_elastic
+        self.on_figure = on_figure
         self.scaling_state = ScalingState()
         self.pools: tuple[AppPool, ...] = ()  # the classifier's state between ticks
         self.last_pools: list[dict[str, Any]] = []
@@ -116,6 +137,20 @@ class Controller:
         self.recent: deque[_Done] = deque(maxlen=50)
         self.overruns = {"fast": 0, "slow": 0}
         self._tasks: set[asyncio.Task[Any]] = set()
+        # model -> devices of its extra (elastic) replicas, for models the steady placement places
+        self.extras: dict[str, set[int]] = {}
+        self.steady = SteadyExecutor(host, host.core.registry, host.core.telemetry, clock, self._claim,
+                                     self._release, on_move, extras=self.extras)
+
+    def _claim(self, model: str, device: int) -> bool:
+        """Reserve an instance for a steady move (False: an operation is in flight there)."""
+        if (model, device) in self.in_flight:
+            return False
+        self.in_flight[(model, device)] = (Op(model, device, "steady", "steady placement move"), self.clock())
+        return True
+
+    def _release(self, model: str, device: int) -> None:
+        self.in_flight.pop((model, device), None)
 
     # ------------------------------------------------------------------ plans
     def _traffic(self, m: Model, now: float) -> AppTraffic:
@@ -168,6 +203,8 @@ class Controller:
         models: dict[str, Model] = {}
         devices: set[int] = set()
         self.demands = {}
+        self._prune_extras()
+        free = self._free_elastic_devices()
         for m in self._elastic(now):
             w = tel.model(m.name, now)
             if w.request_rate <= 0.0 and w.in_flight == 0:
@@ -177,22 +214,93 @@ class Controller:
             except KeyError as e:  # the oracle has no prior for it yet (its spec is being read)
                 _log(f"controller: {m.name}: {e}; keeping its instances as they are", logging.DEBUG)
                 continue
+            models[m.name] = m
+            if placed_by_controller(self.host.cfg, m):
+                # its steady instance(s) stay the steady pool's; m* beyond them are extra
+                # replicas on the devices the steady pool leaves
+                extras = self.extras.get(m.name, set())
+                base = [d for d, i in m.instances.items() if _serving(i) and d not in extras]
+                if not base:  # resting (keep-alive): the waking request brings it back first
+                    continue
+                mine = extras | set(free)
+                want = max(0, min(want - len(base), len(mine)))
+                self.demands[m.name] = (want, f"{why}; {len(base)} steady instance(s) besides")
+                apps.append(ElasticApp(app=m.name, demand=want, current=len(extras)))
+                devices.update(mine)
+                continue
             usable = sum(1 for i in m.instances.values() if _serving(i) or i.state in RESTORABLE)
             want = max(1, min(want, usable))
             self.demands[m.name] = (want, why)
             apps.append(ElasticApp(app=m.name, demand=want,
                                    current=sum(1 for i in m.instances.values() if _serving(i))))
-            models[m.name] = m
             devices.update(m.instances)
         if not apps:
             return []
-        plan = scale(apps, len(devices), self.scaling_state, cfg.scaling)
+        # the steady pool has priority (PAPER.md §2): devices it took leave the elastic budget
+        plan = scale(apps, len(devices - self.steady.managed_devices()), self.scaling_state, cfg.scaling)
         self.scaling_state, self.last_scaling = plan.state, plan
+        for k, v in (("budget", plan.budget), ("asked", plan.asked), ("given", plan.given)):
+            self.on_figure(f"elastic_{k}", v)
         ops: list[Op] = []
         for a in plan.apps:
             self.on_elastic(a.app, a.demand, a.count)
-            ops += self._meet(models[a.app], max(1, a.count), f"m*={a.demand} (debounced {a.debounced}, "
-                                                              f"given {a.count}): {a.reason}")
+            why = f"m*={a.demand} (debounced {a.debounced}, given {a.count}): {a.reason}"
+            if placed_by_controller(self.host.cfg, models[a.app]):
+                ops += self._meet_extras(models[a.app], a.count, free, f"extra replicas {why}")
+            else:
+                ops += self._meet(models[a.app], max(1, a.count), why)
+        return ops
+
+    # -- elastic replicas of models the steady placement places ----------------------
+    def _prune_extras(self) -> None:
+        """An extra replica that no longer serves (drained, failed, keep-alive) is no more."""
+        reg = self.host.core.registry.models
+        for name in list(self.extras):
+            m = reg.get(name)
+            keep = {d for d in self.extras[name] if m is not None and d in m.instances
+                    and (_serving(m.instances[d]) or (name, d) in self.in_flight)}
+            if keep:
+                self.extras[name] = keep
+            else:
+                del self.extras[name]
+
+    def _free_elastic_devices(self) -> list[int]:
+        """Pool devices with no steady item and no extra replica: where extra replicas may
+        go (a pinned model's devices are the operator's and stay out)."""
+        from janusd.server.steady import pool_devices
+
+        taken = set(self.steady.plan_devices()) | {d for ds in self.extras.values() for d in ds}
+        for m in self.host.core.registry.models.values():
+            taken.update(m.cfg.devices)
+            taken.update(d for d, i in m.instances.items() if _serving(i))  # whoever serves there
+        return [d for d in pool_devices(self.host.cfg) if d not in taken]
+
+    def _meet_extras(self, m: Model, count: int, free: list[int], reason: str) -> list[Op]:
+        """Bring a placed model to `count` extra replicas: new ones on free devices (one
+        where it rests Warm or Cold first, then the lowest id; taken from `free`), surplus
+        ones drained to Cold (the least busy first)."""
+        extras = self.extras.get(m.name, set())
+        pending = {d: op.target for (name, d), (op, _) in self.in_flight.items() if name == m.name}
+        have = sum(1 for d in extras if pending.get(d, "active") == "active")
+        ops: list[Op] = []
+        if have < count:
+            def rank(d: int) -> tuple[int, int]:
+                i = m.instances.get(d)
+                return (0 if i is not None and i.state in RESTORABLE else 1, d)
+
+            for d in sorted((d for d in free if (m.name, d) not in self.in_flight), key=rank):
+                if have >= count:
+                    break
+                free.remove(d)
+                ops.append(Op(m.name, d, "active", f"scale out: {reason}"))
+                have += 1
+        elif have > count:
+            busy = self.host.core.requests.on_device
+            for d in sorted((d for d in extras if d not in pending), key=lambda d: (len(busy(d)), -d)):
+                if have <= count:
+                    break
+                ops.append(Op(m.name, d, "cold", f"scale in: {reason}"))
+                have -= 1
         return ops
 
     def _meet(self, m: Model, count: int, reason: str) -> list[Op]:
@@ -214,8 +322,10 @@ class Controller:
         elif serving > count:
             busy = self.host.core.requests.on_device
             active = [i for i in free if i.state is S.ACTIVE]
-            # the one with the least work in flight goes first (its drain is shortest)
-            for i in sorted(active, key=lambda i: (len(busy(i.device)), -i.device)):
+            steady = self.steady.managed_devices()
+            # one on a device the steady pool took goes first, then the one with the least
+            # work in flight (its drain is shortest)
+            for i in sorted(active, key=lambda i: (i.device not in steady, len(busy(i.device)), -i.device)):
                 if serving <= max(count, 1):  # never below one Active instance
                     break
                 ops.append(Op(m.name, i.device, "warm", f"scale in: {reason}"))
@@ -246,6 +356,7 @@ class Controller:
                                       pinned=m.cfg.pool == "steady"))
             models[m.name] = m
         decisions = residency(acts, now, cfg.keepalive)
+        self._plan_steady(now, {d.model for d in decisions if d.changed and d.residency != "active"})
         self.last_keepalive = [{"model": d.model, "residency": d.residency, "changed": d.changed, "reason": d.reason}
                                for d in decisions]
         ops: list[Op] = []
@@ -259,6 +370,26 @@ class Controller:
                         and (m.name, i.device) not in self.in_flight:
                     ops.append(Op(m.name, i.device, d.residency, f"keep-alive: {d.reason}"))
         return ops
+
+    def _plan_steady(self, now: float, resting: set[str]) -> None:
+        """The steady placement's plan, when the controller places any model (its moves
+        are queued in self.steady and started by the loop). `resting`: models keep-alive
+        sends Warm or Cold at this tick (they leave the steady pool without a move)."""
+        if not any(placed_by_controller(self.host.cfg, m) for m in self.host.core.registry.models.values()):
+            return
+        elastic = [p.app for p in self.pools if p.pool == "elastic"]
+        try:
+            p = self.steady.plan_now(now, self.host.predictor(), elastic, resting)
+        except ValueError as e:  # a policy's refusal of odd input: logged, keep-alive still runs
+            _log(f"controller: steady placement: {e}", logging.ERROR)
+            return
+        if p is not None:
+            for a in p.assignment:  # a device the steady pool now holds is no longer an extra
+                self.extras.get(a.key.split("#")[0].split("@")[0], set()).discard(a.device)
+            self.on_figure("steady_bins_used", p.bins_used)
+            self.on_figure("steady_phi", p.phi)
+            self.on_figure("steady_migrations", p.migrations)
+        self.on_figure("steady_pending_moves", len(self.steady.queue) + len(self.steady.running))
 
     # -------------------------------------------------------------- execution
     def start(self, ops: list[Op]) -> None:
@@ -278,9 +409,23 @@ class Controller:
         key = (op.model, op.device)
         phases: dict[str, float] = {}
         try:
-            reply = await self.host.set_state(op.model, op.device, op.target, probe=False)
+            m = self.host.core.registry.models.get(op.model)
+            inst = m.instances.get(op.device) if m is not None else None
+            peers = sorted(d for d, i in (m.instances.items() if m is not None else ()) if i.state is S.ACTIVE
+                           and d != op.device)
+            if op.target == "active" and (inst is None or inst.state is S.UNLOADED) and peers:
+                reply = await self.host.fork(op.model, peers[0], op.device)  # a new replica: D2D from a live one
+            else:
+                reply = await self.host.set_state(op.model, op.device, op.target, probe=False)
             phases = {k: float(v) for k, v in (reply.get("phases") or {}).items()}
             outcome = "ok"
+            if m is not None and placed_by_controller(self.host.cfg, m) and op.reason.startswith("scale "):
+                if op.target == "active":
+                    self.extras.setdefault(op.model, set()).add(op.device)
+                elif op.device in self.extras.get(op.model, ()):
+                    self.extras[op.model].discard(op.device)
+                    if not self.extras[op.model]:
+                        del self.extras[op.model]
         except Exception as e:  # a refused or failed move: planned again next period
             outcome = f"{type(e).__name__}: {e}"
             _log(f"controller: {op.model} on device {op.device} -> {op.target} failed: {e}", logging.WARNING)
@@ -300,6 +445,7 @@ class Controller:
             now = self.clock()
             try:
                 self.start(plan(now))
+                self.steady.pump()
             except Exception as e:  # a policy's ValueError on odd input: logged, the loop lives on
                 _log(f"controller {name} loop: {type(e).__name__}: {e}", logging.ERROR)
             took = self.clock() - now
@@ -313,6 +459,7 @@ class Controller:
             await asyncio.sleep(max(0.0, nxt - self.clock()))
 
     async def close(self) -> None:
+        await self.steady.close()
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -332,6 +479,7 @@ class Controller:
                 "apps": [{"model": a.app, "demand": a.demand, "debounced": a.debounced, "count": a.count,
                           "reason": a.reason} for a in (sp.apps if sp else ())],
             },
+            "steady": self.steady.view(now),
             "pools": self.last_pools,
             "keepalive": self.last_keepalive,
             "in_flight": [{"model": op.model, "device": op.device, "target": op.target, "reason": op.reason,

@@ -116,7 +116,8 @@ class Daemon:
         # the two control loops ([C]); None unless control.managed
         self.controller: Controller | None = None
         if cfg.control.managed:
-            self.controller = Controller(self, clock, self.metrics.controller_op, self.metrics.controller_elastic)
+            self.controller = Controller(self, clock, self.metrics.controller_op, self.metrics.controller_elastic,
+                                         self.metrics.controller_move, self.metrics.controller_figure)
         self.http_port: int | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 

@@ -189,6 +189,12 @@ class Metrics:
         self.elastic = Gauge("janusd_controller_elastic_instances", "an elastic model's instances at the last fast "
                              "tick (kind: demand = the oracle's m*, count = given within the budget)",
                              ["model", "kind"], registry=r)
+        self.controller_moves = Counter("janusd_controller_moves", "steady placement moves the controller executed, "
+                                        "by kind (place | migrate | remove) and outcome (ok | failed)",
+                                        ["kind", "outcome"], registry=r)
+        self.controller_plan = Gauge("janusd_controller_plan", "the controller's last plans (figure: steady_bins_used, "
+                                     "steady_phi, steady_migrations, steady_pending_moves; elastic_budget, "
+                                     "elastic_asked, elastic_given)", ["figure"], registry=r)
         r.register(_Live(snapshot))
         self._tot: dict[str, tuple[int, int]] = {}
 
@@ -238,6 +244,12 @@ class Metrics:
 
     def controller_op(self, target: str, outcome: str) -> None:
         self.controller_ops.labels(target, outcome).inc()
+
+    def controller_move(self, kind: str, outcome: str) -> None:
+        self.controller_moves.labels(kind, outcome).inc()
+
+    def controller_figure(self, figure: str, value: float) -> None:
+        self.controller_plan.labels(figure).set(value)
 
     def controller_elastic(self, model: str, demand: int, count: int) -> None:
         self.elastic.labels(model, "demand").set(demand)
