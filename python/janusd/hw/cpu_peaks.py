@@ -10,6 +10,12 @@ measured again and replaced, never trusted.
 
 D2D on cpu is the Mooncake loopback TCP figure measured once here (DESIGN.md: about
 1.2 GB/s warm); H2D is the copy bandwidth (host and device memory are the same memory).
+
+The engine's host time per step (devices.py OVERHEAD_FIELDS) is measured on the real
+engine, which hw/ must not import: a caller that may (`janus profile`, the daemon's
+oracle helper) passes engine/step_probe.py's `measure` as `overhead_probe`; its figures
+join the same cache entry, measured once. Without a probe the cached figures are used
+when present, else 0 (the plain roofline).
 """
 
 from __future__ import annotations
@@ -18,10 +24,14 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from janusd.hw.devices import DeviceSpec
+from janusd.hw.devices import OVERHEAD_FIELDS, DeviceSpec
+
+# (threads, {"peak_flops", "mem_bw"}) -> {OVERHEAD_FIELDS...}: engine/step_probe.py's measure
+OverheadProbe = Callable[[int, dict[str, float]], dict[str, float]]
 
 CACHE_VERSION = 1
 CPU_D2D_BW = 1.2e9  # Mooncake TransferEngine over loopback TCP (DESIGN.md, "Checked to work")
@@ -70,22 +80,35 @@ def measure(threads: int = 1, seconds: float = 0.3) -> dict[str, float]:
     return {"peak_flops": best_flops, "mem_bw": best_bw}
 
 
-def cached_peaks(cache_dir: Path | None, threads: int = 1) -> dict[str, float]:
-    """The cached peaks for this machine and thread count; measured and stored if absent."""
+def _has_overheads(entry: dict[str, Any]) -> bool:
+    return all(isinstance(entry.get(k), float) and entry[k] >= 0 for k in OVERHEAD_FIELDS)
+
+
+def cached_peaks(cache_dir: Path | None, threads: int = 1, overhead_probe: OverheadProbe | None = None
+                 ) -> dict[str, float]:
+    """The cached peaks for this machine and thread count; measured and stored if absent.
+    With an overhead_probe, the host time per step too (module doc)."""
     path = (cache_dir or DEFAULT_CACHE_DIR).expanduser() / "hw" / "cpu-peaks.json"
     ident = machine_identity()
     key = str(threads)
     data: dict[str, Any] = {}
+    peaks: dict[str, float] | None = None
     try:
         data = json.loads(path.read_text())
         if not (isinstance(data, dict) and data.get("version") == CACHE_VERSION and data.get("machine") == ident):
             data = {}
         hit = data.get("threads", {}).get(key)
         if isinstance(hit, dict) and all(isinstance(hit.get(k), float) and hit[k] > 0 for k in ("peak_flops", "mem_bw")):
-            return hit
+            if overhead_probe is None or _has_overheads(hit):
+                return hit
+            peaks = {"peak_flops": hit["peak_flops"], "mem_bw": hit["mem_bw"]}  # only the probe is missing
     except (OSError, ValueError, AttributeError):
         data = {}
-    peaks = measure(threads)
+    if peaks is None:
+        peaks = measure(threads)
+    if overhead_probe is not None:
+        over = overhead_probe(threads, peaks)
+        peaks = {**peaks, **{k: float(over[k]) for k in OVERHEAD_FIELDS}}
     data = {"version": CACHE_VERSION, "machine": ident, "threads": {**data.get("threads", {}), key: peaks}}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,8 +120,11 @@ def cached_peaks(cache_dir: Path | None, threads: int = 1) -> dict[str, float]:
     return peaks
 
 
-def cpu_spec(cache_dir: Path | None, hbm_bytes: float, threads: int = 1) -> DeviceSpec:
-    p = cached_peaks(cache_dir, threads)
+def cpu_spec(cache_dir: Path | None, hbm_bytes: float, threads: int = 1,
+             overhead_probe: OverheadProbe | None = None) -> DeviceSpec:
+    p = cached_peaks(cache_dir, threads, overhead_probe)
+    over = {k: float(p.get(k, 0.0)) for k in OVERHEAD_FIELDS}
     return DeviceSpec(name="cpu", hbm_bytes=float(hbm_bytes), peak_flops=p["peak_flops"], hbm_bw=p["mem_bw"],
                       d2d_bw=CPU_D2D_BW, h2d_bw=p["mem_bw"],
-                      source=f"measured on {machine_identity()['cpu'] or 'this cpu'}, {threads} thread(s)")
+                      source=f"measured on {machine_identity()['cpu'] or 'this cpu'}, {threads} thread(s)"
+                             + ("" if _has_overheads(p) else "; no host time per step measured"), **over)
