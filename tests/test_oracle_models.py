@@ -177,19 +177,20 @@ DEMO_SMALL = ModelSpec.from_config({"hidden_size": 256, "num_hidden_layers": 4, 
 
 
 def test_host_time_per_step_makes_the_cpu_prior_see_a_knee():
-    """A 4-layer demo model on a CPU: the plain roofline (0.4 ms a step) serves 40 req/s of
-    96 + 32 tokens at a 50 ms TPOT without trouble; at ~1.3 ms of host time per step plus
+    """A 4-layer demo model on a CPU: the plain roofline (0.4 ms a step) serves 30 req/s of
+    32 + 256 tokens at a 50 ms TPOT without trouble; at ~1.3 ms of host time per step plus
     0.1 ms per sequence (this VM's order, bench/RESULTS.md "engine") the same load is far
-    past the knee, and a light load still is not."""
+    past the knee (7,680 tokens/s x 0.1 ms is most of a second per second), and a light
+    load still is not."""
     import msgspec
 
     plain = msgspec.structs.replace(device_spec("h100"), hbm_bytes=1 << 30, peak_flops=1e11, hbm_bw=3e10,
                                     step_overhead_s=0.0, layer_overhead_s=0.0, seq_overhead_s=0.0)
     cpu = msgspec.structs.replace(plain, step_overhead_s=5e-4, layer_overhead_s=2e-4, seq_overhead_s=1e-4)
-    heavy = LoadFeatures(40.0, 40 * 96.0, 40 * 32.0, 96.0, 400.0, 32.0, 64.0)
-    light = LoadFeatures(1.0, 96.0, 32.0, 96.0, 400.0, 32.0, 64.0)
+    heavy = LoadFeatures(30.0, 30 * 32.0, 30 * 256.0, 32.0, 64.0, 256.0, 400.0)
+    light = LoadFeatures(1.0, 32.0, 256.0, 32.0, 64.0, 256.0, 400.0)
     p_plain, p_cpu = (RooflinePrior(DEMO_SMALL, d, 0.5, 0.05) for d in (plain, cpu))
-    assert p_plain.attainment("m", heavy, 1).mean > 0.99
+    assert p_plain.attainment("m", heavy, 1).mean > 0.98
     assert p_cpu.attainment("m", heavy, 1).mean < 0.1 < 0.99 < p_cpu.attainment("m", light, 1).mean
     curve = [p_cpu.attainment("m", heavy, k).mean for k in range(1, 12)]
     assert all(b >= a for a, b in zip(curve, curve[1:], strict=False)) and curve[-1] > 0.99  # more instances fix it
