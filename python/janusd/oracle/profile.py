@@ -19,8 +19,9 @@ follows their mean. Their spread is the measurement's noise floor (noise.py), st
 the header's notes and shown by `janus oracle eval`. Back-to-back repeats share the
 machine's state of the moment, so on a machine whose load drifts over minutes the floor
 understates the noise. A replay whose replayer fell behind schedule (lag bound) is
-dropped: it measured the client. The points are written in dataset.py's format; the
-run's last line is one JSON object.
+dropped: it measured the client. The profiled daemon's own oracle is off (no online
+refits: a helper process fitting GPs would take CPU from the worker being measured). The
+points are written in dataset.py's format; the run's last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -109,6 +110,9 @@ def daemon_config(a: ProfileArgs, run_dir: Path, m: int) -> str:
     cache = f'cache_dir = "{a.cache_dir}"\n' if a.cache_dir else ""
     return (
         f'[server]\nport = 0\nadmin_socket = "{run_dir / "admin.sock"}"\n{cache}queue_limit = 100000\n'
+        # the daemon's own oracle stays idle: no online refits in a helper process competing
+        # with the worker for the cores being measured
+        f'[oracle]\nonline = false\nstate_dir = "{run_dir / "state"}"\n'
         f'[devices]\nkind = "{a.device}"\ncount = {m}\nmemory_mib = {a.memory_mib}\n'
         f'[[models]]\nname = "{MODEL_NAME}"\ncheckpoint = "{a.spec}"\ndevices = {list(range(m))}\n'
         f"ttft_slo_ms = {float(a.ttft_slo_ms)}\ntpot_slo_ms = {float(a.tpot_slo_ms)}\n"
