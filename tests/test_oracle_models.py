@@ -129,7 +129,9 @@ def test_prior_is_monotone_in_m_and_saturates_with_load():
     c_light, c_heavy = prior.capacity("m", light), prior.capacity("m", heavy)
     assert c_light.source == "prior" and c_light.std == (0.0, 0.0, 0.0)
     assert all(h >= l for h, l in zip(c_heavy.mean, c_light.mean, strict=True))
-    assert c_light.mean[0] == pytest.approx(SPEC.weight_bytes / 80e9, rel=0.01)  # weights dominate HBM at light load
+    # weights dominate HBM at light load (the KV of the ~1 request in flight, longer with the
+    # h100 preset's host time per step, adds a few percent)
+    assert c_light.mean[0] == pytest.approx(SPEC.weight_bytes / 80e9, rel=0.1)
 
 
 def test_oracle_answers_with_the_prior_until_fitted_and_refuses_unknown_models():
