@@ -8,9 +8,12 @@ adds DeviceSpec.step_time_floor(layers, batch) = step + layers * layer + batch *
 engine, once per machine (hw/cpu_peaks.py caches them with the peaks):
 - decode steps of two demo models that differ in depth (PROBE_MODELS: 2 and 4 layers,
   tiny widths, so that their FLOPs and bytes are a small part of a step) at batch 1 and
-  BATCH, the median of STEPS timed steps each, after a warm-up;
+  BATCH, the fastest of STEPS timed steps each, after a warm-up;
 - minus each step's roofline (the peaks just measured), then a non-negative least-
   squares fit of the remainder to step + layers * layer + batch * seq.
+The fastest of the timed steps counts, not the median: on a shared machine other
+processes' time slices land inside some steps, and the fastest is the closest to the
+engine's own cost (cpu_peaks.py takes the best run for the same reason).
 It runs the ModelEngine in process (scheduler, forward, sampler, detokenizer), not the
 worker's socket loop: the frame per step a worker sends is left out (tens of us).
 Lives in engine/ because it drives the engine; hw/ only receives the function.
@@ -18,7 +21,6 @@ Lives in engine/ because it drives the engine; hw/ only receives the function.
 
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
 from typing import Any
