@@ -32,7 +32,7 @@ PROMPT = 16
 POOL_BYTES = 64 << 20
 
 
-def _median_decode_step(me: Any, batch: int, salt: int) -> float:
+def _fastest_decode_step(me: Any, batch: int, salt: int) -> float:
     from janusd.engine.types import SamplingParams
 
     params = SamplingParams(max_tokens=STEPS + 4, temperature=0.0, ignore_eos=True)
@@ -78,9 +78,9 @@ def measure(threads: int, peaks: dict[str, float], kind: str = "cpu", cache_dir:
             me = de.load_model(ModelConfig(name="probe", checkpoint=name, kv_cache_mib=16, max_model_len=256),
                                EngineConfig(max_num_seqs=BATCH, max_num_batched_tokens=512), checkpoint=ck)
             try:
-                _median_decode_step(me, 1, 1000 + k)  # warm the model's code paths once
+                _fastest_decode_step(me, 1, 1000 + k)  # warm the model's code paths once
                 for b in (1, BATCH):
-                    step_s = _median_decode_step(me, b, 100 * k + b)
+                    step_s = _fastest_decode_step(me, b, 100 * k + b)
                     ctx = b * (PROMPT + STEPS / 2.0)
                     roof = max(spec.decode_step_flops(b, ctx) / peaks["peak_flops"],
                                spec.decode_step_bytes(b, ctx) / peaks["mem_bw"])
