@@ -81,3 +81,38 @@ def test_cpu_peaks_are_measured_once_and_a_bad_or_foreign_cache_is_replaced(tmp_
     device_spec("cpu", cache_dir=tmp_path)
     assert calls == [1, 1, 1]
     assert json.loads(path.read_text())["machine"] == cpu_peaks.machine_identity()
+
+
+def test_host_time_per_step_adds_up_and_bad_figures_are_refused():
+    spec = msgspec.structs.replace(device_spec("h100"), step_overhead_s=1e-3, layer_overhead_s=2e-4,
+                                   seq_overhead_s=5e-5)
+    assert spec.step_time_floor(30, 8) == pytest.approx(1e-3 + 30 * 2e-4 + 8 * 5e-5)
+    assert spec.step_time_floor(4, 0) == pytest.approx(1e-3 + 4 * 2e-4)
+    with pytest.raises(ValueError, match="seq_overhead_s must be a finite number >= 0"):
+        msgspec.structs.replace(spec, seq_overhead_s=-1e-6).check()
+    with pytest.raises(ValueError, match="step_overhead_s"):
+        msgspec.structs.replace(spec, step_overhead_s=float("nan")).check()
+    for name in ("h100", "h200", "ascend-910c-die"):  # documented estimates, not zero
+        assert device_spec(name).step_time_floor(1, 1) > 0
+
+
+def test_cpu_host_time_is_probed_once_and_cached_beside_the_peaks(tmp_path, monkeypatch):
+    peaks_calls, probe_calls = [], []
+
+    def fake_measure(threads=1, seconds=0.3):
+        peaks_calls.append(threads)
+        return {"peak_flops": 1e11, "mem_bw": 2e10}
+
+    def probe(threads, peaks):  # the engine's step_probe.measure, faked at the edge (hw/ never imports engine/)
+        probe_calls.append((threads, peaks))
+        return {"step_overhead_s": 1e-4, "layer_overhead_s": 2e-4, "seq_overhead_s": 3e-5}
+
+    monkeypatch.setattr(cpu_peaks, "measure", fake_measure)
+    plain = device_spec("cpu", hbm_bytes=2**30, cache_dir=tmp_path)  # no probe: the plain roofline
+    assert plain.step_time_floor(4, 1) == 0.0 and "no host time per step" in plain.source
+    spec = device_spec("cpu", hbm_bytes=2**30, cache_dir=tmp_path, overhead_probe=probe)
+    assert (spec.step_overhead_s, spec.layer_overhead_s, spec.seq_overhead_s) == (1e-4, 2e-4, 3e-5)
+    assert probe_calls == [(1, {"peak_flops": 1e11, "mem_bw": 2e10})] and peaks_calls == [1]  # peaks reused
+    again = device_spec("cpu", hbm_bytes=2**30, cache_dir=tmp_path, overhead_probe=probe)
+    assert again == spec and len(probe_calls) == 1
+    assert device_spec("cpu", hbm_bytes=2**30, cache_dir=tmp_path).layer_overhead_s == 2e-4  # cached: any caller

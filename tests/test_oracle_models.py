@@ -129,7 +129,9 @@ def test_prior_is_monotone_in_m_and_saturates_with_load():
     c_light, c_heavy = prior.capacity("m", light), prior.capacity("m", heavy)
     assert c_light.source == "prior" and c_light.std == (0.0, 0.0, 0.0)
     assert all(h >= l for h, l in zip(c_heavy.mean, c_light.mean, strict=True))
-    assert c_light.mean[0] == pytest.approx(SPEC.weight_bytes / 80e9, rel=0.01)  # weights dominate HBM at light load
+    # weights dominate HBM at light load (the KV of the ~1 request in flight, longer with the
+    # h100 preset's host time per step, adds a few percent)
+    assert c_light.mean[0] == pytest.approx(SPEC.weight_bytes / 80e9, rel=0.1)
 
 
 def test_oracle_answers_with_the_prior_until_fitted_and_refuses_unknown_models():
@@ -170,3 +172,30 @@ def test_capacity_gp_over_the_prior_learns_its_correction_from_a_few_points():
     bt = np.array([prior.capacity("", LoadFeatures(*r.tolist())).mean for r in ft])
     rel = np.abs(cap.predict(ft)[0] - bt * factor(ft)) / (bt * factor(ft))
     assert np.percentile(rel, 90) < 0.1, np.percentile(rel, 90, axis=0)
+
+
+DEMO_SMALL = ModelSpec.from_config({"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8,
+                                    "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 2048})
+
+
+def test_host_time_per_step_makes_the_cpu_prior_see_a_knee():
+    """A 4-layer demo model on a CPU: the plain roofline (0.4 ms a step) serves 30 req/s of
+    32 + 256 tokens at a 50 ms TPOT without trouble; at ~1.3 ms of host time per step plus
+    0.1 ms per sequence (this VM's order, bench/RESULTS.md "engine") the same load is far
+    past the knee (7,680 tokens/s x 0.1 ms is most of a second per second), and a light
+    load still is not."""
+    import msgspec
+
+    plain = msgspec.structs.replace(device_spec("h100"), hbm_bytes=1 << 30, peak_flops=1e11, hbm_bw=3e10,
+                                    step_overhead_s=0.0, layer_overhead_s=0.0, seq_overhead_s=0.0)
+    cpu = msgspec.structs.replace(plain, step_overhead_s=5e-4, layer_overhead_s=2e-4, seq_overhead_s=1e-4)
+    heavy = LoadFeatures(30.0, 30 * 32.0, 30 * 256.0, 32.0, 64.0, 256.0, 400.0)
+    light = LoadFeatures(1.0, 32.0, 256.0, 32.0, 64.0, 256.0, 400.0)
+    p_plain, p_cpu = (RooflinePrior(DEMO_SMALL, d, 0.5, 0.05) for d in (plain, cpu))
+    assert p_plain.attainment("m", heavy, 1).mean > 0.98
+    assert p_cpu.attainment("m", heavy, 1).mean < 0.1 < 0.99 < p_cpu.attainment("m", light, 1).mean
+    curve = [p_cpu.attainment("m", heavy, k).mean for k in range(1, 12)]
+    assert all(b >= a for a, b in zip(curve, curve[1:], strict=False)) and curve[-1] > 0.99  # more instances fix it
+    # the decode step the prior sees carries the host time, so it predicts fewer steps (less bandwidth)
+    assert p_cpu._step(1.0, light) == pytest.approx(p_plain._step(1.0, light) + 5e-4 + 4 * 2e-4 + 1e-4)
+    assert p_cpu.capacity("m", light).mean[2] < p_plain.capacity("m", light).mean[2]

@@ -38,7 +38,7 @@ def test_profile_writes_points_of_a_real_run(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "janusd.cli", "profile", "demo:llama-tiny", "--budget-s", "40", "--point-s", "2",
          "--max-instances", "1", "--mixes", "tiny", "--start-rate", "4", "--memory-mib", "128", "--kv-cache-mib", "32",
-         "--cache-dir", str(SHARED_CACHE), "--out", str(out), "--quiet"],
+         "--cache-dir", str(SHARED_CACHE), "--out", str(out), "--repeats", "2", "--quiet"],
         capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -49,3 +49,10 @@ def test_profile_writes_points_of_a_real_run(tmp_path):
     assert pts.header["model_spec"]["layers"] == 2 and pts.header["slo"] == {"ttft_ms": 1000.0, "tpot_ms": 200.0}
     # rates follow knee.py from the start rate; features measure what was offered
     assert pts.features[0, 0] > 0 and np.all(pts.resources[:, 0] > 0) and np.all(pts.resources[:, 1] > 0)
+    # every load point measured twice (a replay dropped for client lag would leave one): one point_id each
+    ids, counts = np.unique(pts.point_id, return_counts=True)
+    assert summary["load_points"] == len(ids) and set(counts.tolist()) <= {1, 2} and counts.max() == 2
+    assert pts.header["notes"]["repeats"] == 2 and pts.header["notes"]["noise"]["repeated_points"] >= 1
+    assert summary["noise"] == pts.header["notes"]["noise"]
+    # the host time per step was measured with the peaks and travels with the points
+    assert pts.header["device"]["layer_overhead_s"] > 0

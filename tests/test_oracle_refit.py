@@ -102,3 +102,53 @@ def test_daemon_answers_from_the_prior_then_from_its_online_fit(tmp_path):
         assert (tmp_path / "state" / "oracle" / "llm.npz").is_file()  # persisted for the next start
     finally:
         assert d.stop() == 0
+
+
+def test_the_helper_process_waits_until_a_model_has_something_to_fit(tmp_path):
+    """An idle model without a stored fit starts no helper process (every daemon would pay
+    one for nothing); its first window with traffic, or a stored fit on disk, does."""
+    from types import SimpleNamespace
+
+    from core_fakes import Rig
+    from daemon_harness import SHARED_CACHE
+
+    rig = Rig(devices=1)
+    for name in ("busy", "stored", "idle"):
+        rig.model(name, [0])
+        rig.activate(name, 0)
+    (tmp_path / "oracle").mkdir()
+    (tmp_path / "oracle" / "stored.json").write_text("{}")  # refused later, by the helper's describe path
+    refit = OracleRefit(OracleConfig(state_dir=str(tmp_path)), DevicesConfig(), str(SHARED_CACHE))
+    host = SimpleNamespace(core=rig.core, workers=[], clock=lambda: rig.now)
+
+    async def main() -> tuple[set[str], set[str], dict[str, dict]]:
+        for _ in range(3):  # 30 s of idle sampling
+            rig.now += 10.0
+            refit.step(host, rig.now)
+        before = {n for n, m in refit._models.items() if m.busy}
+        rid = rig.submit("busy")
+        rig.tick()
+        rig.token(0, rid)
+        rig.token(0, rid, finished=True)
+        rig.now += 1.0
+        refit.step(host, rig.now)
+        after = {n for n, m in refit._models.items() if m.busy}
+        rows = {r["model"]: r for r in refit.status(rig.now)}
+        await refit.close()  # the describe jobs are cancelled before they run
+        return before, after, rows
+
+    before, after, rows = asyncio.run(main())
+    assert before == {"stored"}  # only the stored fit is worth the helper while all are idle
+    assert after == {"stored", "busy"}
+    assert rows["idle"]["source"] == "none" and rows["idle"]["note"] and rows["idle"]["error"] is None
+    assert rows["busy"]["note"] is None
+
+    eager = OracleRefit(OracleConfig(state_dir=str(tmp_path)), DevicesConfig(), str(SHARED_CACHE), eager=True)
+
+    async def managed() -> set[str]:  # the controller needs every prior before the first burst
+        eager.step(host, rig.now + 100.0)  # a window long after the last request: no traffic
+        busy = {n for n, m in eager._models.items() if m.busy}
+        await eager.close()
+        return busy
+
+    assert asyncio.run(managed()) == {"busy", "stored", "idle"}

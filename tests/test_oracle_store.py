@@ -133,6 +133,15 @@ def test_oracle_eval_prints_the_headline_json_last_and_refuses_bad_files(tmp_pat
                              "bw_rel_err_p90_pct", "hbm_rel_err_p90_pct", "prior_attainment_abs_err_p90_pts"]
     assert out["points"] == 24 and out["attainment_abs_err_p90_pts"] < 15  # a smooth synthetic surface
     assert (tmp_path / "p.png").stat().st_size > 10_000
+    # rows come in pairs of one point_id: repeats, whose spread is the noise floor
+    assert out["repeated_points"] == 12 and out["noise_attainment_abs_dev_p90_pts"] > 0
+    assert out["prior_device_overheads"]["layer_overhead_s"] == device_spec("h100").layer_overhead_s
+    assert main(["oracle", "eval", "--data", str(tmp_path / "p.npz"), "--prior-overheads", "0.002,0.0003,0"]) == 0
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert again["prior_device_overheads"] == {"step_overhead_s": 0.002, "layer_overhead_s": 0.0003,
+                                               "seq_overhead_s": 0.0}
+    assert main(["oracle", "eval", "--data", str(tmp_path / "p.npz"), "--prior-overheads", "1,-2,0"]) == 2
+    assert "--prior-overheads: need 3 finite seconds >= 0" in capsys.readouterr().err
     (tmp_path / "bad.npz").write_text("no")
     assert main(["oracle", "eval", "--data", str(tmp_path / "bad.npz")]) == 1
     assert "bad.npz: not a readable npz" in capsys.readouterr().err

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 
@@ -16,19 +17,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ev.add_argument("--plot", default=None, help="write a parity plot (PNG) here")
     ev.add_argument("--folds", type=int, default=5, help="folds of whole load points")
     ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--prior-overheads", default=None, metavar="STEP,LAYER,SEQ",
+                    help="the prior's host seconds per step, per layer per step and per sequence per step, "
+                         "instead of the file's device spec (e.g. a file written before they were measured)")
     ev.add_argument("--json", action="store_true", help="accepted for uniformity: the JSON object is always last")
 
 
 def run(args: argparse.Namespace) -> int:
+    from janusd.hw.devices import OVERHEAD_FIELDS
     from janusd.oracle.dataset import DatasetError, read_points
     from janusd.oracle.evaluate import HEADLINE, evaluate, parity_plot
 
     if args.folds < 2:
         print("janus oracle eval: --folds must be >= 2", file=sys.stderr)
         return 2
+    overheads = None
+    if args.prior_overheads is not None:
+        try:
+            vals = [float(v) for v in args.prior_overheads.split(",")]
+            if len(vals) != len(OVERHEAD_FIELDS) or not all(math.isfinite(v) and v >= 0 for v in vals):
+                raise ValueError
+        except ValueError:
+            print(f"janus oracle eval: --prior-overheads: need {len(OVERHEAD_FIELDS)} finite seconds >= 0 "
+                  f"separated by commas, got {args.prior_overheads!r}", file=sys.stderr)
+            return 2
+        overheads = dict(zip(OVERHEAD_FIELDS, vals, strict=True))
     try:
         points = read_points(args.data)
-        figures, arrays = evaluate(points, args.folds, args.seed)
+        figures, arrays = evaluate(points, args.folds, args.seed, overheads)
     except (DatasetError, KeyError, TypeError, ValueError) as e:
         print(f"janus oracle eval: {args.data}: {e}", file=sys.stderr)
         return 1

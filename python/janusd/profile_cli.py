@@ -34,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-threads", type=int, default=d.torch_threads, help="torch threads per worker")
     p.add_argument("--cache-dir", default=None, help="checkpoint (and cpu peaks) cache dir")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--repeats", type=int, default=d.repeats,
+                   help="measurements of each load point (their spread is the noise floor `janus oracle eval` shows)")
     p.add_argument("--keep-dir", default=None, help="keep daemon logs and per-point results here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="accepted for uniformity: the JSON object is always last")
@@ -52,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
         problems.append("--budget-s and --point-s must be > 0")
     if args.max_instances < 1 or not (0 < args.start_rate <= args.max_rate):
         problems.append("need --max-instances >= 1 and 0 < --start-rate <= --max-rate")
+    if args.repeats < 1:
+        problems.append("--repeats must be >= 1")
     if problems:
         print(f"janus profile: {'; '.join(problems)}", file=sys.stderr)
         return 2
@@ -60,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
                     ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms, mixes=mixes,
                     start_rate=args.start_rate, max_rate=args.max_rate, memory_mib=args.memory_mib,
                     kv_cache_mib=args.kv_cache_mib, dtype=args.dtype, torch_threads=args.torch_threads,
-                    cache_dir=args.cache_dir, seed=args.seed, quiet=args.quiet,
+                    cache_dir=args.cache_dir, seed=args.seed, repeats=args.repeats, quiet=args.quiet,
                     keep_dir=Path(args.keep_dir) if args.keep_dir else None)
     try:
         summary = profile(a)

@@ -19,12 +19,26 @@ Sources of the presets:
   device and 59.0 GB/s H2D (PAPER.md §8).
 - cpu: peaks measured on this machine (cpu_peaks.py); the HBM figure is the configured
   page pool of one virtual device (`devices.memory_mib`), passed in by the caller.
+
+Host time per engine step (the roofline's blind spot): a step also costs time that no
+FLOP or byte explains: the engine's scheduling, sampling and bookkeeping (`step_overhead_s`),
+the op dispatch of every decoder layer (`layer_overhead_s`: Python and framework work per
+op, a kernel launch on an accelerator) and per-sequence work (`seq_overhead_s`: a row's
+sampling, detokenization, block tables). step_time_floor() adds them up. On a CPU they
+dominate small models (a 4-layer demo model decodes in ~1.7 ms where its roofline is
+~0.4 ms: bench/RESULTS.md "engine"), so without them a roofline predicts no load ever
+hurts. cpu: measured once per machine on the real engine (engine/step_probe.py, cached
+with the peaks). Accelerator presets: estimates for our eager-mode engine, not
+measurements (ACCEL_OVERHEADS below says how they were set); a `janus profile` on the
+device measures the real figures (its points keep the spec they were measured against).
+A spec with all three at 0 is the plain roofline (profiles written before these fields).
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -37,40 +51,70 @@ class DeviceSpec(msgspec.Struct, frozen=True, kw_only=True):
     d2d_bw: float  # bytes/s, device to device, one direction
     h2d_bw: float  # bytes/s, pinned host memory to device
     source: str  # where the figures come from (shown by tools, stored in profiles)
+    step_overhead_s: float = 0.0  # host seconds per engine step, whatever it runs (module doc)
+    layer_overhead_s: float = 0.0  # host seconds per decoder layer per step
+    seq_overhead_s: float = 0.0  # host seconds per sequence in a step
 
     def check(self) -> None:
-        """ValueError naming the field unless every figure is finite and > 0."""
+        """ValueError naming the field unless every peak is finite and > 0 and every
+        overhead finite and >= 0."""
         for f in ("hbm_bytes", "peak_flops", "hbm_bw", "d2d_bw", "h2d_bw"):
             v = getattr(self, f)
             if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
                 raise ValueError(f"device spec {self.name!r}: {f} must be a finite number > 0, got {v!r}")
+        for f in OVERHEAD_FIELDS:
+            v = getattr(self, f)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"device spec {self.name!r}: {f} must be a finite number >= 0, got {v!r}")
+
+    def step_time_floor(self, layers: int, batch: float) -> float:
+        """Seconds one engine step of a `layers`-layer model over `batch` sequences costs
+        besides its FLOPs and bytes (module doc)."""
+        return self.step_overhead_s + layers * self.layer_overhead_s + max(batch, 0.0) * self.seq_overhead_s
 
 
 _GB = 1e9
 _TF = 1e12
+OVERHEAD_FIELDS = ("step_overhead_s", "layer_overhead_s", "seq_overhead_s")
+
+# Host time per step of our eager-mode engine on an accelerator (no CUDA graphs): an
+# ESTIMATE, not a measurement. Per layer, the forward issues about 30 kernels (norms,
+# fused qkv, rope, attention gather + SDPA, o-proj, gated MLP, residuals:
+# engine/models/llama.py) at ~5 us of host launch path each (the order NVIDIA's CUDA
+# Graphs material and TaxBreak, arXiv 2603.12465, report for H100/H200 eager launches):
+# 0.15 ms per layer; ~1 ms per step of scheduling, metadata upload and the logits'
+# device-to-host copy for sampling; ~20 us per sequence of Python bookkeeping (the CPU
+# engine's measured per-sequence cost is ~100 us on a slow VM core). Replace by a
+# profile's measurement when one exists.
+ACCEL_OVERHEADS = {"step_overhead_s": 1e-3, "layer_overhead_s": 1.5e-4, "seq_overhead_s": 2e-5}
 
 PRESETS: dict[str, DeviceSpec] = {
     "h100": DeviceSpec(name="h100", hbm_bytes=80 * _GB, peak_flops=989.5 * _TF, hbm_bw=3350 * _GB,
-                       d2d_bw=450 * _GB, h2d_bw=64 * _GB, source="NVIDIA H100 SXM5 datasheet"),
+                       d2d_bw=450 * _GB, h2d_bw=64 * _GB, source="NVIDIA H100 SXM5 datasheet", **ACCEL_OVERHEADS),
     "h200": DeviceSpec(name="h200", hbm_bytes=141 * _GB, peak_flops=989.5 * _TF, hbm_bw=4800 * _GB,
-                       d2d_bw=450 * _GB, h2d_bw=64 * _GB, source="NVIDIA H200 SXM datasheet"),
+                       d2d_bw=450 * _GB, h2d_bw=64 * _GB, source="NVIDIA H200 SXM datasheet", **ACCEL_OVERHEADS),
     "ascend-910c-die": DeviceSpec(name="ascend-910c-die", hbm_bytes=64 * _GB, peak_flops=376 * _TF,
                                   hbm_bw=1600 * _GB, d2d_bw=163.6 * _GB, h2d_bw=59.0 * _GB,
-                                  source="CloudMatrix384 paper (per chip / 2); links: Janus paper §8"),
+                                  source="CloudMatrix384 paper (per chip / 2); links: Janus paper §8",
+                                  **ACCEL_OVERHEADS),
 }
 DEVICE_NAMES = ("cpu", *PRESETS)
 # The preset a device kind of the engine gets when none is named.
 DEFAULT_FOR_KIND = {"cpu": "cpu", "cuda": "h100", "npu": "ascend-910c-die"}
 
 
-def device_spec(name: str, *, hbm_bytes: float | None = None, cache_dir: Path | None = None) -> DeviceSpec:
+def device_spec(name: str, *, hbm_bytes: float | None = None, cache_dir: Path | None = None,
+                overhead_probe: Any = None) -> DeviceSpec:
     """The spec of a named device. `hbm_bytes` overrides the memory figure (required
     meaning for cpu: the virtual device's pool). For cpu the peaks are measured once and
-    cached under `cache_dir` (cpu_peaks.py). ValueError for an unknown name."""
+    cached under `cache_dir` (cpu_peaks.py), and the host time per step with them when
+    an `overhead_probe` (engine/step_probe.py's measure) is given. ValueError for an
+    unknown name."""
     if name == "cpu":
         from janusd.hw.cpu_peaks import cpu_spec
 
-        spec = cpu_spec(cache_dir, hbm_bytes if hbm_bytes is not None else 1024 * 2**20)
+        spec = cpu_spec(cache_dir, hbm_bytes if hbm_bytes is not None else 1024 * 2**20,
+                        overhead_probe=overhead_probe)
     elif name in PRESETS:
         spec = PRESETS[name]
         if hbm_bytes is not None:

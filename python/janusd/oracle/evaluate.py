@@ -6,7 +6,11 @@ Held out by load point: the points are split into K folds of whole load points
 predicted by GPs fitted on the other folds only, so every point gets one out-of-sample
 prediction and the percentiles use all of them (a single 30% split of a few dozen points
 would make a P90 of three values). The prior needs no fit and predicts every point.
-Figures as fit.errors defines them.
+Figures as fit.errors defines them, plus the measurement's noise floor (noise.py) where
+the file repeats load points: an error near the floor is what a perfect model would make.
+The prior runs on the device spec in the file's header; `overheads` replaces its host
+time per step (hw/devices.py OVERHEAD_FIELDS), e.g. to evaluate a file written before
+those figures existed with the ones measured since on the same machine.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from janusd.hw.devices import DeviceSpec
+from janusd.hw.devices import OVERHEAD_FIELDS, DeviceSpec
 from janusd.hw.model_spec import ModelSpec
 from janusd.oracle.dataset import Points
 from janusd.oracle.fit import SERVED, errors_of, fit_points, monotone_predictions, per_instance, predict_capacity
+from janusd.oracle.noise import noise_floor
 from janusd.oracle.prior import RooflinePrior
 from janusd.oracle.types import RESOURCE_DIMS
 
@@ -27,12 +32,13 @@ HEADLINE = ("attainment_abs_err_median_pts", "attainment_abs_err_p90_pts", "comp
             "bw_rel_err_p90_pct", "hbm_rel_err_p90_pct", "prior_attainment_abs_err_p90_pts")
 
 
-def prior_of(points: Points) -> RooflinePrior:
+def prior_of(points: Points, overheads: dict[str, float] | None = None) -> RooflinePrior:
     """The roofline prior for the model and device a points file was measured on."""
     h = points.header
     fields = set(ModelSpec.__struct_fields__)
     spec = ModelSpec(**{k: v for k, v in h["model_spec"].items() if k in fields})
-    dev = DeviceSpec(**h["device"])
+    dev = DeviceSpec(**{**h["device"], **(overheads or {})})
+    dev.check()
     return RooflinePrior(spec, dev, h["slo"]["ttft_ms"] / 1e3, h["slo"]["tpot_ms"] / 1e3)
 
 
@@ -43,14 +49,15 @@ def folds(point_id: np.ndarray, k: int, seed: int) -> list[np.ndarray]:
     return [np.isin(point_id, part) for part in np.array_split(ids, min(k, len(ids))) if len(part)]
 
 
-def evaluate(points: Points, k: int = 5, seed: int = 0) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def evaluate(points: Points, k: int = 5, seed: int = 0, overheads: dict[str, float] | None = None
+             ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """(figures, per-point arrays for the plot)."""
     if len(np.unique(points.point_id)) < 4:
         raise ValueError(f"need at least 4 load points to hold some out, got {len(np.unique(points.point_id))}")
     n = len(points)
     att_pred = np.empty(n)
     cap_pred = np.empty((n, len(RESOURCE_DIMS)))
-    prior = prior_of(points)
+    prior = prior_of(points, overheads)
     for test in folds(points.point_id, k, seed):
         cap, ela = fit_points(points.take(~test), seed=seed, prior=prior)
         held = points.take(test)
@@ -59,6 +66,8 @@ def evaluate(points: Points, k: int = 5, seed: int = 0) -> tuple[dict[str, Any],
     prior_att = monotone_predictions(prior, points)
     prior_cap = predict_capacity(prior, per_instance(points.features, points.instances))
     figures = errors_of(points, att_pred, cap_pred, (prior_att, prior_cap))
+    figures |= noise_floor(points)
+    figures["prior_device_overheads"] = {f: getattr(prior.device, f) for f in OVERHEAD_FIELDS}
     figures["points"] = n
     figures["folds"] = min(k, len(np.unique(points.point_id)))
     arrays = {"attainment": points.attainment, "attainment_pred": att_pred, "attainment_prior": prior_att,

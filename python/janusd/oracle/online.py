@@ -45,6 +45,11 @@ def window_usage(w: ModelWindow, instances: int, spec: ModelSpec, device: Device
     return hbm, compute, bw
 
 
+def has_point(w: ModelWindow, instances: int) -> bool:
+    """Whether the window makes a point (module doc: traffic, counted tokens, an instance)."""
+    return window_attainment(w) is not None and instances >= 1 and w.request_rate > 0
+
+
 class OnlinePoints:
     """One model's bounded buffer of online points (arrival order)."""
 
@@ -65,7 +70,7 @@ class OnlinePoints:
     def add(self, w: ModelWindow, instances: int, spec: ModelSpec, device: DeviceSpec, kv_used_bytes: float) -> bool:
         """Append the window's point; False (nothing added) without traffic or instances."""
         att = window_attainment(w)
-        if att is None or instances < 1 or w.request_rate <= 0:
+        if att is None or not has_point(w, instances):
             return False
         usage = window_usage(w, instances, spec, device, kv_used_bytes)
         one = Points(self.points.header, np.array([LoadFeatures.from_window(w).vector()]),

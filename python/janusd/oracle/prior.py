@@ -4,7 +4,11 @@ Used for a model with no profile (and shown as source "prior"); `janus oracle ev
 reports its error beside the GPs'. Pure arithmetic, no fitting.
 
 Time of work on one device (hw/model_spec.py counts, hw/devices.py peaks): a piece of
-work takes max(FLOPs / peak FLOP/s, bytes / peak bandwidth).
+work takes max(FLOPs / peak FLOP/s, bytes / peak bandwidth), and every engine step adds
+the device's host time per step (DeviceSpec.step_time_floor: a fixed part, a part per
+decoder layer, a part per sequence in the step). Without that term the prior saw no
+cost in a CPU step of a small model beyond its few FLOPs and predicted attainment ~1.0
+at any load (bench/RESULTS.md "oracle").
 - prefill of a mean prompt: t_pf = roofline(prefill_flops(L), prefill_bytes(L)), with
   the causal attention term taken at E[L^2] = mean^2 + var;
 - decode: the mean number of sequences decoding B solves B = (rate / m) * out_mean *
@@ -19,8 +23,9 @@ Capacity of one instance carrying the load z:
   * t_step) requests of in_mean + out_mean tokens) / device memory.
 Attainment with m instances: a pressure rho = max(time share, SLO share), time share =
 (rate / m) * (t_pf + out_mean * t_tok), t_tok the compute time of one decode token at the
-mean context (the device time the load asks for, per second; decode batching shares the
-weight reads, not the FLOPs), SLO share = max(t_pf / TTFT, t_step(B) / TPOT) (B diverges
+mean context plus its per-sequence host time (the device time the load asks for, per
+second; decode batching shares the weight reads and the per-step host time, not the
+FLOPs or a row's own host work), SLO share = max(t_pf / TTFT, t_step(B) / TPOT) (B diverges
 as decode saturates, and t_step with it); attainment = 1 / (1 + exp(
 STEEPNESS * (rho - 1))), i.e. 0.5 at full pressure. Every term falls as m grows, so the
 prior is non-decreasing in m by construction.
@@ -52,13 +57,17 @@ class RooflinePrior:
     def _roof(self, flops: float, nbytes: float) -> float:
         return max(flops / self.device.peak_flops, nbytes / self.device.hbm_bw)
 
+    def _floor(self, batch: float) -> float:
+        """Host seconds of one step over `batch` sequences (hw/devices.py)."""
+        return self.device.step_time_floor(self.model.layers, batch)
+
     def _prefill(self, z: LoadFeatures) -> tuple[float, float, float]:
         """(seconds, FLOPs, bytes) of one mean prefill."""
         L, var = z.input_len_mean, z.input_len_var
         s = self.model
         flops = 2.0 * s.matmul_params * L + 4 * s.layers * s.heads * s.head_dim * (L * L + var + L) / 2.0
         nbytes = s.prefill_bytes(L)
-        return self._roof(flops, nbytes), flops, nbytes
+        return self._floor(1.0) + self._roof(flops, nbytes), flops, nbytes
 
     def _ctx(self, z: LoadFeatures) -> float:
         return z.input_len_mean + z.output_len_mean / 2.0
@@ -66,7 +75,8 @@ class RooflinePrior:
     def _step(self, batch: float, z: LoadFeatures) -> float:
         b = max(batch, 1.0)
         ctx = self._ctx(z)
-        return self._roof(self.model.decode_step_flops(b, b * ctx), self.model.decode_step_bytes(b, b * ctx))
+        return self._floor(b) + self._roof(self.model.decode_step_flops(b, b * ctx),
+                                           self.model.decode_step_bytes(b, b * ctx))
 
     def _decode(self, rate: float, z: LoadFeatures) -> tuple[float, float]:
         """(B, t_step): mean decoding sequences and step time at that batch (module doc)."""
@@ -104,7 +114,8 @@ class RooflinePrior:
         t_pf = self._prefill(z)[0]
         b, t_step = self._decode(rate, z)
         s = self.model
-        t_tok = (2.0 * s.matmul_params + 4 * s.layers * s.heads * s.head_dim * self._ctx(z)) / self.device.peak_flops
+        t_tok = ((2.0 * s.matmul_params + 4 * s.layers * s.heads * s.head_dim * self._ctx(z)) / self.device.peak_flops
+                 + self.device.seq_overhead_s)
         time_share = rate * (t_pf + z.output_len_mean * t_tok)
         slo_share = max(t_pf / self.ttft_slo_s, t_step / self.tpot_slo_s)
         return max(time_share, slo_share)

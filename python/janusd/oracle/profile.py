@@ -12,9 +12,16 @@ client `janus replay` uses) at one rate and one length mix, measured by:
 Rates follow knee.py (bracket, then crowd the knee), series (m, mix) taking turns so a
 short budget still covers every series; a series of m instances starts at m/2 times the
 highest rate one instance served at knee.HIGH attainment with that mix. The budget bounds the whole run: a point starts
-only when the time left covers the longest point so far. A point whose replayer fell
-behind schedule (lag bound) is dropped: it measured the client. The points are written
-in dataset.py's format; the run's last line is one JSON object.
+only when the time left covers the longest point so far. Each load point (rate, mix, m)
+is measured `repeats` times back to back, each a fresh sample of the trace; the rows
+share the point's point_id (a held-out split keeps them together) and the knee search
+follows their mean. Their spread is the measurement's noise floor (noise.py), stored in
+the header's notes and shown by `janus oracle eval`. Back-to-back repeats share the
+machine's state of the moment, so on a machine whose load drifts over minutes the floor
+understates the noise. A replay whose replayer fell behind schedule (lag bound) is
+dropped: it measured the client. The profiled daemon's own oracle is off (no online
+refits: a helper process fitting GPs would take CPU from the worker being measured). The
+points are written in dataset.py's format; the run's last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ class ProfileArgs:
     torch_threads: int = 1
     cache_dir: str | None = None
     seed: int = 0
+    repeats: int = 2  # measurements of each load point (noise.py: their spread is the noise floor)
     quiet: bool = False
     keep_dir: Path | None = None
 
@@ -102,6 +110,9 @@ def daemon_config(a: ProfileArgs, run_dir: Path, m: int) -> str:
     cache = f'cache_dir = "{a.cache_dir}"\n' if a.cache_dir else ""
     return (
         f'[server]\nport = 0\nadmin_socket = "{run_dir / "admin.sock"}"\n{cache}queue_limit = 100000\n'
+        # the daemon's own oracle stays idle: no online refits in a helper process competing
+        # with the worker for the cores being measured
+        f'[oracle]\nonline = false\nstate_dir = "{run_dir / "state"}"\n'
         f'[devices]\nkind = "{a.device}"\ncount = {m}\nmemory_mib = {a.memory_mib}\n'
         f'[[models]]\nname = "{MODEL_NAME}"\ncheckpoint = "{a.spec}"\ndevices = {list(range(m))}\n'
         f"ttft_slo_ms = {float(a.ttft_slo_ms)}\ntpot_slo_ms = {float(a.tpot_slo_ms)}\n"
@@ -189,12 +200,14 @@ def run(a: ProfileArgs) -> dict[str, Any]:
     from tqdm import tqdm
 
     from janusd.bench import daemon_proc
+    from janusd.engine import step_probe
     from janusd.engine.loader import open_checkpoint
     from janusd.hw.cpu_peaks import machine_identity
     from janusd.hw.devices import DEFAULT_FOR_KIND, device_spec
     from janusd.hw.model_spec import ModelSpec
     from janusd.oracle.dataset import Points, write_points
     from janusd.oracle.features import features_from_results, hbm_fraction, token_attainment, usage_from_results
+    from janusd.oracle.noise import noise_floor
 
     t_start = time.monotonic()
     load_start = os.getloadavg()[0]  # a shared machine's other work shows in every figure: recorded
@@ -203,12 +216,15 @@ def run(a: ProfileArgs) -> dict[str, Any]:
     max_len = min(2048, int(ck.arch.max_position_embeddings))
     dev_name = a.device_spec or DEFAULT_FOR_KIND[a.device]
     dev = device_spec(dev_name, hbm_bytes=a.memory_mib * 2**20 if a.device == "cpu" else None,
-                      cache_dir=Path(a.cache_dir) if a.cache_dir else None)
+                      cache_dir=Path(a.cache_dir) if a.cache_dir else None,
+                      overhead_probe=step_probe.bind(a.cache_dir))
     rng = np.random.default_rng(a.seed)
     rows_f: list[list[float]] = []
     rows_m: list[int] = []
     rows_r: list[list[float]] = []
     rows_a: list[float] = []
+    rows_p: list[int] = []  # load point of each row: repeats share one
+    next_point = 0
     dropped = 0
     longest_point = 0.0
     work = Path(a.keep_dir) if a.keep_dir else Path(tempfile.mkdtemp(prefix="janus-profile-"))
@@ -247,33 +263,40 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                     continue
                 t0 = time.monotonic()
                 seconds = point_seconds(rate, a.point_s)
-                trace = make_trace(rate, seconds, s.mix, rng, a.ttft_slo_ms, a.tpot_slo_ms, max_len)
-                pdir = run_dir / f"p{len(rows_f) + dropped}"
-                rows, summary, peak = _arun(_measure(port, trace, pdir, a))
-                took = time.monotonic() - t0
-                longest_point = max(longest_point, took)
-                if not summary.get("valid", False):
-                    dropped += 1
-                    bar.set_postfix_str(f"m={m} {s.mix} {rate:.3g}/s dropped (client lag)")
+                atts = []
+                for _ in range(a.repeats):  # one load point: the same setting, fresh samples
+                    trace = make_trace(rate, seconds, s.mix, rng, a.ttft_slo_ms, a.tpot_slo_ms, max_len)
+                    pdir = run_dir / f"p{len(rows_f) + dropped}"
+                    rows, summary, peak = _arun(_measure(port, trace, pdir, a))
+                    if not summary.get("valid", False):
+                        dropped += 1
+                        bar.set_postfix_str(f"m={m} {s.mix} {rate:.3g}/s dropped (client lag)")
+                        continue
+                    att = token_attainment(rows)
+                    atts.append(att)
+                    span = seconds  # the schedule's span: arrivals fall uniformly in [0, seconds)
+                    wall = max(span, max(r.arrival_s + r.send_lag_ms / 1e3 + (r.token_times_s[-1] if r.token_times_s
+                                                                                 else 0.0) for r in rows))
+                    compute, bw = usage_from_results(rows, wall, m, spec, dev)
+                    devs = [peak.get(str(d), {}) for d in range(m)]
+                    hbm = float(np.mean([hbm_fraction(int(p.get("weight_pages", 0)), int(p.get("kv_pages", 0)),
+                                                      int(p.get("page_size", 2 * 2**20)), dev) for p in devs]))
+                    rows_f.append(features_from_results(rows, span, MODEL_NAME, t0=0.0).vector())
+                    rows_m.append(m)
+                    rows_r.append([hbm, compute, bw])
+                    rows_a.append(att)
+                    rows_p.append(next_point)
+                    bar.set_postfix_str(f"m={m} {s.mix} {rate:.3g}/s att={att:.2f} pts={len(rows_f)}")
+                    bar.n = min(int(elapsed()), int(a.budget_s))
+                    bar.refresh()
+                longest_point = max(longest_point, time.monotonic() - t0)
+                if not atts:
                     continue
-                att = token_attainment(rows)
+                next_point += 1
+                att = float(np.mean(atts))  # the knee search follows the setting's mean
                 s.measured.append((rate, att))
                 if m == 1 and att >= HIGH:
                     knees[s.mix] = max(knees.get(s.mix, 0.0), rate)
-                span = seconds  # the schedule's span: arrivals fall uniformly in [0, seconds)
-                wall = max(span, max(r.arrival_s + r.send_lag_ms / 1e3 + (r.token_times_s[-1] if r.token_times_s
-                                                                             else 0.0) for r in rows))
-                compute, bw = usage_from_results(rows, wall, m, spec, dev)
-                devs = [peak.get(str(d), {}) for d in range(m)]
-                hbm = float(np.mean([hbm_fraction(int(p.get("weight_pages", 0)), int(p.get("kv_pages", 0)),
-                                                  int(p.get("page_size", 2 * 2**20)), dev) for p in devs]))
-                rows_f.append(features_from_results(rows, span, MODEL_NAME, t0=0.0).vector())
-                rows_m.append(m)
-                rows_r.append([hbm, compute, bw])
-                rows_a.append(att)
-                bar.set_postfix_str(f"m={m} {s.mix} {rate:.3g}/s att={att:.2f} pts={len(rows_f)}")
-                bar.n = min(int(elapsed()), int(a.budget_s))
-                bar.refresh()
         finally:
             daemon_proc.stop(proc)
     bar.close()
@@ -285,12 +308,14 @@ def run(a: ProfileArgs) -> dict[str, Any]:
         "notes": {"engine_device": a.device, "mixes": {k: MIXES[k] for k in a.mixes}, "point_s": a.point_s,
                   "budget_s": a.budget_s, "max_instances": a.max_instances, "dropped_points": dropped,
                   "length_sigma": LENGTH_SIGMA, "dtype": a.dtype, "memory_mib": a.memory_mib,
-                  "min_requests": MIN_REQUESTS, "load_avg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)]},
+                  "min_requests": MIN_REQUESTS, "repeats": a.repeats, "load_avg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)]},
     }
     pts = Points(header, np.array(rows_f, dtype=np.float64).reshape(n, 7), np.array(rows_m, dtype=np.int64),
                  np.array(rows_r, dtype=np.float64).reshape(n, 3), np.clip(np.array(rows_a, dtype=np.float64), 0, 1),
-                 np.arange(n, dtype=np.int64))
+                 np.array(rows_p, dtype=np.int64))
+    pts.header["notes"]["noise"] = noise_floor(pts)
     write_points(a.out, pts)
-    return {"out": str(a.out), "points": n, "dropped_points": dropped, "elapsed_s": round(elapsed(), 1),
+    return {"out": str(a.out), "points": n, "load_points": next_point, "dropped_points": dropped,
+            "elapsed_s": round(elapsed(), 1), "noise": pts.header["notes"]["noise"],
             "instances": sorted(set(rows_m)), "attainment_min": float(min(rows_a)) if rows_a else None,
             "attainment_max": float(max(rows_a)) if rows_a else None}

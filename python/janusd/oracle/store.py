@@ -1,6 +1,6 @@
 """Fitted oracle models on disk, under the daemon's state directory: one pair per model.
 
-  NAME.json  {"format": "janusd-oracle-model", "version": 1, "model": name,
+  NAME.json  {"format": "janusd-oracle-model", "version": 2, "model": name,
               "model_spec": hw ModelSpec identity, "device": device name,
               "info": {"points", "fitted_at", "heldout": eval figures, ...},
               "kernels": {"capacity": [3 kernel strings], "elasticity": kernel string}}
@@ -34,7 +34,7 @@ from janusd.oracle.gp import GPRegressor
 from janusd.oracle.inputs import capacity_inputs
 
 FORMAT = "janusd-oracle-model"
-VERSION = 1
+VERSION = 2  # 2: the Capacity GPs have a linear mean (capacity.py); a version 1 fit is refused, then refitted
 _POINT_ARRAYS = ("features", "instances", "resources", "attainment", "point_id")
 
 
@@ -120,7 +120,8 @@ def load(directory: str | os.PathLike[str], model: str, model_spec: dict[str, An
         cap_prior = prior if base == "prior" else None
         cy = CapacityModel.targets(per, points.resources[served], cap_prior)
         gps = [GPRegressor.from_state({"x": cx, "y": cy[:, k], "theta": arrays[f"cap{k}_theta"],
-                                       "x_mean": arrays[f"cap{k}_x_mean"], "x_std": arrays[f"cap{k}_x_std"]})
+                                       "x_mean": arrays[f"cap{k}_x_mean"], "x_std": arrays[f"cap{k}_x_std"],
+                                       "trend": True})
                for k in range(3)]
         ex = ElasticityModel.inputs(points.features, points.instances, cap_prior)
         ela = GPRegressor.from_state({"x": ex, "y": to_logit(points.attainment), "theta": arrays["ela_theta"],

@@ -112,7 +112,7 @@ class Daemon:
         self.ops.starter = self.life.start
         self.clock = clock
         # the performance oracle: priors, stored fits, online refits off the loop ([O])
-        self.oracle = OracleRefit(cfg.oracle, cfg.devices, str(cache_dir(cfg.server)))
+        self.oracle = OracleRefit(cfg.oracle, cfg.devices, str(cache_dir(cfg.server)), eager=cfg.control.managed)
         # the two control loops ([C]); None unless control.managed
         self.controller: Controller | None = None
         if cfg.control.managed:

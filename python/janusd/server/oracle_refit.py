@@ -6,7 +6,12 @@ What runs where (a fit must never delay a request):
 - a spawned helper process (one, started on first use, spawn not fork: DESIGN.md, at a
   lower CPU priority than the daemon: refit_job.lower_priority) reads
   each model's checkpoint for its ModelSpec and fits GPs (oracle/refit_job.py), writing
-  the fit to the store (state_dir/oracle, oracle/store.py);
+  the fit to the store (state_dir/oracle, oracle/store.py). First use = the first model
+  with something to fit: a window with traffic (a point) or a stored fit to load, or at
+  once when the controller runs (`eager`: it must size a burst from its first window).
+  Otherwise a daemon whose models are idle and have no stored fit never starts it (every
+  test daemon would pay a Python process, imports and a checkpoint read for nothing), so
+  such a model has no prior yet: `ctl oracle` says it waits for traffic;
 - a thread loads a written fit back (numpy only: one LAPACK inverse per GP, outside the
   GIL, with BLAS held to one thread so a core stays free for the loop) and the
   loop installs it in the Oracle: one assignment.
@@ -34,7 +39,7 @@ from janusd.hw.devices import DEFAULT_FOR_KIND, DeviceSpec
 from janusd.hw.model_spec import ModelSpec
 from janusd.oracle import refit_job, store
 from janusd.oracle.dataset import encode
-from janusd.oracle.online import OnlinePoints
+from janusd.oracle.online import OnlinePoints, has_point
 from janusd.oracle.oracle import Oracle
 from janusd.oracle.prior import RooflinePrior
 
@@ -75,8 +80,11 @@ class _Model:
 
 
 class OracleRefit:
-    def __init__(self, cfg: OracleConfig, devices: DevicesConfig, cache_dir: str) -> None:
+    def __init__(self, cfg: OracleConfig, devices: DevicesConfig, cache_dir: str, eager: bool = False) -> None:
+        """eager: describe every model at once (its prior ready before its first request:
+        the controller, control.managed, must size a burst from its first window)."""
         self.cfg = cfg
+        self.eager = eager
         self.devices = devices
         self.cache_dir = cache_dir
         self.oracle = Oracle()
@@ -172,7 +180,7 @@ class OracleRefit:
             if m.failed:
                 continue
             if m.spec is None:
-                if not m.busy:
+                if not m.busy and self._worth_describing(name, core, now, len(reg.active)):
                     m.busy = True
                     slo = (reg.cfg.ttft_slo_ms / 1e3, reg.cfg.tpot_slo_ms / 1e3)
                     self._spawn(self._describe(name, m, reg.cfg.dtype, slo))
@@ -186,6 +194,12 @@ class OracleRefit:
                 if not m.busy and due_time and m.buffer.due(self.cfg.min_points, 1):
                     m.busy = True
                     self._spawn(self._fit(name, m, now))
+
+    def _worth_describing(self, name: str, core: Any, now: float, active: int) -> bool:
+        """Eager, or something to fit (a point from the window, online on) or a stored fit to load."""
+        if self.eager or (self.cfg.online and has_point(core.telemetry.model(name, now), active)):
+            return True
+        return store.file_stem(self.state_dir, name).with_suffix(".json").exists()
 
     async def run(self, host: OracleHost) -> None:
         """The daemon's oracle task: step every sample_s until cancelled. The first step
@@ -225,6 +239,7 @@ class OracleRefit:
                 "new_points": m.buffer.new_since_fit if m.buffer else 0,
                 "last_fit_age_s": None if m.last_fit is None else round(now - m.last_fit, 1),
                 "fit_s": m.info.get("fit_s"), "busy": m.busy, "error": m.failed,
+                "note": None if m.spec or m.busy or m.failed else "no prior or fit until it has traffic",
                 "heldout_att_p90_pts": heldout.get("attainment_abs_err_p90_pts"),
                 "heldout_compute_p90_pct": heldout.get("compute_rel_err_p90_pct"),
                 "device_spec": self.device.name if self.device else None,

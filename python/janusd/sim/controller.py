@@ -12,7 +12,8 @@ that these names are the policy modules' objects):
 - every slow period (30 s): steady items (demand.steady_items) -> placement.plan with
   consolidation and the migration budget left in the period.
 Predictions come from the oracle (oracle/oracle.py Oracle) with the roofline prior of
-each model on a device derated by the simulator's efficiencies, i.e. the oracle is
+each model on a device derated by the simulator's efficiencies (and the perf model's
+fixed cost per step as the device's host time per step), i.e. the oracle is
 trained on the simulator's own performance model (no GP fitting in the loop yet).
 Loads are the core's telemetry windows (LoadFeatures.from_window), as in the daemon.
 
@@ -114,7 +115,9 @@ def build_oracle(served: list[Served], cluster: Cluster) -> Oracle:
     perf = cluster.perf
     dev: DeviceSpec = msgspec.structs.replace(perf.device, peak_flops=perf.device.peak_flops * perf.compute_eff,
                                               hbm_bw=perf.device.hbm_bw * perf.bandwidth_eff,
-                                              hbm_bytes=perf.device.hbm_bytes * perf.usable_frac)
+                                              hbm_bytes=perf.device.hbm_bytes * perf.usable_frac,
+                                              step_overhead_s=perf.overhead_s, layer_overhead_s=0.0,
+                                              seq_overhead_s=0.0)  # the perf model's step cost, no other
     o = Oracle()
     for s in served:
         if s.arch.spec is None or s.arch.tp != 1:
