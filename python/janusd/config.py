@@ -92,6 +92,12 @@ class DevicesConfig(_Section):
     count: PositiveInt = 2
     memory_mib: PositiveInt = 2048
     page_size_mib: PositiveInt = 2
+    # cpu devices: the top resident_mib of each pool (where weight segments go first) is
+    # faulted in at worker start and never given back, so a restore, fork or Cold start
+    # writes it at memcpy speed instead of paying the kernel's page zeroing on first
+    # touch; costs resident_mib of RSS per worker from start. 0: pages are backed on
+    # first touch and given back when a model goes Cold (RSS follows use)
+    resident_mib: NonNegInt = 0
     # torch intra-op threads per worker; 0 = share the host's cores evenly among workers
     torch_threads: NonNegInt = 0
     # Mooncake protocol between workers (P/D KV, D2D weight forks); auto: tcp on cpu,
@@ -295,6 +301,9 @@ kind = "cpu"                # cpu | cuda | npu
 count = 2                   # one worker process per device
 memory_mib = 2048           # xTensor page pool per device
 page_size_mib = 2
+resident_mib = 0            # cpu: the top MiB of each pool faulted in at worker start and never given
+                            # back: restores, forks and Cold starts into it run at memcpy speed (no
+                            # page zeroing on first touch); costs that RSS per worker from start
 torch_threads = 0           # torch threads per worker; 0 = host cores / count (env JANUSD_WORKER_TORCH_THREADS overrides)
 transfer_protocol = "auto"  # Mooncake between workers (P/D KV, D2D forks): auto = tcp on cpu, rdma on cuda,
                             # ascend on npu (tcp | rdma | nvlink | ascend; non-tcp needs the CUDA/NPU wheel)
@@ -475,6 +484,11 @@ def _check(cfg: JanusConfig) -> None:
                          "devices use tcp (auto)")
     if cfg.devices.memory_mib % cfg.devices.page_size_mib:
         raise ValueError("devices.memory_mib: must be a multiple of devices.page_size_mib")
+    if cfg.devices.resident_mib > cfg.devices.memory_mib:
+        raise ValueError(f"devices.resident_mib: {cfg.devices.resident_mib} exceeds devices.memory_mib = "
+                         f"{cfg.devices.memory_mib} (the part of the pool kept resident)")
+    if cfg.devices.resident_mib % cfg.devices.page_size_mib:
+        raise ValueError("devices.resident_mib: must be a multiple of devices.page_size_mib")
     if len(set(cfg.server.api_keys)) != len(cfg.server.api_keys) or any(not k for k in cfg.server.api_keys):
         raise ValueError("server.api_keys: keys must be non-empty and distinct")
 

@@ -419,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kind", default="cpu")
     p.add_argument("--memory-bytes", type=int, required=True)
     p.add_argument("--page-size", type=int, default=2 << 20)
+    p.add_argument("--resident-bytes", type=int, default=0, help="top of the pool kept backed (cpu)")
     p.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--transfer-protocol", default="auto", help="Mooncake protocol (auto: by device kind)")
     args = p.parse_args(argv)
@@ -436,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
         from janusd.engine.device_engine import DeviceEngine
 
         de = DeviceEngine(
-            kind=args.kind, device_index=args.device_index, memory_bytes=args.memory_bytes, page_size=args.page_size
+            kind=args.kind, device_index=args.device_index, memory_bytes=args.memory_bytes, page_size=args.page_size,
+            resident_bytes=args.resident_bytes,
         )
     except Exception as e:
         from janusd.engine.types import EngineError
