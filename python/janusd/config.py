@@ -103,6 +103,10 @@ class DevicesConfig(_Section):
     # Mooncake protocol between workers (P/D KV, D2D weight forks); auto: tcp on cpu,
     # rdma on cuda, ascend on npu (the CUDA and NPU Mooncake wheels are install extras)
     transfer_protocol: Literal["auto", "tcp", "rdma", "nvlink", "ascend"] = "auto"
+    # nice value (0-19) of the transfer engine's threads in each worker, and of a fork's
+    # pulling thread: on a machine short of cores a fork's socket copies then yield to the
+    # decode steps of the models the worker serves (P/D KV moves on these threads too)
+    transfer_nice: Annotated[int, Meta(ge=0, le=19)] = 0
 
     def worker_torch_threads(self) -> int:
         """Threads per worker: oversubscribed OpenMP pools make small matmuls far slower."""
@@ -223,6 +227,10 @@ class LifecycleConfig(_Section):
     wake_on_request: bool = True
     # a D2D fork that has not finished within this falls back to H2D / a Cold load
     fork_timeout_s: PositiveFloat = 60.0
+    # pace a D2D fork's pull to this many MiB/s while its source device serves requests,
+    # so the source's decode keeps its CPU (2 shared cores: the transfer's socket copies
+    # compete with it); 0: as fast as the link goes
+    fork_bandwidth_mib_s: NonNegInt = 0
     # blocks of the weight segment checksummed on both sides of a fork (and their size)
     fork_verify_blocks: NonNegInt = 16
     fork_verify_block_kib: PositiveInt = 64
@@ -307,6 +315,8 @@ resident_mib = 0            # cpu: the top MiB of each pool faulted in at worker
 torch_threads = 0           # torch threads per worker; 0 = host cores / count (env JANUSD_WORKER_TORCH_THREADS overrides)
 transfer_protocol = "auto"  # Mooncake between workers (P/D KV, D2D forks): auto = tcp on cpu, rdma on cuda,
                             # ascend on npu (tcp | rdma | nvlink | ascend; non-tcp needs the CUDA/NPU wheel)
+transfer_nice = 0           # nice (0-19) of the transfer engine's threads and a fork's pull: a fork's socket
+                            # copies yield to the decode steps the worker runs (P/D KV moves there too)
 
 [engine]
 block_size = 16             # tokens per KV block
@@ -367,6 +377,7 @@ copy_chunk_mib = 64         # size of one chunk
 wake_on_request = true      # a request for a model with no Active instance wakes a Warm (else Cold)
                             # instance of it; false: it waits (server.model_wait_timeout_s) for one
 fork_timeout_s = 60.0       # a D2D fork not done by then falls back to H2D or a Cold load
+fork_bandwidth_mib_s = 0    # pace a fork's pull to this while its source device serves requests (0: no cap)
 fork_verify_blocks = 16     # sampled blocks checksummed on both sides of a fork
 fork_verify_block_kib = 64  # size of one sampled block
 host_image = true           # keep a converted image of each checkpoint under server.cache_dir/images

@@ -83,7 +83,7 @@ def prefill_probe(me: Any) -> list[tuple[int, float]]:
 
 class WorkerProc:
     def __init__(self, conn: BlockingFramedSocket, engine: Any, device_index: int, kind: str,
-                 transfer_protocol: str = "auto") -> None:
+                 transfer_protocol: str = "auto", transfer_nice: int = 0) -> None:
         self.conn = conn
         self.de = engine
         self.device_index = device_index
@@ -92,7 +92,7 @@ class WorkerProc:
         self.req_model: dict[int, str] = {}
         self.running = True
         self.busy_since: float | None = None  # the main thread is in a step or command since (monotonic)
-        self.pd = PDLink(engine.pool, kind, self.inbox, transfer_protocol)
+        self.pd = PDLink(engine.pool, kind, self.inbox, transfer_protocol, transfer_nice)
         self.life = Lifecycle(engine, self.inbox, self.pd, self._send, self._drop_requests)
 
     # ---- reader thread ----
@@ -422,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resident-bytes", type=int, default=0, help="top of the pool kept backed (cpu)")
     p.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--transfer-protocol", default="auto", help="Mooncake protocol (auto: by device kind)")
+    p.add_argument("--transfer-nice", type=int, default=0, help="nice value of the transfer engine's threads")
     args = p.parse_args(argv)
     # The daemon owns our life: SIGINT from a terminal's Ctrl-C or SIGTERM sent to the whole
     # process group must not kill a worker mid-drain; we exit on Shutdown or on EOF.
@@ -452,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 1
-    WorkerProc(conn, de, args.device_index, args.kind, args.transfer_protocol).serve()
+    WorkerProc(conn, de, args.device_index, args.kind, args.transfer_protocol, args.transfer_nice).serve()
     # Nothing a worker holds outlives it (device memory, pinned host memory, transfer
     # registrations all belong to the process), so skip the interpreter's teardown: freeing
     # every pool page, torch's and the transfer engine's destructors took ~0.7 s of an idle

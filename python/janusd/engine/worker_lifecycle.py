@@ -288,6 +288,10 @@ class Lifecycle:
         me = None
         path = fallback = ""
         if msg.fork is not None:
+            if self.pd.thread_nice:  # this thread's pull, checksums and probe yield to the worker's steps
+                from janusd.lifecycle.transfer import lower_priority
+
+                lower_priority([threading.get_native_id()], self.pd.thread_nice)
             try:
                 me = self._pull(msg, host, phases)
                 path = "d2d"
@@ -348,7 +352,7 @@ class Lifecycle:
         def fill(seg: Any) -> Any:
             t1 = time.perf_counter()
             marks["prepare"] = t1 - t0
-            pull_segment(self.pd.transport, src, seg, chunk)
+            pull_segment(self.pd.transport, src, seg, chunk, msg.lifecycle.fork_bandwidth_mib_s * float(1 << 20))
             marks["transfer"] = time.perf_counter() - t1
             marks["after"] = time.perf_counter()
             return materialize(plan, seg.view)
@@ -368,19 +372,36 @@ class Lifecycle:
         return me
 
 
-def pull_segment(transport: Any, src: wm.ForkSource, seg: Any, chunk_bytes: int) -> int:
+def pull_segment(transport: Any, src: wm.ForkSource, seg: Any, chunk_bytes: int, max_bytes_per_s: float = 0.0,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> int:
     """Read the source's segment bytes into `seg` (ours, reserved) over the transport:
     the pieces paired by lifecycle/transfer.match_pieces, cut into `chunk_bytes` so one
     batch keeps several transfers in flight; then check the byte count and the sampled
-    checksums. Raises EngineError (or TransferError) when either does not match."""
+    checksums. Raises EngineError (or TransferError) when either does not match.
+
+    `max_bytes_per_s` > 0 paces the pull (lifecycle.fork_bandwidth_mib_s while the source
+    serves): batches of at most a 20th of a second's worth, each started no earlier than
+    the cap allows, so the source's own work gets the CPU (and, on a shared link, the
+    bandwidth) between them."""
     from janusd.engine.types import EngineError
     from janusd.lifecycle.transfer import Piece, match_pieces
 
+    if max_bytes_per_s > 0:
+        chunk_bytes = max(1 << 20, min(chunk_bytes, int(max_bytes_per_s / 20)))
     pieces = []
     for p in match_pieces([(int(a), int(n)) for a, n in src.pieces], seg.global_pieces(src.nbytes)):
         for a in range(0, p.nbytes, chunk_bytes):
             pieces.append(Piece(p.src_offset + a, p.dst_offset + a, min(chunk_bytes, p.nbytes - a)))
-    moved = transport.read(src.session, src.global_base, pieces)
+    if max_bytes_per_s > 0:
+        moved = 0
+        t0 = clock()
+        for p in pieces:
+            wait = t0 + moved / max_bytes_per_s - clock()
+            if wait > 0:
+                sleep(wait)
+            moved += transport.read(src.session, src.global_base, [p])
+    else:
+        moved = transport.read(src.session, src.global_base, pieces)
     if moved != src.nbytes:
         raise EngineError(f"fork moved {moved} bytes, expected {src.nbytes}")
     got = checksums(seg.tensor(), [(o, n) for o, n, _ in src.checksums])

@@ -129,6 +129,7 @@ class WorkerHandle:
             "--page-size", str(self.devices.page_size_mib << 20),
             "--resident-bytes", str(self.devices.resident_mib << 20),
             "--transfer-protocol", self.devices.transfer_protocol,
+            "--transfer-nice", str(self.devices.transfer_nice),
             "--torch-threads",
             os.environ.get("JANUSD_WORKER_TORCH_THREADS") or str(self.devices.worker_torch_threads()),
         ]
