@@ -142,13 +142,14 @@ def _thread_ids() -> set[int]:
     return {int(t) for t in os.listdir("/proc/self/task")}
 
 
-def lower_priority(tids: list[int], nice: int) -> None:
-    """Set these threads of this process to `nice` (Linux: nice is per thread). Raising
-    it back needs privileges, so only threads that never run our compute get this. A
+def lower_priority(tids: list[int], by: int) -> None:
+    """Raise these threads' nice value by `by` (at most 19; Linux: nice is per thread), so
+    they yield to the process's other threads whatever nice the process started with.
+    Undoing it needs privileges, so only threads that never run our compute get this. A
     thread that ended meanwhile is skipped."""
     for tid in tids:
         try:
-            os.setpriority(os.PRIO_PROCESS, tid, nice)
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
         except ProcessLookupError:
             pass
 
@@ -167,8 +168,9 @@ class GlobalRegionTransport:
         protocol: str = "auto", thread_nice: int = 0,
     ) -> None:
         """`thread_nice` > 0: the threads the engine starts (its socket and handshake
-        threads, which copy every byte on tcp) run at that nice value, so on a machine
-        short of cores the process's own compute (a source's decode) goes first."""
+        threads, which copy every byte on tcp) run that much nicer than the process, so
+        on a machine short of cores the process's own compute (a source's decode) goes
+        first."""
         for name, v in (("base", base), ("nbytes", nbytes), ("stall_timeout_s", stall_timeout_s)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
