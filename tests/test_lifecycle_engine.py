@@ -146,3 +146,37 @@ def test_host_image_round_trip(de, tmp_path):
     before = image_dir(tmp_path, other, "float32")
     (other / "x.safetensors").write_bytes(b"22")
     assert image_dir(tmp_path, other, "float32") != before
+
+
+def test_image_tokenizer_built_in_background(de, tmp_path):
+    """A Cold start builds the image's tokenizer on a thread while the weights are read:
+    the engine gets the same tokenizer; one that fails to build fails the restore with a
+    CheckpointError and leaves the pool as it was (nothing half-loaded)."""
+    from janusd.engine.checkpoint.base import CheckpointError
+    from janusd.engine.host_image import image_dir, open_image, write_image
+    from janusd.engine.loader import checkpoint_path
+    from janusd.engine.restore import HostCopy
+
+    me = de.models["m"]
+    pl = me.placement
+    root = image_dir(tmp_path, checkpoint_path(MC.checkpoint, CACHE), "float32")
+    assert write_image(root, me.checkpoint, pl.plan, layout_signature(pl.plan), "float32", pl.segment.tensor())
+    ref, plan = generate(de), pl.plan
+    text = "hello world, the quick brown fox"
+    de.release(de.detach("m"), None, keep_host=False)
+    img = open_image(root, background=True)
+    assert img is not None
+    de.register(de.restore_model(HostCopy("m", MC, EC, img, plan, None, file=img.root / "weights.bin"), Copier(2), {}))
+    assert de.models["m"].tokenizer.encode(text) == me.checkpoint.tokenizer.encode(text)
+    assert generate(de) == ref
+    de.release(de.detach("m"), None, keep_host=False)
+    before = de.pool.stats()
+    (root / "tokenizer.json").write_text("{not json")
+    img = open_image(root, background=True)
+    assert img is not None  # the metadata is fine; the tokenizer fails where it is first needed
+    with pytest.raises(CheckpointError, match="tokenizer"):
+        de.restore_model(HostCopy("m", MC, EC, img, plan, None, file=img.root / "weights.bin"), Copier(2), {})
+    after = de.pool.stats()
+    assert (after.free_pages, after.pages_by_owner) == (before.free_pages, before.pages_by_owner)
+    assert "m" not in de.models and not de._building
+    assert open_image(root) is None  # opened in the foreground, a bad tokenizer means no image

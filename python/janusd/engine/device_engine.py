@@ -155,6 +155,7 @@ class DeviceEngine:
             kv = PagedKVCache(region, arch, plan.dtype, engine_cfg.block_size)
             # its own weights never leave while it serves: KV beyond the rest of the pool never fits
             max_kv_blocks = kv.blocks_within(self.pool.num_pages - len(seg.page_ids))
+            tokenizer = ck.tokenizer  # an image's may still be being built (host_image.py): wait here
         except XTensorError as e:
             self._release(name)
             raise EngineError(f"model {name!r}: device memory: {e}") from None
@@ -162,7 +163,7 @@ class DeviceEngine:
             self._release(name)
             raise
         me = ModelEngine(
-            name, model, kv, ck.tokenizer, eos_token_ids=list(ck.eos_token_ids),
+            name, model, kv, tokenizer, eos_token_ids=list(ck.eos_token_ids),
             max_model_len=min(model_cfg.max_model_len, arch.max_position_embeddings),
             max_num_seqs=engine_cfg.max_num_seqs, max_num_batched_tokens=engine_cfg.max_num_batched_tokens,
             role=model_cfg.role, dtype_name=model_cfg.dtype,

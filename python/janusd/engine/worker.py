@@ -422,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resident-bytes", type=int, default=0, help="top of the pool kept backed (cpu)")
     p.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--transfer-protocol", default="auto", help="Mooncake protocol (auto: by device kind)")
-    p.add_argument("--transfer-nice", type=int, default=0, help="nice value of the transfer engine's threads")
+    p.add_argument("--transfer-nice", type=int, default=0,
+                   help="how much nicer the transfer engine's threads run (0-19)")
     args = p.parse_args(argv)
     # The daemon owns our life: SIGINT from a terminal's Ctrl-C or SIGTERM sent to the whole
     # process group must not kill a worker mid-drain; we exit on Shutdown or on EOF.

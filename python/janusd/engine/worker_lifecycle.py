@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import sys
 import threading
 import time
@@ -236,7 +237,7 @@ class Lifecycle:
         from janusd.engine.restore import HostCopy
         from janusd.engine.runner import torch_dtype
 
-        ck = open_image(root)
+        ck = open_image(root, background=True)  # the tokenizer builds while the weights are read
         if ck is None:
             return None
         plan = plan_weights(ck.arch, ck.tensor_specs(), torch_dtype(msg.model.dtype))
@@ -302,16 +303,27 @@ class Lifecycle:
         if me is None and host is not None:
             me = self.de.restore_model(host, self.copier, phases)
             path = "h2d"
-        if me is None:  # Cold: the mapped image, else the checkpoint read into a host copy; then H2D
+        if me is None:  # Cold: the converted image, else the checkpoint read into a host copy; then H2D
+            from janusd.engine.checkpoint.base import CheckpointError
+
             t0 = time.perf_counter()
             src = self._from_image(msg)
             path = "image"
-            if src is None:
+            opened = time.perf_counter() - t0
+            if src is not None:
+                try:
+                    me = self.de.restore_model(src, self.copier, phases)
+                except CheckpointError as e:  # its tokenizer did not build: drop it, convert the checkpoint again
+                    _log(f"the host image of {name} is unusable, reading the checkpoint: {e}")
+                    shutil.rmtree(src.checkpoint.root, ignore_errors=True)
+                    phases.clear()
+                    t0 = time.perf_counter()
+            if me is None:
                 src = self.de.stage_host_copy(msg.model, msg.engine, Path(msg.cache_dir) if msg.cache_dir else None)
                 self._keep_image(msg, src.checkpoint, src.plan, src.buf)
                 path = "checkpoint"
-            opened = time.perf_counter() - t0
-            me = self.de.restore_model(src, self.copier, phases)
+                opened = time.perf_counter() - t0
+                me = self.de.restore_model(src, self.copier, phases)
             phases["prepare"] = phases.get("prepare", 0.0) + opened
             del src  # a temporary host copy, if any: a Cold start keeps no host memory
         try:
