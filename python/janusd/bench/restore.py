@@ -22,7 +22,9 @@ default) on two cpu devices:
 - `control_overhead_ms`: client-side time of `ctl state active` (Warm -> Active) minus the
   transfer and first-token phases: everything but moving bytes and the first token;
 - `source_tpot_p99_increase_pct`: the p99 inter-token gap of a stream on the source
-  device while forks to the other device run, against the same stream's gaps before;
+  device over the tokens that arrived while forks to the other device ran, against the
+  same stream's gaps before (`devices.transfer_nice` and `lifecycle.fork_bandwidth_mib_s`
+  from --transfer-nice / --fork-bandwidth-mib-s);
 - `warm_first_token_s` / `cold_first_token_s`: a request to the model while its only
   instances are Warm / Cold, sent to the first streamed token (the request wakes one);
 - `cold_rss_after_mib`: the worker's RSS once the model is Cold on its device.
@@ -60,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--forks", type=int, default=3, help="forks during the source stream")
     p.add_argument("--cache-dir", default=None, help="checkpoint cache dir (default: the config default)")
     p.add_argument("--torch-threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--transfer-nice", type=int, default=None, help="devices.transfer_nice (default: the config's)")
+    p.add_argument("--fork-bandwidth-mib-s", type=int, default=None,
+                   help="lifecycle.fork_bandwidth_mib_s (default: the config's)")
     p.add_argument("--resident-mib", type=int, default=1024,
                    help="devices.resident_mib of the daemon part (0: pages backed on first touch)")
 
@@ -234,10 +239,14 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
     sock = str(run_dir / "admin.sock")
     text = (f'[server]\nport = 0\nadmin_socket = "{sock}"\ncache_dir = "{cache}"\nmodel_wait_timeout_s = 120.0\n'
             f"[devices]\ncount = 2\nmemory_mib = 2048\nresident_mib = {args.resident_mib}\n"
-            f'[[models]]\nname = "m"\ncheckpoint = "{args.checkpoint}"\nkv_cache_mib = 256\n'
+            + (f"transfer_nice = {args.transfer_nice}\n" if args.transfer_nice is not None else "")
+            + (f"[lifecycle]\nfork_bandwidth_mib_s = {args.fork_bandwidth_mib_s}\n"
+               if args.fork_bandwidth_mib_s is not None else "")
+            + f'[[models]]\nname = "m"\ncheckpoint = "{args.checkpoint}"\nkv_cache_mib = 256\n'
             f"ttft_slo_ms = 600000.0\ntpot_slo_ms = 600000.0\ndevices = [0, 1]\ncold_devices = [1]\n")
     proc, port = daemon_proc.start(text, run_dir, args.torch_threads, {"m": 1})
-    out: dict[str, Any] = {"resident_mib": args.resident_mib}
+    out: dict[str, Any] = {"resident_mib": args.resident_mib, "transfer_nice": args.transfer_nice,
+                           "fork_bandwidth_mib_s": args.fork_bandwidth_mib_s}
     try:
         _stream(port, "m", 4)  # warm-up
         pids = {w["device"]: w["pid"] for w in _ctl(sock, am.StatusReq())["workers"]}
@@ -253,32 +262,41 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
             phases.append(r["phases"])
         out["control_overhead_ms"] = round(_median(overhead) * 1e3, 2)
         out["warm_restore_phases_s"] = phases[-1]
-        # source TPOT p99 before vs during forks 0 -> 1 (device 1 back to Cold after each)
-        n_before, n_total = 80, 80 + 60 * args.forks
+        # source TPOT p99 before vs during forks 0 -> 1 (device 1 back to Cold after each):
+        # "during" = the gaps of tokens that arrived while a fork ran
+        n_before, n_total = 80, 80 + 150 * args.forks
         started = threading.Event()
-        forks_done: list[int] = []
+        t_send: list[float] = []
 
         def on_token(i: int) -> None:
             if i == n_before:
                 started.set()
 
         res: dict[str, list[float]] = {}
-        th = threading.Thread(target=lambda: res.setdefault("t", _stream(port, "m", n_total, on_token)))
+
+        def source_stream() -> None:
+            t_send.append(time.perf_counter())
+            res["t"] = _stream(port, "m", n_total, on_token)
+
+        th = threading.Thread(target=source_stream)
         th.start()
         started.wait(600)
-        fork_rows = []
+        fork_rows, windows = [], []
         for _ in range(args.forks):
-            k = len(res.get("t", [])) or 0
-            r = _ctl(sock, am.ForkReq("m", 0, 1))
-            fork_rows.append(r)
+            t0 = time.perf_counter() - t_send[0]
+            fork_rows.append(_ctl(sock, am.ForkReq("m", 0, 1)))
+            windows.append((t0, time.perf_counter() - t_send[0]))
             _ctl(sock, am.StateReq("m", 1, "cold"))
-            forks_done.append(k)
         th.join(600)
         times = res["t"]
-        gaps = [b - a for a, b in zip(times, times[1:])]
-        before, during = gaps[5:n_before - 1], gaps[n_before:]
+        gaps = [(b, b - a) for a, b in zip(times, times[1:])]
+        before = [g for _, g in gaps[5:n_before - 1]]
+        during = [g for t, g in gaps if any(a <= t <= b for a, b in windows)]
+        if times[-1] < windows[-1][1]:
+            raise RuntimeError("the source stream ended before the forks did: raise its length")
         out["source_tpot_p99_before_ms"] = round(_p99(before) * 1e3, 2)
         out["source_tpot_p99_during_ms"] = round(_p99(during) * 1e3, 2)
+        out["source_tokens_during_forks"] = len(during)
         out["source_tpot_p99_increase_pct"] = round((_p99(during) / _p99(before) - 1) * 100, 1)
         out["fork_paths"] = [r["path"] for r in fork_rows]
         out["fork_phases_s"] = fork_rows[-1]["phases"]
