@@ -27,7 +27,9 @@ default) on two cpu devices:
   from --transfer-nice / --fork-bandwidth-mib-s);
 - `warm_first_token_s` / `cold_first_token_s`: a request to the model while its only
   instances are Warm / Cold, sent to the first streamed token (the request wakes one);
-- `cold_rss_after_mib`: the worker's RSS once the model is Cold on its device.
+- `cold_rss_after_mib`: the worker's RSS once the model is Cold on its device, and
+  `cold_rss_over_idle_mib` that less the RSS of a worker that never held the model
+  (`worker_rss_idle_mib`; both hold the pool's resident zone, `resident_mib`).
 The machine is shared and noisy: medians of a few repeats; ratios (same bytes, same run)
 mean more than absolute times.
 """
@@ -311,6 +313,7 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
         _ctl(sock, am.StateReq("m", 0, "cold"))
         time.sleep(0.5)
         out["cold_rss_after_mib"] = round(_rss_mib(pids[0]), 1)
+        out["cold_rss_over_idle_mib"] = round(out["cold_rss_after_mib"] - out["worker_rss_idle_mib"], 1)
         cold = [_stream(port, "m", 1)[0]]
         for _ in range(args.repeats - 1):
             _ctl(sock, am.StateReq("m", 0, "cold"))
