@@ -180,3 +180,47 @@ def test_image_tokenizer_built_in_background(de, tmp_path):
     assert (after.free_pages, after.pages_by_owner) == (before.free_pages, before.pages_by_owner)
     assert "m" not in de.models and not de._building
     assert open_image(root) is None  # opened in the foreground, a bad tokenizer means no image
+
+
+def test_cold_keeps_its_tokenizer():
+    """lifecycle.cold_keeps_tokenizer: a model that went Cold on a worker comes back from
+    the image with the very tokenizer it had (nothing rebuilt); with it off, a new one is
+    built from the image, encoding the same."""
+    import queue
+
+    from janusd.config import LifecycleConfig
+    from janusd.engine.worker_lifecycle import Done, Lifecycle
+    from janusd.engine.worker_pd import PDLink
+    from janusd.wire import worker_msgs as wm
+
+    de = DeviceEngine(memory_bytes=16 << 20)
+    inbox: queue.Queue = queue.Queue()
+    sent: list = []
+    life = Lifecycle(de, inbox, PDLink(de.pool, "cpu", inbox), sent.append, lambda *a: None)
+
+    def run(seq: int, target: str, keep: bool = True) -> object:
+        life.set_state(wm.SetState(seq, MC, EC, str(CACHE), target, LifecycleConfig(cold_keeps_tokenizer=keep)))
+        while True:
+            item = inbox.get(timeout=60)
+            if isinstance(item, Done):
+                life.done(item)
+                return sent[-1]
+
+    try:
+        run(1, "active")  # from the image, or the checkpoint (which writes the image)
+        tok, ref = de.models["m"].tokenizer, generate(de)
+        run(2, "cold")
+        assert life.tokenizers["m"][1] is tok
+        r = run(3, "active")
+        assert r.path == "image" and de.models["m"].tokenizer is tok and generate(de) == ref
+        run(4, "cold", keep=False)
+        assert "m" not in life.tokenizers
+        r = run(5, "active", keep=False)
+        text = "the quick brown fox"
+        assert r.path == "image" and de.models["m"].tokenizer is not tok
+        assert de.models["m"].tokenizer.encode(text) == tok.encode(text) and generate(de) == ref
+        run(6, "cold")
+        life.forget("m")  # unloaded: nothing of it stays
+        assert "m" not in life.tokenizers
+    finally:
+        de.pool.close()

@@ -235,8 +235,11 @@ class LifecycleConfig(_Section):
     fork_verify_blocks: NonNegInt = 16
     fork_verify_block_kib: PositiveInt = 64
     # keep a converted host image of each checkpoint (the weight segment's bytes, tokenizer,
-    # tensor table) under server.cache_dir/images, memory-mapped on a Cold start
+    # tensor table) under server.cache_dir/images, read straight into the segment on a Cold start
     host_image: bool = True
+    # a model that goes Cold keeps its tokenizer on that worker (tens of MB, no weights):
+    # building it again from the image holds the GIL for 0.2-0.4 s (SmolLM2), most of a Cold start
+    cold_keeps_tokenizer: bool = True
 
 
 class OracleConfig(_Section):
@@ -382,7 +385,9 @@ fork_verify_blocks = 16     # sampled blocks checksummed on both sides of a fork
 fork_verify_block_kib = 64  # size of one sampled block
 host_image = true           # keep a converted image of each checkpoint under server.cache_dir/images
                             # (weights as laid out on the device, tokenizer, tensor table): Cold starts
-                            # map it instead of reading and converting the checkpoint again
+                            # read it instead of reading and converting the checkpoint again
+cold_keeps_tokenizer = true # a model going Cold keeps its tokenizer on that worker (tens of MB, no
+                            # weights): rebuilding it is most of a Cold start (0.2-0.4 s for SmolLM2)
 
 [oracle]
 online = true               # sample telemetry into training points and refit in a helper process

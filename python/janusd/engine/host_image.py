@@ -114,11 +114,13 @@ def _tokenizer(root: Path, meta: ImageMeta) -> Any:
         raise CheckpointError(f"{root / 'tokenizer.json'}: the image's tokenizer cannot be read: {e}") from None
 
 
-def open_image(root: Path, layout: str | None = None, *, background: bool = False) -> ImageCheckpoint | None:
+def open_image(root: Path, layout: str | None = None, *, background: bool = False,
+               tokenizer: Any = None) -> ImageCheckpoint | None:
     """The image at `root`, or None when there is none (or it is unreadable: it is then
     rebuilt from the checkpoint rather than trusted). `background`: build the tokenizer on
     a thread of its own (see ImageCheckpoint); a bad tokenizer then raises a
-    CheckpointError when it is first used instead of giving None here."""
+    CheckpointError when it is first used instead of giving None here. `tokenizer`: this
+    image's tokenizer, kept from before (nothing is built)."""
     if not (root / "meta.msgpack").exists():
         return None
     try:
@@ -129,6 +131,8 @@ def open_image(root: Path, layout: str | None = None, *, background: bool = Fals
             return None
         if not (root / "tokenizer.json").is_file():
             return None
+        if tokenizer is not None:
+            return ImageCheckpoint(root, meta, tokenizer)
         if not background:
             return ImageCheckpoint(root, meta, _tokenizer(root, meta))
         tok: Future[Any] = Future()

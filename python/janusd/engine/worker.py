@@ -364,6 +364,7 @@ class WorkerProc:
             self._send(wm.ErrorReply(msg.seq, f"model {msg.name!r} is changing state; unload it after", "bad_request"))
             return
         self._drop_requests(msg.name, f"model {msg.name!r} was unloaded")
+        self.life.forget(msg.name)
         try:
             self.de.unload_model(msg.name)
         except Exception as e:

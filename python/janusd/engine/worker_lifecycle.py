@@ -52,12 +52,16 @@ class Done(msgspec.Struct):
     phases: dict[str, float] = {}
 
 
-def _drop(box: list[Any]) -> None:
-    """Free what `box` holds on this thread (its last reference), then trim the heap."""
+def _drop(box: list[Any], trim: bool = True) -> None:
+    """Free what `box` holds on this thread (its last reference), then (trim) trim the heap.
+    No trim after an activation: a host copy is one mapping, unmapped as it is freed, and
+    malloc_trim holds the allocator's lock for ~0.1 s, so the main thread's first step of
+    the model just restored waited for it (measured: Generate handled 107 ms late)."""
     from janusd.engine.restore import trim_heap
 
     box.clear()
-    trim_heap()
+    if trim:
+        trim_heap()
 
 
 def layout_signature(plan: Any) -> str:
@@ -122,6 +126,8 @@ class Lifecycle:
         self.drop_requests = drop_requests
         self.copier = Copier()
         self.busy: set[str] = set()  # models with a SetState in progress
+        # Cold models' tokenizers, by model: (image dir, Tokenizer); see _keep_tokenizer
+        self.tokenizers: dict[str, tuple[Path, Any]] = {}
 
     # ---- main thread ----
     def set_state(self, msg: wm.SetState) -> None:
@@ -154,6 +160,7 @@ class Lifecycle:
             host = self.de.host.pop(name, None)
             self.send(wm.StateSet(msg.seq, name, "cold"))
             if host is not None:
+                self._keep_tokenizer(msg, host.checkpoint)
                 threading.Thread(target=_drop, args=([host],), name="janusd-free-host-copy", daemon=True).start()
                 del host
 
@@ -169,7 +176,8 @@ class Lifecycle:
                                   int(me.max_model_len), [int(t) for t in me.eos_token_ids]))
             host = self.de.host.pop(name, None)  # Active holds device memory only
             if host is not None:  # freeing 0.5 GB takes ~65 ms here: after the answer, off this thread
-                threading.Thread(target=_drop, args=([host],), name="janusd-free-host-copy", daemon=True).start()
+                threading.Thread(target=_drop, args=([host], False), name="janusd-free-host-copy",
+                                 daemon=True).start()
                 del host
             return
         if d.host is not None:
@@ -227,6 +235,21 @@ class Lifecycle:
             if write_image(root, ck, plan, layout_signature(plan), msg.model.dtype, data):
                 _log(f"wrote the host image of {msg.model.name} ({plan.total_bytes} bytes) to {root}")
 
+    def _keep_tokenizer(self, msg: wm.SetState, ck: Any) -> None:
+        """A model going Cold here keeps its tokenizer (`lifecycle.cold_keeps_tokenizer`):
+        building it again from the image's JSON holds the GIL for 0.2-0.4 s for SmolLM2's
+        BPE (the weights read and every co-located model's steps wait), most of a Cold
+        start; it costs ~40 MB of host memory, none of it weights."""
+        root = self._image_root(msg)
+        if msg.lifecycle.cold_keeps_tokenizer and root is not None:
+            self.tokenizers[msg.model.name] = (root, ck.tokenizer)
+        else:
+            self.tokenizers.pop(msg.model.name, None)
+
+    def forget(self, name: str) -> None:
+        """The model is unloaded or removed here: nothing of it stays."""
+        self.tokenizers.pop(name, None)
+
     def _from_image(self, msg: wm.SetState) -> Any:
         """A HostCopy that reads the image's weights file (None when there is no image)."""
         root = self._image_root(msg)
@@ -237,7 +260,9 @@ class Lifecycle:
         from janusd.engine.restore import HostCopy
         from janusd.engine.runner import torch_dtype
 
-        ck = open_image(root, background=True)  # the tokenizer builds while the weights are read
+        kept_root, kept = self.tokenizers.get(msg.model.name, (None, None))
+        # the kept tokenizer (same image: same checkpoint and dtype), else built while the weights are read
+        ck = open_image(root, background=True, tokenizer=kept if kept_root == root else None)
         if ck is None:
             return None
         plan = plan_weights(ck.arch, ck.tensor_specs(), torch_dtype(msg.model.dtype))
@@ -251,6 +276,7 @@ class Lifecycle:
         if not keep:  # the last chance to keep a converted image of what leaves the device
             pl = me.placement
             self._keep_image(msg, me.checkpoint, pl.plan, pl.segment.tensor())
+            self._keep_tokenizer(msg, me.checkpoint)
         try:
             host, copy_s = self.de.release(me, self.copier, keep_host=keep)
         except Exception:  # e.g. no host memory for the copy: free the device side anyway (nothing half-held)
