@@ -141,6 +141,7 @@ class WorkerProc:
         self._send(wm.Ready(os.getpid(), self.device_index, self.kind, measure_memcpy()))
         while self.running:
             busy = self.de.has_work()
+            self.life.reap(idle=not busy)
             # requests waiting for KV pages other owners hold: a step now would do nothing,
             # so wait briefly on the inbox (a message still wakes us at once), never spin
             wait = (STALL_WAIT_S if self.de.waiting_for_pages() else 0.0) if busy else 0.5
