@@ -224,3 +224,38 @@ def test_cold_keeps_its_tokenizer():
         assert "m" not in life.tokenizers
     finally:
         de.pool.close()
+
+
+def test_restored_models_host_copy_is_freed_when_the_worker_idles():
+    """Warm -> Active frees the host copy only once the worker idles after a grace period
+    (or after FREE_DEFER_S while busy), not during the waking request's first step."""
+    import queue
+    import time
+
+    from janusd.config import LifecycleConfig
+    from janusd.engine import worker_lifecycle as wl
+    from janusd.engine.worker_pd import PDLink
+    from janusd.wire import worker_msgs as wm
+
+    de = DeviceEngine(memory_bytes=16 << 20)
+    inbox: queue.Queue = queue.Queue()
+    sent: list = []
+    life = wl.Lifecycle(de, inbox, PDLink(de.pool, "cpu", inbox), sent.append, lambda *a: None)
+    try:
+        for seq, target in enumerate(("active", "warm", "active")):
+            life.set_state(wm.SetState(seq, MC, EC, str(CACHE), target, LifecycleConfig()))
+            while not isinstance(item := inbox.get(timeout=60), wl.Done):
+                pass
+            life.done(item)
+        assert sent[-1].state == "active" and sent[-1].path == "h2d" and "m" not in de.host
+        assert len(life._freeing) == 1
+        life.reap(idle=True)  # idle, but within the grace period: the waking request may be on its way
+        life.reap(idle=False)
+        assert len(life._freeing) == 1
+        time.sleep(wl.FREE_GRACE_S)
+        life.reap(idle=False)  # busy: kept until FREE_DEFER_S
+        assert len(life._freeing) == 1
+        life.reap(idle=True)
+        assert life._freeing == []
+    finally:
+        de.pool.close()
