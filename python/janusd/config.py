@@ -106,7 +106,7 @@ class DevicesConfig(_Section):
     # the transfer engine's threads in each worker, and a fork's pulling thread, run this
     # much nicer (0-19) than the worker: on a machine short of cores a fork's socket copies
     # then yield to the decode steps of the models the worker serves (P/D KV moves there too)
-    transfer_nice: Annotated[int, Meta(ge=0, le=19)] = 0
+    transfer_nice: Annotated[int, Meta(ge=0, le=19)] = 10
 
     def worker_torch_threads(self) -> int:
         """Threads per worker: oversubscribed OpenMP pools make small matmuls far slower."""
@@ -318,7 +318,7 @@ resident_mib = 0            # cpu: the top MiB of each pool faulted in at worker
 torch_threads = 0           # torch threads per worker; 0 = host cores / count (env JANUSD_WORKER_TORCH_THREADS overrides)
 transfer_protocol = "auto"  # Mooncake between workers (P/D KV, D2D forks): auto = tcp on cpu, rdma on cuda,
                             # ascend on npu (tcp | rdma | nvlink | ascend; non-tcp needs the CUDA/NPU wheel)
-transfer_nice = 0           # the transfer engine's threads and a fork's pull run this much nicer (0-19): a
+transfer_nice = 10          # the transfer engine's threads and a fork's pull run this much nicer (0-19): a
                             # fork's socket copies yield to the worker's decode steps (P/D KV moves there too)
 
 [engine]
