@@ -247,8 +247,13 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
             + f'[[models]]\nname = "m"\ncheckpoint = "{args.checkpoint}"\nkv_cache_mib = 256\n'
             f"ttft_slo_ms = 600000.0\ntpot_slo_ms = 600000.0\ndevices = [0, 1]\ncold_devices = [1]\n")
     proc, port = daemon_proc.start(text, run_dir, args.torch_threads, {"m": 1})
-    out: dict[str, Any] = {"resident_mib": args.resident_mib, "transfer_nice": args.transfer_nice,
-                           "fork_bandwidth_mib_s": args.fork_bandwidth_mib_s}
+    from janusd.config import DevicesConfig, LifecycleConfig
+
+    out: dict[str, Any] = {  # the settings in effect (the config's defaults unless given)
+        "resident_mib": args.resident_mib,
+        "transfer_nice": DevicesConfig().transfer_nice if args.transfer_nice is None else args.transfer_nice,
+        "fork_bandwidth_mib_s": (LifecycleConfig().fork_bandwidth_mib_s if args.fork_bandwidth_mib_s is None
+                                 else args.fork_bandwidth_mib_s)}
     try:
         _stream(port, "m", 4)  # warm-up
         pids = {w["device"]: w["pid"] for w in _ctl(sock, am.StatusReq())["workers"]}
