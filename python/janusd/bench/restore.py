@@ -57,6 +57,7 @@ if TYPE_CHECKING:  # torch loads in the functions: `janus --help` builds every b
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes-mib", default="64,256,1024,2048", help="synthetic segment sizes (MiB)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per size and path (median)")
+    p.add_argument("--fresh-repeats", type=int, default=1, help="repeats of the *_fresh_pages_* figures")
     p.add_argument("--streams", type=int, default=4, help="chunked copies in flight")
     p.add_argument("--chunk-mib", type=int, default=64, help="chunk size")
     p.add_argument("--checkpoint", default="builtin:smollm2-135m-instruct", help="model for the daemon part")
@@ -155,7 +156,7 @@ def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> tuple[
             ok.append(torch.equal(seg.tensor()[n - (1 << 20): n], host[n - (1 << 20):]))
 
         h2d_s = [timed(h2d, False, n) for _ in range(args.repeats)]
-        fresh_h2d = [timed(h2d, True, n) for _ in range(args.repeats)]
+        fresh_h2d = [timed(h2d, True, n) for _ in range(args.fresh_repeats)]
         row.update(memcpy_s=_median(memcpy), h2d_s=_median(h2d_s), h2d_vs_memcpy=_median(memcpy) / _median(h2d_s),
                    h2d_fresh_pages_s=_median(fresh_h2d),
                    h2d_fresh_pages_vs_memcpy=_median(memcpy) / _median(fresh_h2d), h2d_bytes_ok=all(ok))
@@ -173,7 +174,7 @@ def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> tuple[
             disk.append(time.perf_counter() - t0)
         cold = [timed(lambda seg: copier.read_file(seg.tensor()[:n], path), False, n) for _ in range(args.repeats)]
         cold_fresh = [timed(lambda seg: copier.read_file(seg.tensor()[:n], path), True, n)
-                      for _ in range(args.repeats)]
+                      for _ in range(args.fresh_repeats)]
         path.unlink()
         row.update(disk_read_s=_median(disk), cold_s=_median(cold), cold_vs_disk=_median(disk) / _median(cold),
                    cold_fresh_pages_s=_median(cold_fresh),
@@ -198,7 +199,7 @@ def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> tuple[
 
             raw = [timed(raw_read, False, n) for _ in range(args.repeats)]
             d2d = [timed(fork, False, n) for _ in range(args.repeats)]
-            d2d_fresh = [timed(fork, True, n) for _ in range(args.repeats)]
+            d2d_fresh = [timed(fork, True, n) for _ in range(args.fresh_repeats)]
         finally:
             peer.stdin.close()  # type: ignore[union-attr]
             peer.wait(30)
