@@ -168,6 +168,7 @@ def test_image_tokenizer_built_in_background(de, tmp_path):
     assert img is not None
     de.register(de.restore_model(HostCopy("m", MC, EC, img, plan, None, file=img.root / "weights.bin"), Copier(2), {}))
     assert de.models["m"].tokenizer.encode(text) == me.checkpoint.tokenizer.encode(text)
+    assert img.built_tokenizer() is de.models["m"].tokenizer
     assert generate(de) == ref
     de.release(de.detach("m"), None, keep_host=False)
     before = de.pool.stats()
@@ -176,6 +177,7 @@ def test_image_tokenizer_built_in_background(de, tmp_path):
     assert img is not None  # the metadata is fine; the tokenizer fails where it is first needed
     with pytest.raises(CheckpointError, match="tokenizer"):
         de.restore_model(HostCopy("m", MC, EC, img, plan, None, file=img.root / "weights.bin"), Copier(2), {})
+    assert img.built_tokenizer() is None  # failed: a Cold worker keeps none (never waits for one)
     after = de.pool.stats()
     assert (after.free_pages, after.pages_by_owner) == (before.free_pages, before.pages_by_owner)
     assert "m" not in de.models and not de._building

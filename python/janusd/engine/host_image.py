@@ -84,6 +84,15 @@ class ImageCheckpoint(Checkpoint):
     def tokenizer(self, value: Any) -> None:
         self._tokenizer = value
 
+    def built_tokenizer(self) -> Any:
+        """The tokenizer if it is built (None while building or if it failed): never waits."""
+        tok = self._tokenizer
+        if isinstance(tok, Future):
+            if not tok.done() or tok.exception() is not None:
+                return None
+            return tok.result()
+        return tok
+
 
 def _fingerprint(path: Path) -> str:
     p = path.resolve()

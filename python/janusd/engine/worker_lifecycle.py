@@ -262,8 +262,10 @@ class Lifecycle:
         BPE (the weights read and every co-located model's steps wait), most of a Cold
         start; it costs ~40 MB of host memory, none of it weights."""
         root = self._image_root(msg)
-        if msg.lifecycle.cold_keeps_tokenizer and root is not None:
-            self.tokenizers[msg.model.name] = (root, ck.tokenizer)
+        built = getattr(ck, "built_tokenizer", None)  # an image's may still be building: never wait for it
+        tok = built() if built is not None else ck.tokenizer
+        if msg.lifecycle.cold_keeps_tokenizer and root is not None and tok is not None:
+            self.tokenizers[msg.model.name] = (root, tok)
         else:
             self.tokenizers.pop(msg.model.name, None)
 
