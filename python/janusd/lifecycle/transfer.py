@@ -202,7 +202,8 @@ class GlobalRegionTransport:
         self.nbytes = nbytes
         self.kind = kind
         self.session = f"{host}:{self._te.get_rpc_port()}"
-        self.engine_threads = sorted(_thread_ids() - before)
+        # threads born while the engine started, less Python's own (one may have started meanwhile)
+        self.engine_threads = sorted(_thread_ids() - before - {t.native_id for t in threading.enumerate()})
         if thread_nice:
             lower_priority(self.engine_threads, thread_nice)
         self._closed = False
