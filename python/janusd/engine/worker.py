@@ -144,7 +144,7 @@ class WorkerProc:
             self.life.reap(idle=not busy)
             # requests waiting for KV pages other owners hold: a step now would do nothing,
             # so wait briefly on the inbox (a message still wakes us at once), never spin
-            wait = (STALL_WAIT_S if self.de.waiting_for_pages() else 0.0) if busy else 0.5
+            wait = (STALL_WAIT_S if self.de.waiting_for_pages() else 0.0) if busy else max(0.001, self.life.reap_wait())
             if self.pd.parked:  # imports waiting for blocks: retry soon, as steps or messages free pages
                 wait = min(wait, STALL_WAIT_S) if wait else 0.0
             try:

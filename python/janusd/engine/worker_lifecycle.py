@@ -207,6 +207,12 @@ class Lifecycle:
             self._freeing = [(t, h) for t, h in self._freeing if not due(t)]
             threading.Thread(target=_drop, args=(free, False), name="janusd-free-host-copy", daemon=True).start()
 
+    def reap_wait(self) -> float:
+        """Seconds until an idle worker should call reap() again (0.5 when nothing waits)."""
+        if not self._freeing:
+            return 0.5
+        return max(0.0, min(t for t, _ in self._freeing) + FREE_GRACE_S - time.monotonic())
+
     def publish(self, msg: wm.PublishWeights) -> Any:
         """A fork's source: where our weight segment is, with sampled-block checksums."""
         me = self.de.models.get(msg.name)
