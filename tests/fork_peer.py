@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import queue
 import sys
 import tempfile
@@ -57,10 +58,11 @@ def greedy(de: DeviceEngine) -> list[int]:
     return [t for o in out["r"] for t in o.token_ids]
 
 
-def pull(nbytes: int, source: str) -> int:
+def pull(nbytes: int, source: str, cap_bytes_per_s: float = 0.0, thread_nice: int = 0) -> int:
     """Pull a synthetic segment (janusd.bench.restore_peer) into a fresh one of ours; say
-    "started", then one JSON line: the error (the test kills the source meanwhile), the
-    seconds the pull ran, and our pool's free pages before and after."""
+    "started", then one JSON line: the error (if the test killed the source meanwhile),
+    the seconds the pull ran, our pool's free pages before and after, and the nice values
+    of the transfer engine's threads and of this main thread."""
     import threading
     import time
 
@@ -70,7 +72,9 @@ def pull(nbytes: int, source: str) -> int:
 
     src = msgspec.convert(json.loads(source), wm.ForkSource)
     pool = DevicePool("cpu", nbytes // (2 << 20) + 2, 2 << 20, background=False)
-    transport = GlobalRegionTransport(pool.global_base, pool.global_nbytes)
+    transport = GlobalRegionTransport(pool.global_base, pool.global_nbytes, thread_nice=thread_nice)
+    nice = {"engine": [os.getpriority(os.PRIO_PROCESS, t) for t in transport.engine_threads],
+            "main": os.getpriority(os.PRIO_PROCESS, threading.get_native_id())}
     free0 = pool.stats().free_pages
     out: dict = {}
 
@@ -78,7 +82,7 @@ def pull(nbytes: int, source: str) -> int:
         seg = pool.alloc_weights("w", nbytes)
         t0 = time.perf_counter()
         try:
-            pull_segment(transport, src, seg, 1 << 20)
+            pull_segment(transport, src, seg, 1 << 20, cap_bytes_per_s)
         except Exception as e:
             out["error"] = f"{type(e).__name__}: {e}"
         out["seconds"] = time.perf_counter() - t0
@@ -89,14 +93,14 @@ def pull(nbytes: int, source: str) -> int:
     th.start()
     print("started", flush=True)
     th.join(60)
-    print(json.dumps({**out, "free_before": free0, "free_after": pool.stats().free_pages}), flush=True)
+    print(json.dumps({**out, "free_before": free0, "free_after": pool.stats().free_pages, "nice": nice}), flush=True)
     return 0
 
 
 def main() -> int:
     mode = sys.argv[1]
     if mode == "pull":
-        return pull(int(sys.argv[2]), sys.argv[3])
+        return pull(int(sys.argv[2]), sys.argv[3], *(float(a) for a in sys.argv[4:5]), *(int(a) for a in sys.argv[5:6]))
     de, life, sent = engine()
     if mode == "source":
         de.load_model(MC, EngineConfig(), CACHE)

@@ -91,6 +91,8 @@ def test_embedded_default_is_etc_janusd_toml():
         ("[[models]]\nname = 'a'\ncheckpoint = 'x'\ntp = 3\n", "models[0].tp: 3 exceeds devices.count = 2"),
         ("[[models]]\nname = 'a'\ncheckpoint = 'x'\ntp = 2\n", "models[0].tp: tensor parallelism is not implemented yet"),
         ("[devices]\nmemory_mib = 1001\n", "devices.memory_mib: must be a multiple"),
+        ("[devices]\nmemory_mib = 64\nresident_mib = 128\n", "devices.resident_mib: 128 exceeds devices.memory_mib"),
+        ("[devices]\nresident_mib = 3\n", "devices.resident_mib: must be a multiple"),
         ("[server]\napi_keys = ['', 'a']\n", "server.api_keys"),
         ("[server\nport = 1\n", "not valid TOML"),
     ],

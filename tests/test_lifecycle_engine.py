@@ -146,3 +146,118 @@ def test_host_image_round_trip(de, tmp_path):
     before = image_dir(tmp_path, other, "float32")
     (other / "x.safetensors").write_bytes(b"22")
     assert image_dir(tmp_path, other, "float32") != before
+
+
+def test_image_tokenizer_built_in_background(de, tmp_path):
+    """A Cold start builds the image's tokenizer on a thread while the weights are read:
+    the engine gets the same tokenizer; one that fails to build fails the restore with a
+    CheckpointError and leaves the pool as it was (nothing half-loaded)."""
+    from janusd.engine.checkpoint.base import CheckpointError
+    from janusd.engine.host_image import image_dir, open_image, write_image
+    from janusd.engine.loader import checkpoint_path
+    from janusd.engine.restore import HostCopy
+
+    me = de.models["m"]
+    pl = me.placement
+    root = image_dir(tmp_path, checkpoint_path(MC.checkpoint, CACHE), "float32")
+    assert write_image(root, me.checkpoint, pl.plan, layout_signature(pl.plan), "float32", pl.segment.tensor())
+    ref, plan = generate(de), pl.plan
+    text = "hello world, the quick brown fox"
+    de.release(de.detach("m"), None, keep_host=False)
+    img = open_image(root, background=True)
+    assert img is not None
+    de.register(de.restore_model(HostCopy("m", MC, EC, img, plan, None, file=img.root / "weights.bin"), Copier(2), {}))
+    assert de.models["m"].tokenizer.encode(text) == me.checkpoint.tokenizer.encode(text)
+    assert img.built_tokenizer() is de.models["m"].tokenizer
+    assert generate(de) == ref
+    de.release(de.detach("m"), None, keep_host=False)
+    before = de.pool.stats()
+    (root / "tokenizer.json").write_text("{not json")
+    img = open_image(root, background=True)
+    assert img is not None  # the metadata is fine; the tokenizer fails where it is first needed
+    with pytest.raises(CheckpointError, match="tokenizer"):
+        de.restore_model(HostCopy("m", MC, EC, img, plan, None, file=img.root / "weights.bin"), Copier(2), {})
+    assert img.built_tokenizer() is None  # failed: a Cold worker keeps none (never waits for one)
+    after = de.pool.stats()
+    assert (after.free_pages, after.pages_by_owner) == (before.free_pages, before.pages_by_owner)
+    assert "m" not in de.models and not de._building
+    assert open_image(root) is None  # opened in the foreground, a bad tokenizer means no image
+
+
+def test_cold_keeps_its_tokenizer():
+    """lifecycle.cold_keeps_tokenizer: a model that went Cold on a worker comes back from
+    the image with the very tokenizer it had (nothing rebuilt); with it off, a new one is
+    built from the image, encoding the same."""
+    import queue
+
+    from janusd.config import LifecycleConfig
+    from janusd.engine.worker_lifecycle import Done, Lifecycle
+    from janusd.engine.worker_pd import PDLink
+    from janusd.wire import worker_msgs as wm
+
+    de = DeviceEngine(memory_bytes=16 << 20)
+    inbox: queue.Queue = queue.Queue()
+    sent: list = []
+    life = Lifecycle(de, inbox, PDLink(de.pool, "cpu", inbox), sent.append, lambda *a: None)
+
+    def run(seq: int, target: str, keep: bool = True) -> object:
+        life.set_state(wm.SetState(seq, MC, EC, str(CACHE), target, LifecycleConfig(cold_keeps_tokenizer=keep)))
+        while True:
+            item = inbox.get(timeout=60)
+            if isinstance(item, Done):
+                life.done(item)
+                return sent[-1]
+
+    try:
+        run(1, "active")  # from the image, or the checkpoint (which writes the image)
+        tok, ref = de.models["m"].tokenizer, generate(de)
+        run(2, "cold")
+        assert life.tokenizers["m"][1] is tok
+        r = run(3, "active")
+        assert r.path == "image" and de.models["m"].tokenizer is tok and generate(de) == ref
+        run(4, "cold", keep=False)
+        assert "m" not in life.tokenizers
+        r = run(5, "active", keep=False)
+        text = "the quick brown fox"
+        assert r.path == "image" and de.models["m"].tokenizer is not tok
+        assert de.models["m"].tokenizer.encode(text) == tok.encode(text) and generate(de) == ref
+        run(6, "cold")
+        life.forget("m")  # unloaded: nothing of it stays
+        assert "m" not in life.tokenizers
+    finally:
+        de.pool.close()
+
+
+def test_restored_models_host_copy_is_freed_when_the_worker_idles():
+    """Warm -> Active frees the host copy only once the worker idles after a grace period
+    (or after FREE_DEFER_S while busy), not during the waking request's first step."""
+    import queue
+    import time
+
+    from janusd.config import LifecycleConfig
+    from janusd.engine import worker_lifecycle as wl
+    from janusd.engine.worker_pd import PDLink
+    from janusd.wire import worker_msgs as wm
+
+    de = DeviceEngine(memory_bytes=16 << 20)
+    inbox: queue.Queue = queue.Queue()
+    sent: list = []
+    life = wl.Lifecycle(de, inbox, PDLink(de.pool, "cpu", inbox), sent.append, lambda *a: None)
+    try:
+        for seq, target in enumerate(("active", "warm", "active")):
+            life.set_state(wm.SetState(seq, MC, EC, str(CACHE), target, LifecycleConfig()))
+            while not isinstance(item := inbox.get(timeout=60), wl.Done):
+                pass
+            life.done(item)
+        assert sent[-1].state == "active" and sent[-1].path == "h2d" and "m" not in de.host
+        assert len(life._freeing) == 1
+        life.reap(idle=True)  # idle, but within the grace period: the waking request may be on its way
+        life.reap(idle=False)
+        assert len(life._freeing) == 1
+        time.sleep(wl.FREE_GRACE_S)
+        life.reap(idle=False)  # busy: kept until FREE_DEFER_S
+        assert len(life._freeing) == 1
+        life.reap(idle=True)
+        assert life._freeing == []
+    finally:
+        de.pool.close()

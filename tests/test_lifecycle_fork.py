@@ -73,3 +73,35 @@ def test_source_killed_mid_transfer_fails_the_pull_cleanly():
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_paced_pull_keeps_its_cap_and_niced_transfer_threads():
+    """lifecycle.fork_bandwidth_mib_s: a pull capped at 32 MiB/s takes at least the cap's
+    time for its bytes (and still verifies); devices.transfer_nice: the transfer engine's
+    threads run that much nicer than the process, the thread that made it does not."""
+    import time
+
+    nbytes, cap = 16 << 20, 32 << 20
+    source = subprocess.Popen([sys.executable, "-m", "janusd.bench.restore_peer", str(nbytes)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, env=ENV, text=True)
+    target = None
+    try:
+        src = source.stdout.readline()
+        t0 = time.monotonic()
+        target = subprocess.Popen([sys.executable, str(HERE / "fork_peer.py"), "pull", str(nbytes), src, str(cap), "7"],
+                                  stdout=subprocess.PIPE, env=ENV, text=True)
+        assert target.stdout.readline().strip() == "started"
+        out = json.loads(target.stdout.readline())
+        assert "error" not in out, out
+        # pieces of cap/20 bytes, each started no earlier than the cap allows: the last one
+        # starts at (nbytes - piece) / cap
+        assert out["seconds"] >= (nbytes - cap / 20) / cap * 0.99, out
+        assert out["nice"]["engine"] and set(out["nice"]["engine"]) == {min(19, out["nice"]["main"] + 7)}, out
+        assert out["nice"]["main"] == os.getpriority(os.PRIO_PROCESS, 0), out  # ours, inherited: not lowered
+        assert target.wait(30) == 0
+        assert time.monotonic() - t0 < 60
+    finally:
+        for p in (source, target):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()

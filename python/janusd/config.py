@@ -92,11 +92,21 @@ class DevicesConfig(_Section):
     count: PositiveInt = 2
     memory_mib: PositiveInt = 2048
     page_size_mib: PositiveInt = 2
+    # cpu devices: the top resident_mib of each pool (where weight segments go first) is
+    # faulted in at worker start and never given back, so a restore, fork or Cold start
+    # writes it at memcpy speed instead of paying the kernel's page zeroing on first
+    # touch; costs resident_mib of RSS per worker from start. 0: pages are backed on
+    # first touch and given back when a model goes Cold (RSS follows use)
+    resident_mib: NonNegInt = 0
     # torch intra-op threads per worker; 0 = share the host's cores evenly among workers
     torch_threads: NonNegInt = 0
     # Mooncake protocol between workers (P/D KV, D2D weight forks); auto: tcp on cpu,
     # rdma on cuda, ascend on npu (the CUDA and NPU Mooncake wheels are install extras)
     transfer_protocol: Literal["auto", "tcp", "rdma", "nvlink", "ascend"] = "auto"
+    # the transfer engine's threads in each worker, and a fork's pulling thread, run this
+    # much nicer (0-19) than the worker: on a machine short of cores a fork's socket copies
+    # then yield to the decode steps of the models the worker serves (P/D KV moves there too)
+    transfer_nice: Annotated[int, Meta(ge=0, le=19)] = 10
 
     def worker_torch_threads(self) -> int:
         """Threads per worker: oversubscribed OpenMP pools make small matmuls far slower."""
@@ -224,12 +234,19 @@ class LifecycleConfig(_Section):
     wake_on_request: bool = True
     # a D2D fork that has not finished within this falls back to H2D / a Cold load
     fork_timeout_s: PositiveFloat = 60.0
+    # pace a D2D fork's pull to this many MiB/s while its source device serves requests,
+    # so the source's decode keeps its CPU (2 shared cores: the transfer's socket copies
+    # compete with it); 0: as fast as the link goes
+    fork_bandwidth_mib_s: NonNegInt = 0
     # blocks of the weight segment checksummed on both sides of a fork (and their size)
     fork_verify_blocks: NonNegInt = 16
     fork_verify_block_kib: PositiveInt = 64
     # keep a converted host image of each checkpoint (the weight segment's bytes, tokenizer,
-    # tensor table) under server.cache_dir/images, memory-mapped on a Cold start
+    # tensor table) under server.cache_dir/images, read straight into the segment on a Cold start
     host_image: bool = True
+    # a model that goes Cold keeps its tokenizer on that worker (tens of MB, no weights):
+    # building it again from the image holds the GIL for 0.2-0.4 s (SmolLM2), most of a Cold start
+    cold_keeps_tokenizer: bool = True
 
 
 class OracleConfig(_Section):
@@ -302,9 +319,14 @@ kind = "cpu"                # cpu | cuda | npu
 count = 2                   # one worker process per device
 memory_mib = 2048           # xTensor page pool per device
 page_size_mib = 2
+resident_mib = 0            # cpu: the top MiB of each pool faulted in at worker start and never given
+                            # back: restores, forks and Cold starts into it run at memcpy speed (no
+                            # page zeroing on first touch); costs that RSS per worker from start
 torch_threads = 0           # torch threads per worker; 0 = host cores / count (env JANUSD_WORKER_TORCH_THREADS overrides)
 transfer_protocol = "auto"  # Mooncake between workers (P/D KV, D2D forks): auto = tcp on cpu, rdma on cuda,
                             # ascend on npu (tcp | rdma | nvlink | ascend; non-tcp needs the CUDA/NPU wheel)
+transfer_nice = 10          # the transfer engine's threads and a fork's pull run this much nicer (0-19): a
+                            # fork's socket copies yield to the worker's decode steps (P/D KV moves there too)
 
 [engine]
 block_size = 16             # tokens per KV block
@@ -376,11 +398,14 @@ copy_chunk_mib = 64         # size of one chunk
 wake_on_request = true      # a request for a model with no Active instance wakes a Warm (else Cold)
                             # instance of it; false: it waits (server.model_wait_timeout_s) for one
 fork_timeout_s = 60.0       # a D2D fork not done by then falls back to H2D or a Cold load
+fork_bandwidth_mib_s = 0    # pace a fork's pull to this while its source device serves requests (0: no cap)
 fork_verify_blocks = 16     # sampled blocks checksummed on both sides of a fork
 fork_verify_block_kib = 64  # size of one sampled block
 host_image = true           # keep a converted image of each checkpoint under server.cache_dir/images
                             # (weights as laid out on the device, tokenizer, tensor table): Cold starts
-                            # map it instead of reading and converting the checkpoint again
+                            # read it instead of reading and converting the checkpoint again
+cold_keeps_tokenizer = true # a model going Cold keeps its tokenizer on that worker (tens of MB, no
+                            # weights): rebuilding it is most of a Cold start (0.2-0.4 s for SmolLM2)
 
 [oracle]
 online = true               # sample telemetry into training points and refit in a helper process
@@ -497,6 +522,11 @@ def _check(cfg: JanusConfig) -> None:
                          "devices use tcp (auto)")
     if cfg.devices.memory_mib % cfg.devices.page_size_mib:
         raise ValueError("devices.memory_mib: must be a multiple of devices.page_size_mib")
+    if cfg.devices.resident_mib > cfg.devices.memory_mib:
+        raise ValueError(f"devices.resident_mib: {cfg.devices.resident_mib} exceeds devices.memory_mib = "
+                         f"{cfg.devices.memory_mib} (the part of the pool kept resident)")
+    if cfg.devices.resident_mib % cfg.devices.page_size_mib:
+        raise ValueError("devices.resident_mib: must be a multiple of devices.page_size_mib")
     if len(set(cfg.server.api_keys)) != len(cfg.server.api_keys) or any(not k for k in cfg.server.api_keys):
         raise ValueError("server.api_keys: keys must be non-empty and distinct")
 

@@ -2,30 +2,34 @@
 same bytes on the same machine, in the same run (PAPER.md §8, issue [L]).
 
 Synthetic segments of each size (default 64 MiB to 2 GiB), in this process's own cpu
-pool, through the code the worker runs:
+pool, through the code the worker runs. The pool is all resident (`devices.resident_mib`:
+its pages faulted in when it is made, `resident_populate_s_per_gib` is what that costs);
+each `*_fresh_pages_*` figure is the same operation on pages given back to the OS first, as
+a pool without a resident zone has them after a model went Cold (the kernel zeroes every
+4 KiB page on first touch):
 - H2D: a weight segment filled from a host copy by engine/restore.Copier (chunks, several
   in flight), against one plain copy of the same bytes into resident memory
-  (`h2d_vs_memcpy` = memcpy time / restore time). Warm keeps its freed pool pages resident
-  on cpu devices, so the restore writes resident pages; `h2d_fresh_pages_vs_memcpy` is the
-  same copy into pages given back to the OS (what a Cold start writes into);
+  (`h2d_vs_memcpy` = memcpy time / restore time);
 - D2D: engine/worker_lifecycle.pull_segment (match the pieces, chunked batch read over
-  Mooncake, sampled checksums) from a peer process into a fresh segment, against a raw
-  Mooncake read of the same bytes from the same peer into resident memory
-  (`d2d_vs_raw_transfer`) and into a fresh segment like the fork's
-  (`d2d_vs_raw_transfer_same_pages`: what the fork's own work costs);
-- Cold: the converted image read into a segment whose pages were given back to the OS
-  (Copier.read_file: chunked preads in flight), against a sequential read() of the same
-  file into one resident buffer (`cold_vs_disk`) and into pages given back to the OS
-  (`cold_vs_disk_same_pages`); the file is in the page cache for all of them.
+  Mooncake, sampled checksums) from a peer process into a new segment, against a raw
+  Mooncake read of the same bytes from the same peer into the same kind of segment
+  (`d2d_vs_raw_transfer`);
+- Cold: the converted image read into a new segment (Copier.read_file: chunked preads in
+  flight), against a sequential read() of the same file into one 16 MiB buffer
+  (`cold_vs_disk`); the file is in the page cache for all of them.
 Then through a real daemon serving the same small model (SmolLM2-135M-Instruct by
 default) on two cpu devices:
 - `control_overhead_ms`: client-side time of `ctl state active` (Warm -> Active) minus the
   transfer and first-token phases: everything but moving bytes and the first token;
 - `source_tpot_p99_increase_pct`: the p99 inter-token gap of a stream on the source
-  device while forks to the other device run, against the same stream's gaps before;
+  device over the tokens that arrived while forks to the other device ran, against the
+  same stream's gaps before (`devices.transfer_nice` and `lifecycle.fork_bandwidth_mib_s`
+  from --transfer-nice / --fork-bandwidth-mib-s);
 - `warm_first_token_s` / `cold_first_token_s`: a request to the model while its only
   instances are Warm / Cold, sent to the first streamed token (the request wakes one);
-- `cold_rss_after_mib`: the worker's RSS once the model is Cold on its device.
+- `cold_rss_after_mib`: the worker's RSS once the model is Cold on its device, and
+  `cold_rss_over_idle_mib` that less the RSS of a worker that never held the model
+  (`worker_rss_idle_mib`; both hold the pool's resident zone, `resident_mib`).
 The machine is shared and noisy: medians of a few repeats; ratios (same bytes, same run)
 mean more than absolute times.
 """
@@ -53,6 +57,7 @@ if TYPE_CHECKING:  # torch loads in the functions: `janus --help` builds every b
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes-mib", default="64,256,1024,2048", help="synthetic segment sizes (MiB)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per size and path (median)")
+    p.add_argument("--fresh-repeats", type=int, default=1, help="repeats of the *_fresh_pages_* figures")
     p.add_argument("--streams", type=int, default=4, help="chunked copies in flight")
     p.add_argument("--chunk-mib", type=int, default=64, help="chunk size")
     p.add_argument("--checkpoint", default="builtin:smollm2-135m-instruct", help="model for the daemon part")
@@ -60,6 +65,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--forks", type=int, default=3, help="forks during the source stream")
     p.add_argument("--cache-dir", default=None, help="checkpoint cache dir (default: the config default)")
     p.add_argument("--torch-threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--transfer-nice", type=int, default=None, help="devices.transfer_nice (default: the config's)")
+    p.add_argument("--fork-bandwidth-mib-s", type=int, default=None,
+                   help="lifecycle.fork_bandwidth_mib_s (default: the config's)")
+    p.add_argument("--resident-mib", type=int, default=1024,
+                   help="devices.resident_mib of the daemon part (0: pages backed on first touch)")
 
 
 def _median(xs: list[float]) -> float:
@@ -81,19 +91,24 @@ def _fill(t: torch.Tensor) -> None:
         t[a: a + n].copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, generator=gen))
 
 
-def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> tuple[list[dict[str, Any]], float]:
+    """Rows per size, and the seconds per GiB of faulting a resident zone in (what a
+    worker with `devices.resident_mib` pays once, at start)."""
     import torch
 
-    from janusd.engine.restore import Copier, release_backing
+    from janusd.engine.restore import Copier
     from janusd.engine.worker_lifecycle import pull_segment
     from janusd.lifecycle.transfer import GlobalRegionTransport, Piece
-    from janusd.memory import DevicePool
+    from janusd.memory import DevicePool, residency
     from janusd.wire import worker_msgs as wm
 
     import msgspec
 
     page = 2 << 20
-    pool = DevicePool("cpu", max(sizes) // page + 2, page, background=False)
+    pages = max(sizes) // page + 2
+    t0 = time.perf_counter()
+    pool = DevicePool("cpu", pages, page, background=False, resident_pages=pages)  # all of it resident
+    populate_s_per_gib = (time.perf_counter() - t0) / (pages * page / (1 << 30))
     transport = GlobalRegionTransport(pool.global_base, pool.global_nbytes)
     copier = Copier(args.streams, args.chunk_mib << 20)
     rows = []
@@ -101,17 +116,29 @@ def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> list[d
     def fresh(n: int) -> Any:
         return pool.alloc_weights("w", n)
 
-    def drop(seg: Any, give_back: bool = True) -> None:
-        """Free the segment; give_back: its host memory too (as Cold does; Warm keeps it)."""
-        if give_back:
-            release_backing("cpu", pool.global_base, page, seg.page_ids)
+    def drop(seg: Any) -> None:
         pool.free("w")
+
+    def timed(op: Any, given_back: bool, n: int) -> float:
+        """Seconds of op(seg) on a new segment: in the resident zone, or (given_back) on
+        pages handed back to the OS, as a pool without a resident zone has them after a
+        model went Cold (the kernel zeroes each on first touch)."""
+        seg = fresh(n)
+        if given_back:
+            residency.give_back(seg.addr, seg.nbytes)
+        t0 = time.perf_counter()
+        op(seg)
+        dt = time.perf_counter() - t0
+        if given_back:
+            pool.populate(seg.page_ids)  # resident again for the next measurement
+        drop(seg)
+        return dt
 
     for n in sizes:
         row: dict[str, Any] = {"mib": n >> 20}
         host = torch.empty(n, dtype=torch.uint8)
         _fill(host)
-        # H2D: into a fresh segment (as a restore gets) vs memcpy into resident memory
+        # H2D: the Copier into a new segment vs one plain copy into resident memory
         seg = fresh(n)
         dst = seg.tensor()[:n]
         dst.copy_(host)
@@ -122,56 +149,43 @@ def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> list[d
             memcpy.append(time.perf_counter() - t0)
         del dst
         drop(seg)
-        h2d: list[float] = []
-        fresh_h2d: list[float] = []
-        for give_back, out in ((False, h2d), (True, fresh_h2d)):
-            # Warm keeps its freed pool pages resident (the restore gets them back); pages
-            # given back to the OS (Cold) pay the kernel's zeroing on first touch
-            for _ in range(args.repeats):
-                seg = fresh(n)
-                if not give_back:
-                    seg.tensor()[:n].fill_(0)  # resident, as after the model left for Warm
-                t0 = time.perf_counter()
-                copier.copy(seg.tensor()[:n], host)
-                out.append(time.perf_counter() - t0)
-                ok = torch.equal(seg.tensor()[n - (1 << 20): n], host[n - (1 << 20):])
-                drop(seg, give_back=True)
-        row.update(memcpy_s=_median(memcpy), h2d_s=_median(h2d), h2d_vs_memcpy=_median(memcpy) / _median(h2d),
+        ok = []
+
+        def h2d(seg: Any) -> None:
+            copier.copy(seg.tensor()[:n], host)
+            ok.append(torch.equal(seg.tensor()[n - (1 << 20): n], host[n - (1 << 20):]))
+
+        h2d_s = [timed(h2d, False, n) for _ in range(args.repeats)]
+        fresh_h2d = [timed(h2d, True, n) for _ in range(args.fresh_repeats)]
+        row.update(memcpy_s=_median(memcpy), h2d_s=_median(h2d_s), h2d_vs_memcpy=_median(memcpy) / _median(h2d_s),
                    h2d_fresh_pages_s=_median(fresh_h2d),
-                   h2d_fresh_pages_vs_memcpy=_median(memcpy) / _median(fresh_h2d), h2d_bytes_ok=ok)
-        # Cold: the image file mapped and copied vs a sequential read of the same file
+                   h2d_fresh_pages_vs_memcpy=_median(memcpy) / _median(fresh_h2d), h2d_bytes_ok=all(ok))
+        # Cold: the image file read into a new segment vs a sequential read() of the same file
         path = work / f"image-{n >> 20}.bin"
         with open(path, "wb") as fh:
             fh.write(memoryview(host.numpy()))  # type: ignore[arg-type]
         buf = bytearray(1 << 24)
-        disk, disk_fresh, cold = [], [], []
+        disk = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
             with open(path, "rb", buffering=0) as f:
                 while f.readinto(buf):
                     pass
             disk.append(time.perf_counter() - t0)
-            seg = fresh(n)  # the same sequential read into pages given back to the OS
-            t0 = time.perf_counter()
-            with open(path, "rb", buffering=0) as f:
-                f.readinto(memoryview(seg.tensor()[:n].numpy()))  # type: ignore[arg-type]
-            disk_fresh.append(time.perf_counter() - t0)
-            drop(seg)
-            t0 = time.perf_counter()
-            seg = fresh(n)  # pages given back to the OS when the model went Cold
-            copier.read_file(seg.tensor()[:n], path)
-            cold.append(time.perf_counter() - t0)
-            drop(seg)
+        cold = [timed(lambda seg: copier.read_file(seg.tensor()[:n], path), False, n) for _ in range(args.repeats)]
+        cold_fresh = [timed(lambda seg: copier.read_file(seg.tensor()[:n], path), True, n)
+                      for _ in range(args.fresh_repeats)]
         path.unlink()
         row.update(disk_read_s=_median(disk), cold_s=_median(cold), cold_vs_disk=_median(disk) / _median(cold),
-                   disk_read_fresh_pages_s=_median(disk_fresh),
-                   cold_vs_disk_same_pages=_median(disk_fresh) / _median(cold))
+                   cold_fresh_pages_s=_median(cold_fresh),
+                   cold_fresh_pages_vs_disk=_median(disk) / _median(cold_fresh))
         del host
         # D2D: a peer process's segment, raw read vs the fork's pull (pieces, chunks, checksums)
         peer = subprocess.Popen([sys.executable, "-m", "janusd.bench.restore_peer", str(n)], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
         try:
             src = msgspec.convert(json.loads(peer.stdout.readline()), wm.ForkSource)  # type: ignore[union-attr]
+
             def raw_read(seg: Any) -> None:
                 off = 0
                 pieces = []
@@ -180,35 +194,22 @@ def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> list[d
                     off += m
                 transport.read(src.session, src.global_base, pieces)
 
-            raw, raw_fresh, fork = [], [], []
-            seg = fresh(n)
-            seg.tensor()[:n].fill_(0)  # resident destination
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                raw_read(seg)
-                raw.append(time.perf_counter() - t0)
-            drop(seg)
-            for _ in range(args.repeats):
-                seg = fresh(n)  # destination pages given back to the OS, as the fork's get
-                t0 = time.perf_counter()
-                raw_read(seg)
-                raw_fresh.append(time.perf_counter() - t0)
-                drop(seg)
-                t0 = time.perf_counter()
-                seg = fresh(n)
+            def fork(seg: Any) -> None:
                 pull_segment(transport, src, seg, args.chunk_mib << 20)
-                fork.append(time.perf_counter() - t0)
-                drop(seg)
+
+            raw = [timed(raw_read, False, n) for _ in range(args.repeats)]
+            d2d = [timed(fork, False, n) for _ in range(args.repeats)]
+            d2d_fresh = [timed(fork, True, n) for _ in range(args.fresh_repeats)]
         finally:
             peer.stdin.close()  # type: ignore[union-attr]
             peer.wait(30)
-        row.update(raw_transfer_s=_median(raw), d2d_s=_median(fork), d2d_vs_raw_transfer=_median(raw) / _median(fork),
-                   raw_transfer_fresh_pages_s=_median(raw_fresh),
-                   d2d_vs_raw_transfer_same_pages=_median(raw_fresh) / _median(fork), d2d_gbps=n / _median(fork) / 1e9)
+        row.update(raw_transfer_s=_median(raw), d2d_s=_median(d2d), d2d_vs_raw_transfer=_median(raw) / _median(d2d),
+                   d2d_fresh_pages_s=_median(d2d_fresh),
+                   d2d_fresh_pages_vs_raw_transfer=_median(raw) / _median(d2d_fresh), d2d_gbps=n / _median(d2d) / 1e9)
         rows.append({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
     transport.close()
     pool.close()
-    return rows
+    return rows, populate_s_per_gib
 
 
 # ---- through a daemon ----
@@ -240,11 +241,20 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(prefix="janus-bench-restore-"))
     sock = str(run_dir / "admin.sock")
     text = (f'[server]\nport = 0\nadmin_socket = "{sock}"\ncache_dir = "{cache}"\nmodel_wait_timeout_s = 120.0\n'
-            f"[devices]\ncount = 2\nmemory_mib = 2048\n"
-            f'[[models]]\nname = "m"\ncheckpoint = "{args.checkpoint}"\nkv_cache_mib = 256\n'
+            f"[devices]\ncount = 2\nmemory_mib = 2048\nresident_mib = {args.resident_mib}\n"
+            + (f"transfer_nice = {args.transfer_nice}\n" if args.transfer_nice is not None else "")
+            + (f"[lifecycle]\nfork_bandwidth_mib_s = {args.fork_bandwidth_mib_s}\n"
+               if args.fork_bandwidth_mib_s is not None else "")
+            + f'[[models]]\nname = "m"\ncheckpoint = "{args.checkpoint}"\nkv_cache_mib = 256\n'
             f"ttft_slo_ms = 600000.0\ntpot_slo_ms = 600000.0\ndevices = [0, 1]\ncold_devices = [1]\n")
     proc, port = daemon_proc.start(text, run_dir, args.torch_threads, {"m": 1})
-    out: dict[str, Any] = {}
+    from janusd.config import DevicesConfig, LifecycleConfig
+
+    out: dict[str, Any] = {  # the settings in effect (the config's defaults unless given)
+        "resident_mib": args.resident_mib,
+        "transfer_nice": DevicesConfig().transfer_nice if args.transfer_nice is None else args.transfer_nice,
+        "fork_bandwidth_mib_s": (LifecycleConfig().fork_bandwidth_mib_s if args.fork_bandwidth_mib_s is None
+                                 else args.fork_bandwidth_mib_s)}
     try:
         _stream(port, "m", 4)  # warm-up
         pids = {w["device"]: w["pid"] for w in _ctl(sock, am.StatusReq())["workers"]}
@@ -260,32 +270,41 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
             phases.append(r["phases"])
         out["control_overhead_ms"] = round(_median(overhead) * 1e3, 2)
         out["warm_restore_phases_s"] = phases[-1]
-        # source TPOT p99 before vs during forks 0 -> 1 (device 1 back to Cold after each)
-        n_before, n_total = 80, 80 + 60 * args.forks
+        # source TPOT p99 before vs during forks 0 -> 1 (device 1 back to Cold after each):
+        # "during" = the gaps of tokens that arrived while a fork ran
+        n_before, n_total = 80, 80 + 150 * args.forks
         started = threading.Event()
-        forks_done: list[int] = []
+        t_send: list[float] = []
 
         def on_token(i: int) -> None:
             if i == n_before:
                 started.set()
 
         res: dict[str, list[float]] = {}
-        th = threading.Thread(target=lambda: res.setdefault("t", _stream(port, "m", n_total, on_token)))
+
+        def source_stream() -> None:
+            t_send.append(time.perf_counter())
+            res["t"] = _stream(port, "m", n_total, on_token)
+
+        th = threading.Thread(target=source_stream)
         th.start()
         started.wait(600)
-        fork_rows = []
+        fork_rows, windows = [], []
         for _ in range(args.forks):
-            k = len(res.get("t", [])) or 0
-            r = _ctl(sock, am.ForkReq("m", 0, 1))
-            fork_rows.append(r)
+            t0 = time.perf_counter() - t_send[0]
+            fork_rows.append(_ctl(sock, am.ForkReq("m", 0, 1)))
+            windows.append((t0, time.perf_counter() - t_send[0]))
             _ctl(sock, am.StateReq("m", 1, "cold"))
-            forks_done.append(k)
         th.join(600)
         times = res["t"]
-        gaps = [b - a for a, b in zip(times, times[1:])]
-        before, during = gaps[5:n_before - 1], gaps[n_before:]
+        gaps = [(b, b - a) for a, b in zip(times, times[1:])]
+        before = [g for _, g in gaps[5:n_before - 1]]
+        during = [g for t, g in gaps if any(a <= t <= b for a, b in windows)]
+        if times[-1] < windows[-1][1]:
+            raise RuntimeError("the source stream ended before the forks did: raise its length")
         out["source_tpot_p99_before_ms"] = round(_p99(before) * 1e3, 2)
         out["source_tpot_p99_during_ms"] = round(_p99(during) * 1e3, 2)
+        out["source_tokens_during_forks"] = len(during)
         out["source_tpot_p99_increase_pct"] = round((_p99(during) / _p99(before) - 1) * 100, 1)
         out["fork_paths"] = [r["path"] for r in fork_rows]
         out["fork_phases_s"] = fork_rows[-1]["phases"]
@@ -300,6 +319,7 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
         _ctl(sock, am.StateReq("m", 0, "cold"))
         time.sleep(0.5)
         out["cold_rss_after_mib"] = round(_rss_mib(pids[0]), 1)
+        out["cold_rss_over_idle_mib"] = round(out["cold_rss_after_mib"] - out["worker_rss_idle_mib"], 1)
         cold = [_stream(port, "m", 1)[0]]
         for _ in range(args.repeats - 1):
             _ctl(sock, am.StateReq("m", 0, "cold"))
@@ -317,13 +337,15 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = [int(x) << 20 for x in args.sizes_mib.split(",")]
     with tempfile.TemporaryDirectory(prefix="janus-bench-restore-") as work:
-        rows = _synthetic(sizes, args, Path(work))
+        rows, populate_s_per_gib = _synthetic(sizes, args, Path(work))
     daemon = {} if args.no_daemon else _daemon(args)
     worst = lambda key: round(min(r[key] for r in rows), 3)  # noqa: E731
     result: dict[str, Any] = {"bench": "restore", "streams": args.streams, "chunk_mib": args.chunk_mib,
-                              "cpus": os.cpu_count(), "by_size": rows, **daemon}
-    result.update(d2d_vs_raw_transfer_same_pages=worst("d2d_vs_raw_transfer_same_pages"),
-                  cold_vs_disk_same_pages=worst("cold_vs_disk_same_pages"),
+                              "cpus": os.cpu_count(), "resident_populate_s_per_gib": round(populate_s_per_gib, 3),
+                              "by_size": rows, **daemon}
+    result.update(h2d_fresh_pages_vs_memcpy=worst("h2d_fresh_pages_vs_memcpy"),
+                  d2d_fresh_pages_vs_raw_transfer=worst("d2d_fresh_pages_vs_raw_transfer"),
+                  cold_fresh_pages_vs_disk=worst("cold_fresh_pages_vs_disk"),
                   h2d_vs_memcpy=worst("h2d_vs_memcpy"), d2d_vs_raw_transfer=worst("d2d_vs_raw_transfer"),
                   cold_vs_disk=worst("cold_vs_disk"))
     for key in ("control_overhead_ms", "source_tpot_p99_increase_pct", "warm_first_token_s", "cold_first_token_s",

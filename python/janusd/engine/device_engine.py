@@ -25,7 +25,7 @@ import torch
 from janusd.engine.kv_cache import PagedKVCache
 from janusd.engine.models.llama import LlamaModel
 from janusd.engine.models.weights import materialize, plan_weights
-from janusd.engine.restore import Copier, HostCopy, host_buffer, plain_view, release_backing, sync_device, trim_heap
+from janusd.engine.restore import Copier, HostCopy, host_buffer, plain_view, sync_device, trim_heap
 from janusd.engine.runner import ModelEngine, torch_dtype
 from janusd.engine.types import EngineError, StepOutput
 
@@ -63,17 +63,27 @@ def check_device_runtime(kind: str, device_index: int) -> torch.device:
 
 class DeviceEngine:
     def __init__(self, kind: str = "cpu", device_index: int = 0, memory_bytes: int = 2 << 30,
-                 page_size: int = 2 << 20, kv_cache_pages: tuple[int, int] | None = None) -> None:
+                 page_size: int = 2 << 20, kv_cache_pages: tuple[int, int] | None = None,
+                 resident_bytes: int = 0) -> None:
         """`kv_cache_pages` = (low, high) watermarks of each KV region's cache of mapped
-        spare pages (xTensor's defaults when None; (0, 0) returns every page at once)."""
+        spare pages (xTensor's defaults when None; (0, 0) returns every page at once).
+        `resident_bytes` (cpu): the top of the pool kept backed by host memory from now
+        on (DevicePool resident_pages), so weights restored there are written at memcpy
+        speed."""
         self.device = check_device_runtime(kind, device_index)
         if memory_bytes < page_size or memory_bytes % page_size:
             raise EngineError(f"memory_bytes {memory_bytes} must be a positive multiple of page_size {page_size}")
-        from janusd.memory import DevicePool
+        if not 0 <= resident_bytes <= memory_bytes or resident_bytes % page_size:
+            raise EngineError(f"resident_bytes {resident_bytes} must be a multiple of page_size {page_size} "
+                              f"between 0 and memory_bytes {memory_bytes}")
+        from janusd.memory import DevicePool, XTensorError
 
         self.kind = kind
-        self.pool = DevicePool(kind=kind, num_pages=memory_bytes // page_size, page_size=page_size,
-                               device_index=device_index)
+        try:
+            self.pool = DevicePool(kind=kind, num_pages=memory_bytes // page_size, page_size=page_size,
+                                   device_index=device_index, resident_pages=resident_bytes // page_size)
+        except XTensorError as e:
+            raise EngineError(f"device memory: {e}") from None
         self.models: dict[str, ModelEngine] = {}
         self.host: dict[str, HostCopy] = {}  # Warm models: host copies of their weights
         self._kv_cache_pages = kv_cache_pages
@@ -145,6 +155,7 @@ class DeviceEngine:
             kv = PagedKVCache(region, arch, plan.dtype, engine_cfg.block_size)
             # its own weights never leave while it serves: KV beyond the rest of the pool never fits
             max_kv_blocks = kv.blocks_within(self.pool.num_pages - len(seg.page_ids))
+            tokenizer = ck.tokenizer  # an image's may still be being built (host_image.py): wait here
         except XTensorError as e:
             self._release(name)
             raise EngineError(f"model {name!r}: device memory: {e}") from None
@@ -152,7 +163,7 @@ class DeviceEngine:
             self._release(name)
             raise
         me = ModelEngine(
-            name, model, kv, ck.tokenizer, eos_token_ids=list(ck.eos_token_ids),
+            name, model, kv, tokenizer, eos_token_ids=list(ck.eos_token_ids),
             max_model_len=min(model_cfg.max_model_len, arch.max_position_embeddings),
             max_num_seqs=engine_cfg.max_num_seqs, max_num_batched_tokens=engine_cfg.max_num_batched_tokens,
             role=model_cfg.role, dtype_name=model_cfg.dtype,
@@ -228,10 +239,11 @@ class DeviceEngine:
         the weights into a host copy (D2H). Returns (the host copy or None, seconds copying).
 
         `return_pages` (default: not keep_host): on cpu devices also give the pages' host
-        memory back to the OS, so the worker's RSS drops (Cold, Unloaded). Warm keeps them
-        resident in the pool, as a GPU keeps its HBM: the restore that follows then copies
-        at memory speed instead of paying the kernel's page zeroing on first touch (about
-        1 GB/s on this VM, several times slower than memcpy; `janus bench restore`)."""
+        memory back to the OS, so the worker's RSS drops (Cold, Unloaded), except pages
+        of the pool's resident zone (`devices.resident_mib`). Warm keeps them resident in
+        the pool, as a GPU keeps its HBM: the restore that follows then copies at memory
+        speed instead of paying the kernel's page zeroing on first touch (about 1 GB/s on
+        this VM, several times slower than memcpy; `janus bench restore`)."""
         name = me.name
         pl: Placement = me.placement  # type: ignore[attr-defined]
         sync_device(me.device)  # no kernel of this model may still touch the memory
@@ -247,7 +259,7 @@ class DeviceEngine:
         del me, pl
         give_back = (not keep_host) if return_pages is None else return_pages
         if give_back:
-            release_backing(self.kind, self.pool.global_base, self.pool.page_size, pages)
+            self.pool.give_back(pages)
         self.pool.free(name)
         if give_back:
             trim_heap()

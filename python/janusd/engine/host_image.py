@@ -1,4 +1,4 @@
-"""A converted host image of a checkpoint on disk, memory-mapped on a Cold start.
+"""A converted host image of a checkpoint on disk, read straight into a segment on a Cold start.
 
 Why: a Cold instance keeps nothing in memory, and reading its checkpoint again costs far
 more than moving its bytes: a GGUF is dequantised tensor by tensor and its tokenizer is
@@ -13,10 +13,11 @@ page fault per 4 KiB), so it costs what a read of one file costs, not a conversi
 Keyed by the checkpoint's path, size and modification time, the dtype and the image
 version: a changed checkpoint gets a new image. Written once (atomically: a temporary
 directory renamed into place) the first time the weights pass through host memory or
-leave a device; `lifecycle.host_image = false` never writes one. The mapping is dropped
-Nothing of it stays in the process once the read is done: a Cold model holds no host
-memory for its weights (the page cache may keep the file's pages; the kernel drops those
-under pressure).
+leave a device; `lifecycle.host_image = false` never writes one. A Cold start builds the
+tokenizer from its JSON on another thread while the weights are read. Nothing of the
+image stays in the process once the read is done: a Cold model holds no host memory for
+its weights (the page cache may keep the file's pages; the kernel drops those under
+pressure).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import hashlib
 import os
 import shutil
 import tempfile
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -54,16 +57,41 @@ class ImageMeta(msgspec.Struct, kw_only=True):
 
 class ImageCheckpoint(Checkpoint):
     """A Checkpoint opened from an image: metadata and tokenizer only (the weights are
-    `root / "weights.bin"`, read whole by the caller)."""
+    `root / "weights.bin"`, read whole by the caller).
+
+    The tokenizer may still be being built on another thread (open_image(background=True)):
+    building it from its JSON takes about as long as reading the weights of a small model,
+    and nothing needs it before the engine is assembled, so a Cold start does both at once.
+    Reading `tokenizer` waits for it; a tokenizer that failed to build raises there."""
 
     format = "image"
 
     def __init__(self, root: Path, meta: ImageMeta, tokenizer: Any) -> None:
         specs = {n: (tuple(s), d) for n, (s, d) in meta.specs.items()}
-        super().__init__(Path(meta.source), meta.arch, specs, tokenizer, meta.generation_defaults,
+        super().__init__(Path(meta.source), meta.arch, specs, None, meta.generation_defaults,  # type: ignore[arg-type]
                          list(meta.eos_token_ids))
+        self._tokenizer = tokenizer
         self.root = root
         self.meta = meta
+
+    @property  # type: ignore[override]
+    def tokenizer(self) -> Any:
+        if isinstance(self._tokenizer, Future):
+            self._tokenizer = self._tokenizer.result()
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self._tokenizer = value
+
+    def built_tokenizer(self) -> Any:
+        """The tokenizer if it is built (None while building or if it failed): never waits."""
+        tok = self._tokenizer
+        if isinstance(tok, Future):
+            if not tok.done() or tok.exception() is not None:
+                return None
+            return tok.result()
+        return tok
 
 
 def _fingerprint(path: Path) -> str:
@@ -81,9 +109,27 @@ def image_dir(cache_dir: Path, checkpoint: Path, dtype: str) -> Path:
     return Path(cache_dir) / "images" / f"{_fingerprint(checkpoint)}-{dtype}"
 
 
-def open_image(root: Path, layout: str | None = None) -> ImageCheckpoint | None:
+def _tokenizer(root: Path, meta: ImageMeta) -> Any:
+    from tokenizers import Tokenizer as Backend
+
+    from janusd.engine.tokenizer import Tokenizer
+
+    try:
+        backend = Backend.from_str((root / "tokenizer.json").read_text())
+        return Tokenizer(backend, bos_token=meta.bos_token, eos_token=meta.eos_token,
+                         extra_eos_token_ids=list(meta.eos_token_ids), chat_template=meta.chat_template,
+                         special_tokens_map=meta.special_tokens_map)
+    except Exception as e:  # the Rust parser raises its own exception type
+        raise CheckpointError(f"{root / 'tokenizer.json'}: the image's tokenizer cannot be read: {e}") from None
+
+
+def open_image(root: Path, layout: str | None = None, *, background: bool = False,
+               tokenizer: Any = None) -> ImageCheckpoint | None:
     """The image at `root`, or None when there is none (or it is unreadable: it is then
-    rebuilt from the checkpoint rather than trusted)."""
+    rebuilt from the checkpoint rather than trusted). `background`: build the tokenizer on
+    a thread of its own (see ImageCheckpoint); a bad tokenizer then raises a
+    CheckpointError when it is first used instead of giving None here. `tokenizer`: this
+    image's tokenizer, kept from before (nothing is built)."""
     if not (root / "meta.msgpack").exists():
         return None
     try:
@@ -92,14 +138,21 @@ def open_image(root: Path, layout: str | None = None) -> ImageCheckpoint | None:
             return None
         if layout is not None and meta.layout != layout:
             return None
-        from tokenizers import Tokenizer as Backend
+        if not (root / "tokenizer.json").is_file():
+            return None
+        if tokenizer is not None:
+            return ImageCheckpoint(root, meta, tokenizer)
+        if not background:
+            return ImageCheckpoint(root, meta, _tokenizer(root, meta))
+        tok: Future[Any] = Future()
 
-        from janusd.engine.tokenizer import Tokenizer
+        def build() -> None:
+            try:
+                tok.set_result(_tokenizer(root, meta))
+            except BaseException as e:
+                tok.set_exception(e)
 
-        backend = Backend.from_str((root / "tokenizer.json").read_text())
-        tok = Tokenizer(backend, bos_token=meta.bos_token, eos_token=meta.eos_token,
-                        extra_eos_token_ids=list(meta.eos_token_ids), chat_template=meta.chat_template,
-                        special_tokens_map=meta.special_tokens_map)
+        threading.Thread(target=build, name="janusd-image-tokenizer", daemon=True).start()
         return ImageCheckpoint(root, meta, tok)
     except (OSError, msgspec.DecodeError, msgspec.ValidationError, ValueError, CheckpointError, Exception):
         return None

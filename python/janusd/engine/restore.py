@@ -32,9 +32,6 @@ import torch
 
 from janusd.engine.types import EngineError
 
-_MADV_REMOVE = 9  # linux: free the backing store of a shared mapping's range (memfd pages)
-
-
 @dataclass
 class HostCopy:
     """What a Warm model keeps on the worker (see the module docs)."""
@@ -142,29 +139,6 @@ class Copier:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
                 self._pool = None
-
-
-def release_backing(kind: str, global_base: int, page_size: int, page_ids: list[int]) -> None:
-    """Give the host memory behind cpu-device pages about to be freed back to the OS
-    (MADV_REMOVE on the pool's shared memfd, through the global region where page i sits
-    at global_base + i * page_size), so leaving Active leaves the worker's RSS where it was
-    before the model came. The pool keeps the pages' accounting; their bytes are not kept
-    (nothing may read a freed page). Device memory (cuda/npu) has no host backing."""
-    if kind != "cpu" or not page_ids:
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    ids = sorted(set(page_ids))
-    runs: list[list[int]] = [[ids[0], 1]]
-    for pid in ids[1:]:
-        if pid == runs[-1][0] + runs[-1][1]:
-            runs[-1][1] += 1
-        else:
-            runs.append([pid, 1])
-    for first, count in runs:
-        addr, nbytes = global_base + first * page_size, count * page_size
-        if libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(nbytes), _MADV_REMOVE) != 0:
-            raise EngineError(f"madvise(MADV_REMOVE) of {nbytes} bytes at {addr:#x} failed: errno {ctypes.get_errno()}")
 
 
 def trim_heap() -> None:

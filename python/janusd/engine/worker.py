@@ -83,7 +83,7 @@ def prefill_probe(me: Any) -> list[tuple[int, float]]:
 
 class WorkerProc:
     def __init__(self, conn: BlockingFramedSocket, engine: Any, device_index: int, kind: str,
-                 transfer_protocol: str = "auto") -> None:
+                 transfer_protocol: str = "auto", transfer_nice: int = 0) -> None:
         self.conn = conn
         self.de = engine
         self.device_index = device_index
@@ -92,7 +92,7 @@ class WorkerProc:
         self.req_model: dict[int, str] = {}
         self.running = True
         self.busy_since: float | None = None  # the main thread is in a step or command since (monotonic)
-        self.pd = PDLink(engine.pool, kind, self.inbox, transfer_protocol)
+        self.pd = PDLink(engine.pool, kind, self.inbox, transfer_protocol, transfer_nice)
         self.life = Lifecycle(engine, self.inbox, self.pd, self._send, self._drop_requests)
 
     # ---- reader thread ----
@@ -141,9 +141,10 @@ class WorkerProc:
         self._send(wm.Ready(os.getpid(), self.device_index, self.kind, measure_memcpy()))
         while self.running:
             busy = self.de.has_work()
+            self.life.reap(idle=not busy)
             # requests waiting for KV pages other owners hold: a step now would do nothing,
             # so wait briefly on the inbox (a message still wakes us at once), never spin
-            wait = (STALL_WAIT_S if self.de.waiting_for_pages() else 0.0) if busy else 0.5
+            wait = (STALL_WAIT_S if self.de.waiting_for_pages() else 0.0) if busy else max(0.001, self.life.reap_wait())
             if self.pd.parked:  # imports waiting for blocks: retry soon, as steps or messages free pages
                 wait = min(wait, STALL_WAIT_S) if wait else 0.0
             try:
@@ -364,6 +365,7 @@ class WorkerProc:
             self._send(wm.ErrorReply(msg.seq, f"model {msg.name!r} is changing state; unload it after", "bad_request"))
             return
         self._drop_requests(msg.name, f"model {msg.name!r} was unloaded")
+        self.life.forget(msg.name)
         try:
             self.de.unload_model(msg.name)
         except Exception as e:
@@ -419,8 +421,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kind", default="cpu")
     p.add_argument("--memory-bytes", type=int, required=True)
     p.add_argument("--page-size", type=int, default=2 << 20)
+    p.add_argument("--resident-bytes", type=int, default=0, help="top of the pool kept backed (cpu)")
     p.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--transfer-protocol", default="auto", help="Mooncake protocol (auto: by device kind)")
+    p.add_argument("--transfer-nice", type=int, default=0,
+                   help="how much nicer the transfer engine's threads run (0-19)")
     args = p.parse_args(argv)
     # The daemon owns our life: SIGINT from a terminal's Ctrl-C or SIGTERM sent to the whole
     # process group must not kill a worker mid-drain; we exit on Shutdown or on EOF.
@@ -436,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
         from janusd.engine.device_engine import DeviceEngine
 
         de = DeviceEngine(
-            kind=args.kind, device_index=args.device_index, memory_bytes=args.memory_bytes, page_size=args.page_size
+            kind=args.kind, device_index=args.device_index, memory_bytes=args.memory_bytes, page_size=args.page_size,
+            resident_bytes=args.resident_bytes,
         )
     except Exception as e:
         from janusd.engine.types import EngineError
@@ -450,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 1
-    WorkerProc(conn, de, args.device_index, args.kind, args.transfer_protocol).serve()
+    WorkerProc(conn, de, args.device_index, args.kind, args.transfer_protocol, args.transfer_nice).serve()
     # Nothing a worker holds outlives it (device memory, pinned host memory, transfer
     # registrations all belong to the process), so skip the interpreter's teardown: freeing
     # every pool page, torch's and the transfer engine's destructors took ~0.7 s of an idle

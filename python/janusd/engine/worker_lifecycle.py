@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import sys
 import threading
 import time
@@ -38,6 +39,12 @@ def _log(msg: str) -> None:
     print(f"janusd-worker[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
 
 
+# a restored model's host copy is freed when the worker idles this long after the activation (its
+# waking request has arrived and stepped by then), at the latest after FREE_DEFER_S
+FREE_GRACE_S = 0.25
+FREE_DEFER_S = 2.0
+
+
 class Done(msgspec.Struct):
     """A lifecycle thread's result, applied on the main thread."""
 
@@ -51,12 +58,16 @@ class Done(msgspec.Struct):
     phases: dict[str, float] = {}
 
 
-def _drop(box: list[Any]) -> None:
-    """Free what `box` holds on this thread (its last reference), then trim the heap."""
+def _drop(box: list[Any], trim: bool = True) -> None:
+    """Free what `box` holds on this thread (its last reference), then (trim) trim the heap.
+    No trim after an activation: a host copy is one mapping, unmapped as it is freed, and
+    malloc_trim holds the allocator's lock for ~0.1 s, so the main thread's first step of
+    the model just restored waited for it (measured: Generate handled 107 ms late)."""
     from janusd.engine.restore import trim_heap
 
     box.clear()
-    trim_heap()
+    if trim:
+        trim_heap()
 
 
 def layout_signature(plan: Any) -> str:
@@ -121,6 +132,9 @@ class Lifecycle:
         self.drop_requests = drop_requests
         self.copier = Copier()
         self.busy: set[str] = set()  # models with a SetState in progress
+        # Cold models' tokenizers, by model: (image dir, Tokenizer); see _keep_tokenizer
+        self.tokenizers: dict[str, tuple[Path, Any]] = {}
+        self._freeing: list[tuple[float, Any]] = []  # (activated at, host copy) of models now Active
 
     # ---- main thread ----
     def set_state(self, msg: wm.SetState) -> None:
@@ -153,6 +167,7 @@ class Lifecycle:
             host = self.de.host.pop(name, None)
             self.send(wm.StateSet(msg.seq, name, "cold"))
             if host is not None:
+                self._keep_tokenizer(msg, host.checkpoint)
                 threading.Thread(target=_drop, args=([host],), name="janusd-free-host-copy", daemon=True).start()
                 del host
 
@@ -167,8 +182,8 @@ class Lifecycle:
             self.send(wm.StateSet(d.msg.seq, name, "active", d.path, d.nbytes, d.phases, d.fallback,
                                   int(me.max_model_len), [int(t) for t in me.eos_token_ids]))
             host = self.de.host.pop(name, None)  # Active holds device memory only
-            if host is not None:  # freeing 0.5 GB takes ~65 ms here: after the answer, off this thread
-                threading.Thread(target=_drop, args=([host],), name="janusd-free-host-copy", daemon=True).start()
+            if host is not None:  # once the first requests ran (see reap)
+                self._freeing.append((time.monotonic(), host))
                 del host
             return
         if d.host is not None:
@@ -176,6 +191,27 @@ class Lifecycle:
         else:
             self.de.host.pop(name, None)
         self.send(wm.StateSet(d.msg.seq, name, d.msg.target, d.path, d.nbytes, d.phases))
+
+    def reap(self, idle: bool) -> None:
+        """Free the host copies of models that went Active, on a thread, once this worker
+        idles FREE_GRACE_S after the activation, at the latest FREE_DEFER_S after it.
+        Freeing 0.5 GB (munmap) took 0.1-0.15 s of CPU and stalls; right after the answer
+        it ran during the restored model's first step, the very request that woke it
+        (measured: its first token 0.12-0.15 s later). Call from the main loop."""
+        if not self._freeing:
+            return
+        now = time.monotonic()
+        due = lambda t: now - t >= (FREE_GRACE_S if idle else FREE_DEFER_S)  # noqa: E731
+        free = [h for t, h in self._freeing if due(t)]
+        if free:
+            self._freeing = [(t, h) for t, h in self._freeing if not due(t)]
+            threading.Thread(target=_drop, args=(free, False), name="janusd-free-host-copy", daemon=True).start()
+
+    def reap_wait(self) -> float:
+        """Seconds until an idle worker should call reap() again (0.5 when nothing waits)."""
+        if not self._freeing:
+            return 0.5
+        return max(0.0, min(t for t, _ in self._freeing) + FREE_GRACE_S - time.monotonic())
 
     def publish(self, msg: wm.PublishWeights) -> Any:
         """A fork's source: where our weight segment is, with sampled-block checksums."""
@@ -226,6 +262,23 @@ class Lifecycle:
             if write_image(root, ck, plan, layout_signature(plan), msg.model.dtype, data):
                 _log(f"wrote the host image of {msg.model.name} ({plan.total_bytes} bytes) to {root}")
 
+    def _keep_tokenizer(self, msg: wm.SetState, ck: Any) -> None:
+        """A model going Cold here keeps its tokenizer (`lifecycle.cold_keeps_tokenizer`):
+        building it again from the image's JSON holds the GIL for 0.2-0.4 s for SmolLM2's
+        BPE (the weights read and every co-located model's steps wait), most of a Cold
+        start; it costs ~40 MB of host memory, none of it weights."""
+        root = self._image_root(msg)
+        built = getattr(ck, "built_tokenizer", None)  # an image's may still be building: never wait for it
+        tok = built() if built is not None else ck.tokenizer
+        if msg.lifecycle.cold_keeps_tokenizer and root is not None and tok is not None:
+            self.tokenizers[msg.model.name] = (root, tok)
+        else:
+            self.tokenizers.pop(msg.model.name, None)
+
+    def forget(self, name: str) -> None:
+        """The model is unloaded or removed here: nothing of it stays."""
+        self.tokenizers.pop(name, None)
+
     def _from_image(self, msg: wm.SetState) -> Any:
         """A HostCopy that reads the image's weights file (None when there is no image)."""
         root = self._image_root(msg)
@@ -236,7 +289,9 @@ class Lifecycle:
         from janusd.engine.restore import HostCopy
         from janusd.engine.runner import torch_dtype
 
-        ck = open_image(root)
+        kept_root, kept = self.tokenizers.get(msg.model.name, (None, None))
+        # the kept tokenizer (same image: same checkpoint and dtype), else built while the weights are read
+        ck = open_image(root, background=True, tokenizer=kept if kept_root == root else None)
         if ck is None:
             return None
         plan = plan_weights(ck.arch, ck.tensor_specs(), torch_dtype(msg.model.dtype))
@@ -250,6 +305,7 @@ class Lifecycle:
         if not keep:  # the last chance to keep a converted image of what leaves the device
             pl = me.placement
             self._keep_image(msg, me.checkpoint, pl.plan, pl.segment.tensor())
+            self._keep_tokenizer(msg, me.checkpoint)
         try:
             host, copy_s = self.de.release(me, self.copier, keep_host=keep)
         except Exception:  # e.g. no host memory for the copy: free the device side anyway (nothing half-held)
@@ -288,6 +344,10 @@ class Lifecycle:
         me = None
         path = fallback = ""
         if msg.fork is not None:
+            if self.pd.thread_nice:  # this thread's pull, checksums and probe yield to the worker's steps
+                from janusd.lifecycle.transfer import lower_priority
+
+                lower_priority([threading.get_native_id()], self.pd.thread_nice)
             try:
                 me = self._pull(msg, host, phases)
                 path = "d2d"
@@ -298,16 +358,27 @@ class Lifecycle:
         if me is None and host is not None:
             me = self.de.restore_model(host, self.copier, phases)
             path = "h2d"
-        if me is None:  # Cold: the mapped image, else the checkpoint read into a host copy; then H2D
+        if me is None:  # Cold: the converted image, else the checkpoint read into a host copy; then H2D
+            from janusd.engine.checkpoint.base import CheckpointError
+
             t0 = time.perf_counter()
             src = self._from_image(msg)
             path = "image"
-            if src is None:
+            opened = time.perf_counter() - t0
+            if src is not None:
+                try:
+                    me = self.de.restore_model(src, self.copier, phases)
+                except CheckpointError as e:  # its tokenizer did not build: drop it, convert the checkpoint again
+                    _log(f"the host image of {name} is unusable, reading the checkpoint: {e}")
+                    shutil.rmtree(src.checkpoint.root, ignore_errors=True)
+                    phases.clear()
+                    t0 = time.perf_counter()
+            if me is None:
                 src = self.de.stage_host_copy(msg.model, msg.engine, Path(msg.cache_dir) if msg.cache_dir else None)
                 self._keep_image(msg, src.checkpoint, src.plan, src.buf)
                 path = "checkpoint"
-            opened = time.perf_counter() - t0
-            me = self.de.restore_model(src, self.copier, phases)
+                opened = time.perf_counter() - t0
+                me = self.de.restore_model(src, self.copier, phases)
             phases["prepare"] = phases.get("prepare", 0.0) + opened
             del src  # a temporary host copy, if any: a Cold start keeps no host memory
         try:
@@ -348,7 +419,7 @@ class Lifecycle:
         def fill(seg: Any) -> Any:
             t1 = time.perf_counter()
             marks["prepare"] = t1 - t0
-            pull_segment(self.pd.transport, src, seg, chunk)
+            pull_segment(self.pd.transport, src, seg, chunk, msg.lifecycle.fork_bandwidth_mib_s * float(1 << 20))
             marks["transfer"] = time.perf_counter() - t1
             marks["after"] = time.perf_counter()
             return materialize(plan, seg.view)
@@ -368,19 +439,36 @@ class Lifecycle:
         return me
 
 
-def pull_segment(transport: Any, src: wm.ForkSource, seg: Any, chunk_bytes: int) -> int:
+def pull_segment(transport: Any, src: wm.ForkSource, seg: Any, chunk_bytes: int, max_bytes_per_s: float = 0.0,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> int:
     """Read the source's segment bytes into `seg` (ours, reserved) over the transport:
     the pieces paired by lifecycle/transfer.match_pieces, cut into `chunk_bytes` so one
     batch keeps several transfers in flight; then check the byte count and the sampled
-    checksums. Raises EngineError (or TransferError) when either does not match."""
+    checksums. Raises EngineError (or TransferError) when either does not match.
+
+    `max_bytes_per_s` > 0 paces the pull (lifecycle.fork_bandwidth_mib_s while the source
+    serves): batches of at most a 20th of a second's worth, each started no earlier than
+    the cap allows, so the source's own work gets the CPU (and, on a shared link, the
+    bandwidth) between them."""
     from janusd.engine.types import EngineError
     from janusd.lifecycle.transfer import Piece, match_pieces
 
+    if max_bytes_per_s > 0:
+        chunk_bytes = max(1 << 20, min(chunk_bytes, int(max_bytes_per_s / 20)))
     pieces = []
     for p in match_pieces([(int(a), int(n)) for a, n in src.pieces], seg.global_pieces(src.nbytes)):
         for a in range(0, p.nbytes, chunk_bytes):
             pieces.append(Piece(p.src_offset + a, p.dst_offset + a, min(chunk_bytes, p.nbytes - a)))
-    moved = transport.read(src.session, src.global_base, pieces)
+    if max_bytes_per_s > 0:
+        moved = 0
+        t0 = clock()
+        for p in pieces:
+            wait = t0 + moved / max_bytes_per_s - clock()
+            if wait > 0:
+                sleep(wait)
+            moved += transport.read(src.session, src.global_base, [p])
+    else:
+        moved = transport.read(src.session, src.global_base, pieces)
     if moved != src.nbytes:
         raise EngineError(f"fork moved {moved} bytes, expected {src.nbytes}")
     got = checksums(seg.tensor(), [(o, n) for o, n, _ in src.checksums])

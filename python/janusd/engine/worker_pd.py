@@ -50,10 +50,12 @@ class Parked(msgspec.Struct):
 
 
 class PDLink:
-    def __init__(self, pool: Any, kind: str, inbox: queue.Queue[Any], protocol: str = "auto") -> None:
+    def __init__(self, pool: Any, kind: str, inbox: queue.Queue[Any], protocol: str = "auto",
+                 thread_nice: int = 0) -> None:
         self.pool = pool
         self.kind = kind
         self.protocol = protocol
+        self.thread_nice = thread_nice  # of the transfer engine's threads (devices.transfer_nice)
         self.inbox = inbox
         self.transport: Any = None
         self._jobs: queue.Queue[tuple[int, str, str, int, list[Any]]] = queue.Queue()
@@ -72,7 +74,7 @@ class PDLink:
         from janusd.lifecycle.transfer import GlobalRegionTransport
 
         self.transport = GlobalRegionTransport(self.pool.global_base, self.pool.global_nbytes, kind=self.kind,
-                                               protocol=self.protocol)
+                                               protocol=self.protocol, thread_nice=self.thread_nice)
         self._thread = threading.Thread(target=self._run, name="janusd-kv-transfer", daemon=True)
         self._thread.start()
 

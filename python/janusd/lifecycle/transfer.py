@@ -138,6 +138,22 @@ def protocol_for(kind: str, configured: str = "auto") -> str:
     return configured
 
 
+def _thread_ids() -> set[int]:
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+def lower_priority(tids: list[int], by: int) -> None:
+    """Raise these threads' nice value by `by` (at most 19; Linux: nice is per thread), so
+    they yield to the process's other threads whatever nice the process started with.
+    Undoing it needs privileges, so only threads that never run our compute get this. A
+    thread that ended meanwhile is skipped."""
+    for tid in tids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
+        except ProcessLookupError:
+            pass
+
+
 class GlobalRegionTransport:
     """One per worker process: a Mooncake TransferEngine (loopback TCP on cpu devices) with
     the pool's global region [base, base + nbytes) registered. Peers address it by `session`.
@@ -149,8 +165,12 @@ class GlobalRegionTransport:
 
     def __init__(
         self, base: int, nbytes: int, kind: str = "cpu", host: str = "127.0.0.1", *, stall_timeout_s: int = 5,
-        protocol: str = "auto",
+        protocol: str = "auto", thread_nice: int = 0,
     ) -> None:
+        """`thread_nice` > 0: the threads the engine starts (its socket and handshake
+        threads, which copy every byte on tcp) run that much nicer than the process, so
+        on a machine short of cores the process's own compute (a source's decode) goes
+        first."""
         for name, v in (("base", base), ("nbytes", nbytes), ("stall_timeout_s", stall_timeout_s)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -165,9 +185,12 @@ class GlobalRegionTransport:
         if proto != "tcp":
             raise TransferError(f"transfer protocol {proto!r} needs the mooncake CUDA/NPU wheel and its NICs; "
                                 f"the installed `{_WHEEL}` moves host memory over tcp only")
+        if isinstance(thread_nice, bool) or not isinstance(thread_nice, int) or not 0 <= thread_nice <= 19:
+            raise ValueError(f"thread_nice must be an int in 0..19, got {thread_nice!r}")
         engine_cls = _load_engine_class()
         os.environ.setdefault(_STALL_ENV, str(stall_timeout_s))
         self._lock = threading.Lock()
+        before = _thread_ids()
         self._te = engine_cls()
         rc = self._te.initialize(host, "P2PHANDSHAKE", proto, "")
         if rc != 0:
@@ -179,6 +202,10 @@ class GlobalRegionTransport:
         self.nbytes = nbytes
         self.kind = kind
         self.session = f"{host}:{self._te.get_rpc_port()}"
+        # threads born while the engine started, less Python's own (one may have started meanwhile)
+        self.engine_threads = sorted(_thread_ids() - before - {t.native_id for t in threading.enumerate()})
+        if thread_nice:
+            lower_priority(self.engine_threads, thread_nice)
         self._closed = False
 
     @property

@@ -21,7 +21,7 @@ import msgspec
 import torch
 
 from janusd import _native
-from janusd.memory import views
+from janusd.memory import residency, views
 
 XTensorError = _native.XTensorError
 
@@ -84,7 +84,13 @@ class PoolStats(msgspec.Struct, frozen=True, kw_only=True):
 class DevicePool:
     """One device's physical page pool with its global region mapped 1:1 (page i at
     global_base + i * page_size). kind: "cpu" (memfd host backend), "cuda" (driver VMM
-    API) or "npu" (ACL); a missing backend library is an XTensorError naming it."""
+    API) or "npu" (ACL); a missing backend library is an XTensorError naming it.
+
+    `resident_pages` (cpu): the top pages of the pool (where weight segments are placed
+    first) are faulted in now and never given back (`give_back` skips them), so a
+    restore, fork or Cold start writing a segment there runs at memcpy speed instead of
+    paying the kernel's zero-fill (memory/residency.py); they cost their size in RSS from
+    now on. Device memory (cuda/npu) is physical from the start: the setting is moot."""
 
     def __init__(
         self,
@@ -94,14 +100,25 @@ class DevicePool:
         device_index: int = 0,
         *,
         background: bool = True,
+        resident_pages: int = 0,
     ) -> None:
         if kind not in _KINDS:
             raise XTensorError(f"unknown device kind {kind!r}: expected one of {', '.join(_KINDS)}")
         self._device_index = _int(device_index, "device_index", 0)
+        num_pages = _int(num_pages, "num_pages")
+        resident = _int(resident_pages, "resident_pages", 0)
+        if resident > num_pages:
+            raise XTensorError(f"resident_pages ({resident}) exceeds the pool's {num_pages} pages")
         self._native = _native.XtPool(
-            kind, _int(num_pages, "num_pages"), _int(page_size, "page_size"), self._device_index, bool(background)
+            kind, num_pages, _int(page_size, "page_size"), self._device_index, bool(background)
         )
         self._global_range = self._native.global_range()
+        self._resident_from = num_pages - resident if kind == "cpu" else 0
+        try:
+            self.populate(list(range(self._resident_from, num_pages)))
+        except XTensorError:
+            self._native.close()
+            raise
 
     # ---- facts ----
     @property
@@ -134,6 +151,11 @@ class DevicePool:
         return self._native.closed
 
     @property
+    def resident_pages(self) -> int:
+        """Pages kept backed by host memory whether used or not (cpu; all on cuda/npu)."""
+        return self.num_pages - self._resident_from
+
+    @property
     def torch_device(self) -> torch.device:
         return torch.device("cpu") if self.kind == "cpu" else torch.device(self.kind, self._device_index)
 
@@ -163,6 +185,32 @@ class DevicePool:
     def free(self, owner: str) -> None:
         """Free `owner`'s weight segments and KV regions (unknown owner / double free raise)."""
         self._native.free(_owner(owner))
+
+    # ---- host backing of cpu pages (memory/residency.py) ----
+    def populate(self, page_ids: list[int]) -> None:
+        """Fault these pages in (cpu): their next write runs at memory speed. XTensorError
+        when the host has not the memory (rather than a SIGBUS at that write)."""
+        if self.kind != "cpu":
+            return
+        page = self.page_size
+        for first, count in residency.runs(page_ids):
+            try:
+                residency.populate(self.global_base + first * page, count * page)
+            except residency.ResidencyError as e:
+                raise XTensorError(str(e.strerror)) from None
+
+    def give_back(self, page_ids: list[int]) -> None:
+        """Hand the host memory behind these pages back to the OS (cpu; call before freeing
+        them: nothing may read them after), except pages of the resident zone, which stay
+        backed for the next segment. The pool's accounting is not touched."""
+        if self.kind != "cpu":
+            return
+        page = self.page_size
+        for first, count in residency.runs([p for p in page_ids if p < self._resident_from]):
+            try:
+                residency.give_back(self.global_base + first * page, count * page)
+            except residency.ResidencyError as e:
+                raise XTensorError(str(e.strerror)) from None
 
     # ---- views ----
     def global_tensor(self, dtype: torch.dtype = torch.uint8) -> torch.Tensor:

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from janusd.config import LifecycleConfig
 from janusd.core.registry import Instance
 from janusd.core.requests import Failure
@@ -151,11 +153,19 @@ class LifecycleOps:
         return LifecycleOps._Claim(self._busy, (inst.model, inst.device))
 
     def _msg(self, inst: Instance, target: str, fork: wm.ForkSource | None = None,
-             probe: bool = True) -> Callable[[int], wm.SetState]:
+             probe: bool = True, life: LifecycleConfig | None = None) -> Callable[[int], wm.SetState]:
         m = self.core.registry.models[inst.model]
         cfg = m.engine_cfg(inst.device)
+        life = life or self.cfg
         return lambda seq: wm.SetState(seq, cfg, self.ops.engine, self.ops.cache_dir, target,  # type: ignore[arg-type]
-                                       self.cfg, fork, probe)
+                                       life, fork, probe)
+
+    def _fork_pace(self, source_device: int) -> LifecycleConfig:
+        """The lifecycle settings a fork's target gets: its pull paced only while the source
+        device has requests in flight (an idle source has no decode to protect)."""
+        if self.cfg.fork_bandwidth_mib_s and not self.core.requests.on_device(source_device):
+            return msgspec.structs.replace(self.cfg, fork_bandwidth_mib_s=0)
+        return self.cfg
 
     async def _call(self, inst: Instance, make: Callable[[int], Any], timeout_s: float) -> Any:
         w = self.ops.workers[inst.device]
@@ -192,7 +202,8 @@ class LifecycleOps:
         self.core.set_state(inst, S.FORKING if source is not None else S.RESTORING, clock())
         t0 = time.monotonic()
         try:
-            reply: wm.StateSet = await self._call(inst, self._msg(inst, "active", source, probe),
+            life = self._fork_pace(peer.device) if source is not None and peer is not None else self.cfg
+            reply: wm.StateSet = await self._call(inst, self._msg(inst, "active", source, probe, life),
                                                   self.ops.load_timeout_s + (self.cfg.fork_timeout_s if source else 0))
         except (WorkerError, asyncio.TimeoutError) as e:
             err = str(e) or "timed out"

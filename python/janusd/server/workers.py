@@ -127,7 +127,9 @@ class WorkerHandle:
             "--kind", self.devices.kind,
             "--memory-bytes", str(self.devices.memory_mib << 20),
             "--page-size", str(self.devices.page_size_mib << 20),
+            "--resident-bytes", str(self.devices.resident_mib << 20),
             "--transfer-protocol", self.devices.transfer_protocol,
+            "--transfer-nice", str(self.devices.transfer_nice),
             "--torch-threads",
             os.environ.get("JANUSD_WORKER_TORCH_THREADS") or str(self.devices.worker_torch_threads()),
         ]
