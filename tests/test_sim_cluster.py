@@ -136,3 +136,26 @@ def test_a_request_waiting_for_kv_past_the_engines_bound_fails():
     assert s["outcomes"] == {"ok": 1, "failed": 1}
     assert cluster.outcome().token_times[0][-1] > 30.0
     assert cluster.outcome().status[1] == "error"
+
+
+def test_co_located_models_draw_on_one_kv_pool():
+    # xTensor (PAPER.md §7): the models on a device share one page pool. Two 8B models on
+    # one device; only "a" is busy: three requests of a quarter of the pool each run at
+    # once (an even split would have left "a" half the pool: two at a time)
+    from janusd.sim.worker import SimWorker
+    from janusd.wire import worker_msgs as wm
+
+    m = resolve(["qwen3-8b"])["qwen3-8b"]
+    small = PerfModel(device_spec("ascend-910c-die", hbm_bytes=2 * m.weight_bytes / 0.9 + 3e9))
+    pool = small.kv_capacity_tokens(m, [m, m])
+    assert 10_000 < pool < small.kv_capacity_tokens(m, [m])
+    w = SimWorker(0, small, lambda dev, t: None, lambda: 0.0, lambda rid: (0.0, 1e3, 1e3))
+    w.set_residents({"a": m, "b": m})
+    for rid in (1, 2, 3, 4):
+        w.send(wm.Generate(rid, "a", [1] * (pool // 4 - 40), wm.SamplingSpec(max_tokens=40, ignore_eos=True)))
+    w.on_event(0.0)
+    assert sorted(w._seqs) == [1, 2, 3, 4] and not w.failed
+    assert 0 < w.kv_pool - w.kv_used < small.kv_token_bytes(m) * 200
+    w.send(wm.Generate(5, "b", [1] * 100, wm.SamplingSpec(max_tokens=10, ignore_eos=True)))
+    w.on_event(w.event_at)  # the pool is full: "b" waits for "a"'s pages
+    assert 5 not in w._seqs and [s.rid for s in w.residents["b"].waiting] == [5]

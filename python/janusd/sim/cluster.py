@@ -147,6 +147,9 @@ class Cluster:
         self._held_since = 0.0
         self.device_series: list[tuple[float, int, int]] = [(0.0, 0, 0)]
         self._devices_dirty = False  # an instance changed state: count devices after this event
+        self._holding: dict[int, int] = {}  # worker -> its instances holding device memory
+        self._held_now = 0  # devices of workers holding some instance (kept by set_state)
+        self._insts_now = 0  # instances holding device memory
         self._draining: dict[int, set[str]] = {}  # worker -> models draining there
         self.on_arrival: Callable[[int, float], None] | None = None  # (trace row, now): the controller's counts
 
@@ -174,9 +177,17 @@ class Cluster:
         """Move an instance (through the core's set_state) and keep the worker's residents
         and the device-hours in step."""
         inst = self.core.instance(model, lead)
+        before = holds_device_memory(inst.state)
         self.core.set_state(inst, target, now)
         self.worker(self.groups.get(lead, [lead])).set_residents(self.residents(lead))
-        self._devices_dirty = True
+        delta = int(holds_device_memory(inst.state)) - int(before)
+        if delta:
+            k = self._holding.get(lead, 0)
+            self._holding[lead] = k + delta
+            self._insts_now += delta
+            if (k == 0) != (k + delta == 0):
+                self._held_now += delta * len(self.groups[lead])
+            self._devices_dirty = True
 
     def place(self, model: str, devices: list[int], now: float, load_s: float = 0.0) -> None:
         """An instance of `model` on the group `devices`: Loading now, Active after load_s."""
@@ -212,16 +223,12 @@ class Cluster:
         arch = self.served[model].arch
         probe = [(n, self.perf.prefill_s(arch, n)) for n in (128, 512, 2048)]
         self.core.loaded(inst, now, arch.max_model_len, 0.0, probe)
-        self._devices_dirty = True
 
     def _count_devices(self, now: float) -> None:
-        """Re-count the devices held after an instance changed state (module doc)."""
+        """Close the device-seconds since the last change and record the new counts
+        (kept up to date by set_state: the module doc's definition)."""
         self._device_s += self._held_devices * (now - self._held_since)
-        held = insts = 0
-        for lead, devs in self.groups.items():
-            k = sum(1 for i in self.core.registry.on_device(lead) if holds_device_memory(i.state))
-            insts += k
-            held += len(devs) if k else 0
+        held, insts = self._held_now, self._insts_now
         self._held_devices, self._held_since = held, now
         if self.device_series[-1][1:] != (held, insts):
             if self.device_series[-1][0] == now:

@@ -22,6 +22,7 @@ from janusd.sim.cluster import Cluster, served_models
 from janusd.sim.perfmodel import PerfModel
 from janusd.sim.policies import POLICIES
 from janusd.sim.specs import SimModel
+from janusd.sim.worker import EngineLimits
 from janusd.trace import slo
 from janusd.trace.formats import Trace
 from janusd.trace.results import jsonable
@@ -29,7 +30,7 @@ from janusd.trace.results import jsonable
 
 def simulate(trace: Trace, archs: dict[str, SimModel], devices: int, policy: str,
              device: str = "ascend-910c-die", keep_times: bool = False,
-             perf: PerfModel | None = None) -> tuple[Cluster, dict[str, Any]]:
+             perf: PerfModel | None = None, engine: EngineLimits = EngineLimits()) -> tuple[Cluster, dict[str, Any]]:
     """Run `policy` on `devices` devices of kind `device`; ValueError for bad arguments
     (unknown policy, a pool too small for one instance of every model)."""
     if policy not in POLICIES:
@@ -39,7 +40,7 @@ def simulate(trace: Trace, archs: dict[str, SimModel], devices: int, policy: str
     pol = POLICIES[policy]
     perf = perf or PerfModel(device_spec(device))
     served, req_model = served_models(trace, archs)
-    cluster = Cluster(trace, served, req_model, perf, devices, pol.dispatch, keep_times=keep_times)
+    cluster = Cluster(trace, served, req_model, perf, devices, pol.dispatch, engine=engine, keep_times=keep_times)
     pol.setup(cluster, served, trace, req_model)
     wall = cluster.run()
     return cluster, summary(cluster, policy, wall)
