@@ -159,3 +159,13 @@ def test_co_located_models_draw_on_one_kv_pool():
     w.send(wm.Generate(5, "b", [1] * 100, wm.SamplingSpec(max_tokens=10, ignore_eos=True)))
     w.on_event(w.event_at)  # the pool is full: "b" waits for "a"'s pages
     assert 5 not in w._seqs and [s.rid for s in w.residents["b"].waiting] == [5]
+
+
+def test_peer_routers_serve_late_never_refuse():
+    # rr and least-load as peers' routers (no deadlines): under overload nothing is
+    # rejected, everything is served (late); LST-IMH with the daemon's machinery refuses
+    tr = poisson_trace(1500, 10.0, APPS, seed=5, max_in=1000, max_out=100)
+    outs = {p: run(tr, 3, p)[1]["outcomes"] for p in ("rr", "least-load", "lst-imh-reject")}
+    for p in ("rr", "least-load"):
+        assert outs[p] == {"ok": 1500}, (p, outs[p])
+    assert outs["lst-imh-reject"].get("rejected", 0) > 0

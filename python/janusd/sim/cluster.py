@@ -21,8 +21,10 @@ the elastic demand only after it is over.
 
 Served models: every (app, trace model) pair is a served model of its own (the paper's
 apps each have their own model); its name is the app's, or app/model when an app uses
-several models. Its architecture and default SLOs come from sim/specs.py; a trace's
-per-request SLO columns win.
+several models. Its architecture comes from sim/specs.py; its SLOs (in its ModelConfig:
+what the decode guard and the controller's oracle plan for) are the median of its
+requests' SLO columns, the architecture's defaults where the trace has none; a request's
+own SLO columns win for its dispatch deadline and accounting.
 
 Device-hours (PAPER.md §9 compares 13,440 with 768 x 24): a device counts while it holds
 an instance of some model in a state that holds device memory and serves or is about to
@@ -59,27 +61,50 @@ _NAME_BAD = re.compile(r"[^A-Za-z0-9._:/-]")
 
 @dataclass(frozen=True)
 class Served:
-    name: str  # the served model's name in the core
+    """A served model: its name in the core, its app, its architecture and the SLOs its
+    ModelConfig carries (what the decode guard and the controller's oracle plan for)."""
+
+    name: str
     app: str
     arch: SimModel
+    ttft_slo_ms: float
+    tpot_slo_ms: float
+
+
+def _app_slo(column: np.ndarray, rows: np.ndarray, default: float) -> float:
+    """A served model's SLO: the median of its requests' SLO column (a synthesized or
+    converted trace gives every request of an app the app's SLO), the architecture's
+    default where the trace has none."""
+    v = column[rows]
+    v = v[np.isfinite(v)]
+    return float(np.median(v)) if len(v) else default
 
 
 def served_models(trace: Trace, archs: dict[str, SimModel]) -> tuple[list[Served], np.ndarray]:
-    """The served models of a trace and, per request, the index of its served model."""
+    """The served models of a trace and, per request, the index of its served model.
+
+    Their SLOs are the trace's (module doc): until 2026-12-03 every served model carried
+    its architecture's default SLOs while the requests carried the app's, so the decode
+    guard and the oracle planned an app with a 50 ms TPOT for the 75 ms of an 8B preset."""
     pairs = trace.app_id.astype(np.int64) * len(trace.models) + trace.model_id.astype(np.int64)
     uniq, inverse = np.unique(pairs, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(len(uniq) + 1))
     per_app: dict[int, int] = {}
     for p in uniq:
         per_app[int(p) // len(trace.models)] = per_app.get(int(p) // len(trace.models), 0) + 1
     out = []
-    for p in uniq:
+    for k, p in enumerate(uniq):
         a, m = divmod(int(p), len(trace.models))
         app, model = trace.apps[a], trace.models[m]
         name = app if per_app[a] == 1 else f"{app}/{model}"
         name = _NAME_BAD.sub("_", name)
         if not name[0].isalnum():
             name = "m" + name
-        out.append(Served(name[:128], app, archs[model]))
+        arch = archs[model]
+        rows = order[bounds[k]:bounds[k + 1]]
+        out.append(Served(name[:128], app, arch, _app_slo(trace.ttft_slo_ms, rows, arch.ttft_slo_ms),
+                          _app_slo(trace.tpot_slo_ms, rows, arch.tpot_slo_ms)))
     return out, inverse.astype(np.int64)
 
 
@@ -137,7 +162,7 @@ class Cluster:
                                 Telemetry(window_s=telemetry_window_s, bucket_s=1.0))
         for s in served:
             self.core.add_model(ModelConfig(name=s.name, checkpoint=f"sim:{s.arch.name}", app=s.app,
-                                            ttft_slo_ms=s.arch.ttft_slo_ms, tpot_slo_ms=s.arch.tpot_slo_ms,
+                                            ttft_slo_ms=s.ttft_slo_ms, tpot_slo_ms=s.tpot_slo_ms,
                                             tp=s.arch.tp, max_model_len=s.arch.max_model_len))
         self.arrivals_left = len(trace.arrival_s)
         self._tick_at = math.inf
@@ -398,8 +423,8 @@ class Cluster:
         v = float((self.trace.ttft_slo_ms if ttft else self.trace.tpot_slo_ms)[i])
         if not math.isnan(v):
             return v
-        arch = self.served[self.req_model[int(self.request_model[i])]].arch
-        return arch.ttft_slo_ms if ttft else arch.tpot_slo_ms
+        served = self.served[self.req_model[int(self.request_model[i])]]
+        return served.ttft_slo_ms if ttft else served.tpot_slo_ms
 
 
 def _drop(_event: object) -> None:

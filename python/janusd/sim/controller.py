@@ -120,7 +120,7 @@ def build_oracle(served: list[Served], cluster: Cluster) -> Oracle:
         if s.arch.spec is None or s.arch.tp != 1:
             raise ControllerError(f"model {s.name} ({s.arch.name}, tp {s.arch.tp}): the controller's oracle prior "
                                   "needs a dense model on one device (tp 1)")
-        o.set_prior(s.name, RooflinePrior(s.arch.spec, dev, s.arch.ttft_slo_ms / 1000, s.arch.tpot_slo_ms / 1000))
+        o.set_prior(s.name, RooflinePrior(s.arch.spec, dev, s.ttft_slo_ms / 1000, s.tpot_slo_ms / 1000))
     return o
 
 

@@ -3,7 +3,8 @@
 The summary's keys are the issue's (`janus sim` prints them as its last line):
 policy, requests, token_attainment, ttft_attainment, tpot_attainment, goodput_rps,
 device_hours, mean_app_attainment, worst_app_attainment, wall_s; plus what explains them
-(outcomes by kind, simulated requests per wall second, devices, device kind). A run
+(outcomes by kind, the worst app's name, simulated requests per wall second, devices,
+device kind). A run
 directory gets results.jsonl, devices.csv and summary.json (trace/results.py), so
 `janus report` reads a simulated run like a replayed one.
 """
@@ -59,8 +60,17 @@ def summary(cluster: Cluster, policy: str, wall_s: float) -> dict[str, Any]:
         "device": cluster.perf.device.name, "outcomes": dict(sorted(cluster.outcome_counts.items())),
         "sim_end_s": cluster.now, "sim_requests_per_wall_s": n / wall_s if wall_s > 0 else float("inf"),
         "mean_app_attainment": s["app_mean_token_attainment"],
-        "worst_app_attainment": s["app_worst_token_attainment"], "wall_s": wall_s,
+        "worst_app_attainment": s["app_worst_token_attainment"], "worst_app": worst_app(cluster),
+        "wall_s": wall_s,
     }
+
+
+def worst_app(cluster: Cluster) -> str | None:
+    """The app with the lowest per-token attainment (the summary's worst_app_attainment)."""
+    tok = per_app(cluster)["token_attainment"]
+    if not np.isfinite(tok).any():
+        return None
+    return cluster.trace.apps[int(np.nanargmin(tok))]
 
 
 def write_run(cluster: Cluster, out: str | Path, summ: dict[str, Any]) -> None:
