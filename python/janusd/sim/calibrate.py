@@ -85,10 +85,10 @@ def points_from_bench(result: Mapping[str, Any], label: str) -> list[StepPoint]:
     except (KeyError, TypeError, ValueError):
         raise CalibrationError("the bench result lacks prompt_len / decode_steps") from None
     out = []
-    for key, row in sorted(entry.items()):
-        if not (key.startswith("b") and key[1:].isdigit() and isinstance(row, Mapping)):
-            continue
-        b = int(key[1:])
+    rows = {int(k[1:]): row for k, row in entry.items()
+            if k.startswith("b") and k[1:].isdigit() and isinstance(row, Mapping)}
+    for b, row in sorted(rows.items()):
+        key = f"b{b}"
         try:
             pf_tok_s = float(row["prefill_tok_s"])
             step_ms = float(row["decode_step_ms"])

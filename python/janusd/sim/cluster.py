@@ -125,6 +125,19 @@ class RunOutcome:
         return slo.Outcomes(self.on_time, self.total, self.ttft_met, self.tpot_met, self.e2e_met, self.ok)
 
 
+class _Columns:
+    """The trace's per-request columns as Python lists (the event loop reads one value at
+    a time; a numpy scalar costs several times a list item)."""
+
+    def __init__(self, trace: Trace, names: list[str]) -> None:
+        self.arrival: list[float] = trace.arrival_s.tolist()
+        self.name = names  # the served model of each request
+        self.inp: list[int] = trace.input_tokens.astype(np.int64).tolist()
+        self.out: list[int] = trace.output_tokens.astype(np.int64).tolist()
+        self.ttft: list[float] = trace.ttft_slo_ms.astype(np.float64).tolist()
+        self.tpot: list[float] = trace.tpot_slo_ms.astype(np.float64).tolist()
+
+
 class Cluster:
     """One simulation: a trace, a pool of devices, the served models, a controller.
 
@@ -177,6 +190,7 @@ class Cluster:
         self._insts_now = 0  # instances holding device memory
         self._draining: dict[int, set[str]] = {}  # worker -> models draining there
         self.on_arrival: Callable[[int, float], None] | None = None  # (trace row, now): the controller's counts
+        self._cols = _Columns(trace, [self.req_model[k] for k in request_model.tolist()])
 
     # ------------------------------------------------------------- devices
     def worker(self, devices: list[int]) -> SimWorker:
@@ -284,14 +298,13 @@ class Cluster:
         wall0 = time.perf_counter()
         self._count_devices(self.now)
         self._devices_dirty = False
-        tr = self.trace
-        arrivals = tr.arrival_s
+        arrivals = self._cols.arrival
         n = len(arrivals)
         heap = self._heap
         core = self.core
         i = 0
         while True:
-            t_arr = float(arrivals[i]) if i < n else math.inf
+            t_arr = arrivals[i] if i < n else math.inf
             t_ev = heap[0][0] if heap else math.inf
             if t_arr == math.inf and t_ev == math.inf:
                 break
@@ -334,8 +347,8 @@ class Cluster:
         return time.perf_counter() - wall0
 
     def _arrive(self, i: int, now: float) -> None:
-        tr = self.trace
-        name = self.req_model[int(self.request_model[i])]
+        cols = self._cols
+        name = cols.name[i]
         if self.on_arrival is not None:
             self.on_arrival(i, now)
         try:
@@ -345,11 +358,10 @@ class Cluster:
             self.outcome_counts["refused"] = self.outcome_counts.get("refused", 0) + 1
             return
         try:
-            ttft = float(tr.ttft_slo_ms[i])
-            tpot = float(tr.tpot_slo_ms[i])
-            out = int(tr.output_tokens[i])
-            sampling = wm.SamplingSpec(max_tokens=out, ignore_eos=True)
-            req = self.core.admit(m, [1] * int(tr.input_tokens[i]), sampling, True, False,
+            ttft = cols.ttft[i]
+            tpot = cols.tpot[i]
+            sampling = wm.SamplingSpec(max_tokens=cols.out[i], ignore_eos=True)
+            req = self.core.admit(m, [1] * cols.inp[i], sampling, True, False,
                                   None if math.isnan(ttft) else ttft, None if math.isnan(tpot) else tpot,
                                   now, now, _drop, request_id=str(i))
         except Refused:

@@ -96,6 +96,7 @@ class SimWorker:
         self.residents: dict[str, _Resident] = {}
         self.kv_pool = 0  # bytes of KV the residents share (perfmodel.kv_pool_bytes)
         self.kv_used = 0  # bytes held by running sequences
+        self._alone: dict[str, int] = {}  # model -> KV tokens it could hold alone on the device
         self.step = 0  # device steps completed
         self.outcomes: dict[int, Outcome] = {}
         self.failed: list[wm.RequestFailed] = []
@@ -142,7 +143,9 @@ class SimWorker:
             meta = self._meta(msg.req_id)
             seq = Seq(msg.req_id, msg.model, meta[0], meta[1], meta[2], len(msg.prompt_token_ids),
                       msg.sampling.max_tokens)
-            alone = self.perf.kv_capacity_tokens(r.model, [r.model])
+            alone = self._alone.get(msg.model)
+            if alone is None:
+                alone = self._alone[msg.model] = self.perf.kv_capacity_tokens(r.model, [r.model])
             if seq.prompt + seq.n_out > alone:
                 self.failed.append(wm.RequestFailed(
                     msg.req_id, f"needs {seq.prompt + seq.n_out} KV tokens; {msg.model} holds at most {alone} "
@@ -242,12 +245,14 @@ class SimWorker:
         for r in self.residents.values():
             pf_tokens = 0
             pf_pairs = 0.0
-            while r.waiting and len(r.running) < lim.max_num_seqs:
+            seats = lim.max_num_seqs - len(r.running)
+            while r.waiting and seats > 0:
                 seq = r.waiting[0]
                 need = int((seq.prompt + seq.n_out) * r.kv_token_bytes)
                 if self.kv_used + need > self.kv_pool or (pf_tokens and pf_tokens + seq.prompt > lim.max_batched_tokens):
                     break
                 self.kv_used += need
+                seats -= 1
                 r.waiting.popleft()
                 pf_tokens += seq.prompt
                 pf_pairs += seq.prompt * (seq.prompt + 1) / 2.0
