@@ -152,11 +152,11 @@ def test_co_located_models_draw_on_one_kv_pool():
     w = SimWorker(0, small, lambda dev, t: None, lambda: 0.0, lambda rid: (0.0, 1e3, 1e3))
     w.set_residents({"a": m, "b": m})
     for rid in (1, 2, 3, 4):
-        w.send(wm.Generate(rid, "a", [1] * (pool // 4 - 40), wm.SamplingSpec(max_tokens=40, ignore_eos=True)))
+        w.send(wm.Generate(rid, "a", [1] * 100, wm.SamplingSpec(max_tokens=pool // 4 - 140, ignore_eos=True)))
     w.on_event(0.0)
     assert sorted(w._seqs) == [1, 2, 3, 4] and not w.failed
     assert 0 < w.kv_pool - w.kv_used < small.kv_token_bytes(m) * 200
-    w.send(wm.Generate(5, "b", [1] * 100, wm.SamplingSpec(max_tokens=10, ignore_eos=True)))
+    w.send(wm.Generate(5, "b", [1] * 100, wm.SamplingSpec(max_tokens=200, ignore_eos=True)))
     w.on_event(w.event_at)  # the pool is full: "b" waits for "a"'s pages
     assert 5 not in w._seqs and [s.rid for s in w.residents["b"].waiting] == [5]
 
