@@ -40,7 +40,7 @@ from janusd.hw.devices import DeviceSpec
 from janusd.lifecycle.states import InstanceState
 from janusd.oracle.oracle import Oracle
 from janusd.oracle.prior import RooflinePrior
-from janusd.oracle.types import AttainmentEstimate, LoadFeatures, MinInstances, ResourceEstimate
+from janusd.oracle.types import LoadFeatures
 from janusd.policy import classify, demand, placement, scaling
 from janusd.policy.policy_config import ControllerConfig
 from janusd.policy.snapshot import AppPool, Pool, Assignment, ElasticApp, PlacementSnapshot, ScalingState
@@ -76,39 +76,6 @@ class _State:
     migrations: int = 0  # optional moves executed in this slow period
 
 
-class GrowingLimit:
-    """The oracle, asked for m* with growing limits (4, 16, then the caller's).
-
-    Why: the roofline prior answers min_instances by evaluating every count up to the
-    limit (~11 ms per app at a limit of 64), and the fast tick asks for every elastic app
-    twice a simulated second, which made the controller most of a run's wall time. The
-    answer is the same: oracle/elasticity.py's curve at m depends only on counts 1..m (a
-    running maximum from m = 1), so the first m reaching the target within a smaller
-    limit is the first within the larger one. Implements oracle/types.py's Protocols, so
-    demand.py takes it as it is."""
-
-    STEPS = (4, 16)
-
-    def __init__(self, oracle: Oracle) -> None:
-        self.oracle = oracle
-
-    def capacity(self, model: str, load: LoadFeatures) -> ResourceEstimate:
-        return self.oracle.capacity(model, load)
-
-    def attainment(self, model: str, load: LoadFeatures, instances: int) -> AttainmentEstimate:
-        return self.oracle.attainment(model, load, instances)
-
-    def min_instances(self, model: str, load: LoadFeatures, target: float, margin: float,
-                      limit: int) -> MinInstances:
-        for step in self.STEPS:
-            if step >= limit:
-                break
-            ans = self.oracle.min_instances(model, load, target, margin, step)
-            if ans.m is not None:
-                return ans
-        return self.oracle.min_instances(model, load, target, margin, limit)
-
-
 def build_oracle(served: list[Served], cluster: Cluster) -> Oracle:
     """One roofline prior per served model on the simulator's device as the performance
     model runs it: peak FLOP/s, bandwidth and memory derated by its efficiencies, and the
@@ -141,10 +108,12 @@ class Controller:
         self.cfg = cfg
         self.p = periods
         self.apps = sorted(s.name for s in served)
-        self.oracle = GrowingLimit(build_oracle(served, cluster))
+        self.oracle = build_oracle(served, cluster)
         self.st = _State()
         self.counts: dict[str, list[int]] = {a: [] for a in self.apps}  # arrivals per 1 s bucket
         self._bucket0 = 0
+        self._traffic_key: tuple[int, int] | None = None  # the buckets of the last answer
+        self._traffic_val: list = []
         self._row_model = cluster.request_model
         self._names = cluster.req_model
         self.decisions = 0  # policy calls made (tests, the summary)
@@ -167,14 +136,22 @@ class Controller:
             lst[k] += 1
 
     def _traffic(self, now: float) -> list:
-        """Per app arrivals per second over the last traffic_window_s whole seconds."""
+        """Per app arrivals per second over the last traffic_window_s whole seconds. The
+        fast tick comes twice per 1 s bucket: the second finds the same complete buckets
+        and gets the same answer without asking again."""
         end = int(now) - self._bucket0
         start = max(0, end - self.p.traffic_window_s)
+        stop = max(end, start + 1)  # before the first whole second: the bucket in progress
+        key = (start + self._bucket0, stop + self._bucket0)
+        if key == self._traffic_key and stop == end:
+            return self._traffic_val
         out = []
         for a in self.apps:
-            lst = self.counts[a]
-            window = [lst[i] if i < len(lst) else 0 for i in range(start, max(end, start + 1))]
+            window = self.counts[a][start:stop]
+            if len(window) < stop - start:
+                window += [0] * (stop - start - len(window))
             out.append(classify.traffic_from_counts(a, window, 1.0, self.p.short_buckets, pin=self.pin))
+        self._traffic_key, self._traffic_val = key, out
         # keep memory bounded: drop buckets older than the window
         if start > 4 * self.p.traffic_window_s:
             for a in self.apps:
