@@ -94,6 +94,33 @@ def test_perf_settings_from_a_json_object():
         assert needle in str(e.value)
 
 
+def test_host_scale_finds_the_multiplier_behind_a_measured_tpot():
+    import numpy as np
+
+    from janusd.sim.calibrate import scale_host
+    from janusd.sim.compare import figures
+    from janusd.sim.run import simulate
+    from janusd.trace.formats import Trace
+
+    rng = np.random.default_rng(0)
+    n = 120
+    tr = Trace.build(np.sort(rng.uniform(0, 20, n)), ["chat"] * n, ["llm"] * n, rng.integers(50, 500, n),
+                     rng.integers(5, 80, n), np.full(n, 500.0), np.full(n, 50.0))
+    base = PerfModel(CPU, overhead_s=0.0013, seq_overhead_s=0.0001, compute_eff=0.9, bandwidth_eff=1.0)
+
+    def tpot(perf):
+        c, _ = simulate(tr, {"llm": LLAMA_SMALL}, 2, "static", perf=perf, keep_times=True,
+                        engine=EngineLimits(max_num_seqs=32, max_batched_tokens=512))
+        return figures(c.result_rows(), tr.duration_s)["tpot_p50_ms"]
+
+    truth = PerfModel(CPU, overhead_s=0.0039, seq_overhead_s=0.0003, compute_eff=0.9, bandwidth_eff=1.0)
+    perf, k = scale_host(base, tpot, tpot(truth))
+    assert k == pytest.approx(3.0, rel=0.03)
+    assert tpot(perf) == pytest.approx(tpot(truth), rel=0.01)
+    with pytest.raises(CalibrationError, match="no host scale"):
+        scale_host(base, tpot, 1e-6)
+
+
 # --------------------------------------------------- the cpu side by side (recorded run)
 DATA = Path(__file__).parent / "data"
 # the cpu peaks hw/cpu_peaks.py measured on the machine of the recorded run (one thread)

@@ -42,6 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(one served model; --calibrate-label names it in the result)")
     parser.add_argument("--calibrate-label", default="demo-llama-small",
                         help="the model's label in the bench result (default demo-llama-small)")
+    parser.add_argument("--calibrate-tpot-ms", type=float, default=None, metavar="MS",
+                        help="then scale the host figures (overhead_s, seq_overhead_s) until the simulation of this "
+                             "trace gives this median TPOT: a real replay's, measured on the same trace (the summary's "
+                             "perf is the calibrated model, for --perf on other traces)")
     parser.add_argument("--out", default=None, help="run directory: results.jsonl, devices.csv, summary.json")
     parser.add_argument("--json", action="store_true", help="print only the summary JSON")
 
@@ -49,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from janusd.sim.placement import PlacementError
     from janusd.sim.run import simulate, write_run
-    from janusd.sim.calibrate import CalibrationError
+    from janusd.sim.calibrate import CalibrationError, scale_host
+    from janusd.sim.compare import figures as run_figures
     from janusd.sim.specs import SpecError, load_models_file, resolve
     from janusd.trace.formats import TraceError, read_trace
     from janusd.trace.results import jsonable
@@ -75,6 +80,13 @@ def run(args: argparse.Namespace) -> int:
     except (CalibrationError, ValueError, OSError) as e:
         return fail(str(e))
     try:
+        if args.calibrate_tpot_ms is not None:
+            perf, k = scale_host(perf, lambda p: run_figures(simulate(trace, archs, args.devices, args.policy, args.device,
+                                                                  keep_times=True, perf=p, engine=engine)[0]
+                                                         .result_rows(), trace.duration_s)["tpot_p50_ms"],
+                                 args.calibrate_tpot_ms)
+            fitted = {f: getattr(perf, f) for f in ("overhead_s", "seq_overhead_s", "compute_eff", "bandwidth_eff")}
+            figures = {**figures, **fitted, "host_scale": k}
         cluster, summ = simulate(trace, archs, args.devices, args.policy, args.device,
                                  keep_times=args.out is not None, perf=perf, engine=engine)
     except (PlacementError, ValueError) as e:

@@ -20,7 +20,7 @@ Pure: the fit reads no clock and no file (points come in, figures go out).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -178,3 +178,36 @@ def settings_from_mapping(data: Mapping[str, Any], base: PerfModel,
         raise CalibrationError(str(e)) from None
     eng = replace(engine, **{k: v for k, v in vals.items() if k in ENGINE_KEYS})
     return perf, eng
+
+
+def scale_host(perf: PerfModel, tpot_p50_ms: Callable[[PerfModel], float | None], target_ms: float,
+               lo: float = 0.25, hi: float = 256.0, iters: int = 14) -> tuple[PerfModel, float]:
+    """The multiplier k on the host figures (overhead_s and seq_overhead_s) under which a
+    simulation gives a measured median TPOT: bisection on log k (a longer host share of
+    every step lengthens every gap). `tpot_p50_ms(perf)` runs the simulation of the real
+    run's trace. Why: the engine bench times a DeviceEngine alone; a real replay on the
+    same cores adds the daemon, the token stream and the replayer, all host work per step
+    and per sequence. Returns (the scaled model, k)."""
+    if not target_ms > 0:
+        raise CalibrationError(f"the measured TPOT p50 must be > 0 ms, got {target_ms!r}")
+
+    def scaled(k: float) -> PerfModel:
+        return replace(perf, overhead_s=perf.overhead_s * k, seq_overhead_s=perf.seq_overhead_s * k)
+
+    def gap(k: float) -> float:
+        v = tpot_p50_ms(scaled(k))
+        if v is None:
+            raise CalibrationError("the simulation produced no request with two tokens: no TPOT to match")
+        return v - target_ms
+
+    a, b = math.log(lo), math.log(hi)
+    if gap(math.exp(a)) > 0 or gap(math.exp(b)) < 0:
+        raise CalibrationError(f"no host scale in [{lo:g}, {hi:g}] gives a TPOT p50 of {target_ms:g} ms")
+    for _ in range(iters):
+        mid = (a + b) / 2.0
+        if gap(math.exp(mid)) > 0:
+            b = mid
+        else:
+            a = mid
+    k = math.exp((a + b) / 2.0)
+    return scaled(k), k
