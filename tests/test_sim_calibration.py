@@ -85,7 +85,8 @@ def test_perf_settings_from_a_json_object():
     perf, eng = settings_from_mapping(json.loads('{"overhead_s": 0.002, "seq_overhead_s": 1e-4, '
                                                  '"max_num_seqs": 32, "max_batched_tokens": 512}'), PerfModel(CPU))
     assert (perf.overhead_s, perf.seq_overhead_s, perf.compute_eff) == (0.002, 1e-4, 0.6)
-    assert (eng.max_num_seqs, eng.max_batched_tokens, eng.kv_wait_timeout_s) == (32, 512, EngineLimits().kv_wait_timeout_s)
+    assert (eng.max_num_seqs, eng.max_batched_tokens) == (32, 512)
+    assert eng.kv_wait_timeout_s == EngineLimits().kv_wait_timeout_s
     for bad, needle in (({"overhead": 1}, "unknown key(s) overhead"), ({"compute_eff": 2.0}, "compute_eff"),
                         ({"max_num_seqs": 1.5}, "max_num_seqs must be an integer"),
                         ({"overhead_s": "x"}, "overhead_s must be a finite number"), ([], "expected a JSON object")):

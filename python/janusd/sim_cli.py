@@ -81,10 +81,12 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(e))
     try:
         if args.calibrate_tpot_ms is not None:
-            perf, k = scale_host(perf, lambda p: run_figures(simulate(trace, archs, args.devices, args.policy, args.device,
-                                                                  keep_times=True, perf=p, engine=engine)[0]
-                                                         .result_rows(), trace.duration_s)["tpot_p50_ms"],
-                                 args.calibrate_tpot_ms)
+            def tpot_p50_ms(p: object) -> float | None:
+                c, _ = simulate(trace, archs, args.devices, args.policy, args.device, keep_times=True, perf=p,
+                                engine=engine)
+                return run_figures(c.result_rows(), trace.duration_s)["tpot_p50_ms"]
+
+            perf, k = scale_host(perf, tpot_p50_ms, args.calibrate_tpot_ms)
             fitted = {f: getattr(perf, f) for f in ("overhead_s", "seq_overhead_s", "compute_eff", "bandwidth_eff")}
             figures = {**figures, **fitted, "host_scale": k}
         cluster, summ = simulate(trace, archs, args.devices, args.policy, args.device,

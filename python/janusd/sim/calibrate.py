@@ -159,7 +159,8 @@ def settings_from_mapping(data: Mapping[str, Any], base: PerfModel,
     keys are an error naming them, bad values one naming the key."""
     if not isinstance(data, Mapping):
         raise CalibrationError("expected a JSON object")
-    unknown = sorted(set(data) - set(PERF_KEYS) - set(ENGINE_KEYS) - {"max_rel_error"})
+    reported = {"max_rel_error", "host_scale"}  # in a summary's "perf": accepted, not used
+    unknown = sorted(set(data) - set(PERF_KEYS) - set(ENGINE_KEYS) - reported)
     if unknown:
         raise CalibrationError(f"unknown key(s) {', '.join(unknown)} (known: {', '.join(PERF_KEYS + ENGINE_KEYS)})")
     vals: dict[str, Any] = {}

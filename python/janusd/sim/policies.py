@@ -25,7 +25,8 @@ def peer_router(policy: str) -> DispatchConfig:
     the instance and nothing knows a deadline: a late request is served late, never
     refused (requeue = keep), none is refused at admission, no decode guard. The same
     keys as `janus bench dispatch-replay --baselines peer`."""
-    return DispatchConfig(policy=policy, requeue="keep", admission="queue", decode_guard=False)  # type: ignore[arg-type]
+    return DispatchConfig(policy=policy, requeue="keep", admission="queue",  # type: ignore[arg-type]
+                          decode_guard=False)
 
 
 @dataclass(frozen=True)

@@ -249,7 +249,8 @@ class SimWorker:
             while r.waiting and seats > 0:
                 seq = r.waiting[0]
                 need = int((seq.prompt + seq.n_out) * r.kv_token_bytes)
-                if self.kv_used + need > self.kv_pool or (pf_tokens and pf_tokens + seq.prompt > lim.max_batched_tokens):
+                if self.kv_used + need > self.kv_pool or (
+                        pf_tokens and pf_tokens + seq.prompt > lim.max_batched_tokens):
                     break
                 self.kv_used += need
                 seats -= 1
