@@ -132,27 +132,37 @@ ATTAINMENT_TOL = 0.10  # absolute, on token / TTFT / TPOT attainment
 LATENCY_TOL = 0.5  # relative, on TTFT and TPOT p50 / p90
 
 
-def test_the_cpu_simulation_predicts_a_recorded_real_replay():
-    """tests/data/sim_calib_*: `janus bench engine` and a real `janus replay` of
-    sim_calib_trace.csv against `janus serve` (demo:llama-small on 2 cpu devices, one
-    torch thread each, TTFT 500 ms / TPOT 50 ms, the daemon's dispatch defaults),
-    recorded on the 2-core VM in a quiet window (bench/RESULTS.md "sim"). The simulator,
-    calibrated on the engine bench alone, must land within the stated tolerances of the
-    real run: it does not model HTTP, tokenization, worker IPC or the replayer sharing
-    the two cores, so the tolerance is loose; the measured gaps are in RESULTS.md."""
+def _cpu_sim(trace, perf):
     from janusd.sim.compare import figures
     from janusd.sim.run import simulate
+
+    cluster, _ = simulate(trace, {"llm": LLAMA_SMALL}, 2, "static", perf=perf, keep_times=True,
+                          engine=EngineLimits(max_num_seqs=32, max_batched_tokens=512))
+    return figures(cluster.result_rows(), trace.duration_s)
+
+
+def test_the_cpu_simulation_predicts_a_recorded_real_replay():
+    """tests/data/sim_calib_*: `janus bench engine` and two real `janus replay` runs
+    (traces _lo at 3 req/s and _hi at 5.5 req/s, ~0.5x and ~1x the 5.77 req/s capacity
+    dispatch-replay measured) against `janus serve` (demo:llama-small on 2 cpu devices,
+    one torch thread each, TTFT 500 ms / TPOT 50 ms, the daemon's dispatch defaults),
+    recorded on the 2-core VM in a quiet window (bench/RESULTS.md "sim"). The simulator is
+    calibrated on the engine bench and the _lo run's median TPOT (scale_host), then must
+    predict the _hi run within the stated tolerances. It does not model HTTP,
+    tokenization, worker IPC or the replayer sharing the two cores except through that
+    one host scale, so the tolerance is loose; the measured gaps are in RESULTS.md."""
+    from janusd.sim.calibrate import scale_host
     from janusd.trace.formats import read_trace
 
-    trace = read_trace(DATA / "sim_calib_trace.csv")
-    real = json.loads((DATA / "sim_calib_real.json").read_text())
+    lo, hi = (read_trace(DATA / f"sim_calib_trace_{t}.csv") for t in ("lo", "hi"))
+    real_lo, real_hi = (json.loads((DATA / f"sim_calib_real_{t}.json").read_text()) for t in ("lo", "hi"))
     bench = json.loads((DATA / "sim_calib_engine.json").read_text())
     f = fit(points_from_bench(bench, "demo-llama-small"), LLAMA_SMALL, PerfModel(RECORDED_CPU))
-    cluster, _ = simulate(trace, {"llm": LLAMA_SMALL}, 2, "static", perf=f.perf, keep_times=True,
-                          engine=EngineLimits(max_num_seqs=32, max_batched_tokens=512))
-    sim = figures(cluster.result_rows(), trace.duration_s)
-    assert sim["requests"] == real["requests"] == len(trace)
-    for k in ("token_attainment", "ttft_attainment", "tpot_attainment"):
-        assert abs(sim[k] - real[k]) <= ATTAINMENT_TOL, (k, sim[k], real[k])
-    for k in ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms"):
-        assert abs(sim[k] - real[k]) <= LATENCY_TOL * real[k], (k, sim[k], real[k])
+    perf, k = scale_host(f.perf, lambda p: _cpu_sim(lo, p)["tpot_p50_ms"], real_lo["tpot_p50_ms"])
+    assert k >= 1.0  # the replay's stack only adds host work to the engine's
+    sim = _cpu_sim(hi, perf)
+    assert sim["requests"] == real_hi["requests"] == len(hi)
+    for key in ("token_attainment", "ttft_attainment", "tpot_attainment"):
+        assert abs(sim[key] - real_hi[key]) <= ATTAINMENT_TOL, (key, sim[key], real_hi[key])
+    for key in ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms"):
+        assert abs(sim[key] - real_hi[key]) <= LATENCY_TOL * real_hi[key], (key, sim[key], real_hi[key])

@@ -21,7 +21,8 @@ Active after `control_overhead_s` plus its weight shard over the link: D2D (hw/ 
 when another instance of the model is Active (a fork), else H2D (h2d_bw, from the Warm
 host copy every model is assumed to have); removal drains (Draining -> Unloaded once its
 requests are done). A migration places the new instance first and drains the old one
-when the new one is Active. Keep-alive (Warm/Cold of idle models) is not run: every
+when the new one is Active; so does a change of pool (an app turning elastic keeps its
+steady instance until an elastic one is Active, and back). Keep-alive (Warm/Cold of idle models) is not run: every
 steady model keeps at least its placed instance.
 
 Modes (sim/policies.py): janus (both pools), steady-only (every app pinned steady),
@@ -119,6 +120,7 @@ class Controller:
         self.decisions = 0  # policy calls made (tests, the summary)
         self._placed_at = 0.0
         self._pending: dict[tuple[str, int], int | None] = {}  # loads waiting for memory -> then drain
+        self._handover: dict[str, set[int]] = {}  # model -> devices serving it until its new pool does
         pin: dict[str, Pool] = {"steady-only": "steady", "prism": "steady", "elastic-only": "elastic",
                                 "blitzscale": "elastic"}
         self.pin: Pool | None = pin.get(mode)
@@ -175,6 +177,7 @@ class Controller:
 
     def _fast_tick(self, now: float) -> None:
         self._retry_pending(now)
+        self._finish_handovers(now)
         if self._classify(now) or now - self._placed_at >= self.p.recheck_s:
             self._place(now, consolidate=False)
         self._fast(now)
@@ -222,7 +225,10 @@ class Controller:
                 if not mv.forced:
                     self.st.migrations += 1
             elif mv.kind == "remove" and mv.src is not None:
-                self._stop(mv.model, mv.src, now)
+                if pools.get(mv.model) == "elastic":  # leaving for the elastic pool
+                    self._hand_over(mv.model, mv.src, now)
+                else:
+                    self._stop(mv.model, mv.src, now)
         self.st.steady = {a.key: a for a in plan.assignment}
 
     # --------------------------------------------------------------- scaling
@@ -232,7 +238,7 @@ class Controller:
         for a in list(self.st.elastic):
             if a not in elastic:  # back to steady: its elastic instances go
                 for d in self.st.elastic.pop(a):
-                    self._stop(a, d, now)
+                    self._hand_over(a, d, now)
         if not elastic:
             return
         steady_devs = {a.device for a in self.st.steady.values()}
@@ -286,6 +292,10 @@ class Controller:
         every fast tick while the plan still wants it there."""
         inst = self.c.core.instance(model, device)
         if inst.state is S.ACTIVE or inst.state is S.LOADING:
+            if device in self._handover.get(model, ()):  # wanted again where it still serves
+                self._handover[model].discard(device)
+                if not self._handover[model]:
+                    del self._handover[model]
             return
         arch = self.c.served[model].arch
         held = [a for n, a in self.c.residents(device).items() if n != model]
@@ -301,6 +311,23 @@ class Controller:
         if then_drain is not None:
             src = then_drain
             self.c.at(now + load_s, lambda t: self._stop(model, src, t))
+
+    def _hand_over(self, model: str, device: int, now: float) -> None:
+        """An instance of a model changing pools: it serves until the model has an Active
+        instance in its new pool, then goes (make before break: stopped at once, a model
+        whose new instance waits for a device or for memory had none at all, and its
+        requests failed after the 30 s hold)."""
+        self._handover.setdefault(model, set()).add(device)
+        self._finish_handovers(now)
+
+    def _finish_handovers(self, now: float) -> None:
+        for model in sorted(self._handover):
+            devs = self._handover[model]
+            insts = self.c.core.registry.models[model].instances.values()
+            if any(i.state is S.ACTIVE and i.device not in devs for i in insts):
+                for d in sorted(devs):
+                    self._stop(model, d, now)
+                del self._handover[model]
 
     def _retry_pending(self, now: float) -> None:
         for (model, device), then_drain in sorted(self._pending.items(), key=lambda kv: (kv[0][1], kv[0][0])):

@@ -242,22 +242,32 @@ class SimWorker:
         admitted: list[Seq] = []
         s = self.step
         lim = self.limits
-        for r in self.residents.values():
-            pf_tokens = 0
-            pf_pairs = 0.0
-            seats = lim.max_num_seqs - len(r.running)
-            while r.waiting and seats > 0:
-                seq = r.waiting[0]
-                need = int((seq.prompt + seq.n_out) * r.kv_token_bytes)
-                if self.kv_used + need > self.kv_pool or (
-                        pf_tokens and pf_tokens + seq.prompt > lim.max_batched_tokens):
-                    break
-                self.kv_used += need
-                seats -= 1
-                r.waiting.popleft()
-                pf_tokens += seq.prompt
-                pf_pairs += seq.prompt * (seq.prompt + 1) / 2.0
-                admitted.append(seq)
+        # admission: the heads of the residents' queues, oldest first across the device; a
+        # model out of seats or batch tokens sits this step out, but when the oldest head
+        # does not fit in the pool nobody is admitted (pages go to the longest waiter)
+        taken: dict[str, list[float]] = {}  # resident -> [prompt tokens, pairs, seats left]
+        heads = [(r.waiting[0].queued_at, k, name) for k, (name, r) in enumerate(self.residents.items()) if r.waiting]
+        heapq.heapify(heads)
+        while heads:
+            _, k, name = heapq.heappop(heads)
+            r = self.residents[name]
+            t = taken.setdefault(name, [0, 0.0, lim.max_num_seqs - len(r.running)])
+            seq = r.waiting[0]
+            if t[2] <= 0 or (t[0] and t[0] + seq.prompt > lim.max_batched_tokens):
+                continue
+            need = int((seq.prompt + seq.n_out) * r.kv_token_bytes)
+            if self.kv_used + need > self.kv_pool:
+                break
+            self.kv_used += need
+            r.waiting.popleft()
+            t[0] += seq.prompt
+            t[1] += seq.prompt * (seq.prompt + 1) / 2.0
+            t[2] -= 1
+            admitted.append(seq)
+            if r.waiting:
+                heapq.heappush(heads, (r.waiting[0].queued_at, k, name))
+        for name, r in self.residents.items():
+            pf_tokens, pf_pairs, _ = taken.get(name, (0, 0.0, 0))
             n = len(r.running)
             ctx = r.sum_prompt + n * s - r.sum_first  # prompt + tokens produced so far, over running
             f, b = self.perf.work(r.model, pf_tokens, pf_pairs, n, ctx)
