@@ -21,8 +21,8 @@ Active after `control_overhead_s` plus its weight shard over the link: D2D (hw/ 
 when another instance of the model is Active (a fork), else H2D (h2d_bw, from the Warm
 host copy every model is assumed to have); removal drains (Draining -> Unloaded once its
 requests are done). A migration places the new instance first and drains the old one
-when the new one is Active; so does every removal and change of pool (an instance the
-plan takes away serves until another instance of its model is Active). Keep-alive (Warm/Cold of idle models) is not run: every
+when the new one is Active; so does a change of pool (an app turning elastic keeps its
+steady instance until an elastic one is Active, and back). Keep-alive (Warm/Cold of idle models) is not run: every
 steady model keeps at least its placed instance.
 
 Modes (sim/policies.py): janus (both pools), steady-only (every app pinned steady),
@@ -225,7 +225,10 @@ class Controller:
                 if not mv.forced:
                     self.st.migrations += 1
             elif mv.kind == "remove" and mv.src is not None:
-                self._hand_over(mv.model, mv.src, now)  # goes once another instance serves
+                if pools.get(mv.model) == "elastic":  # leaving for the elastic pool
+                    self._hand_over(mv.model, mv.src, now)
+                else:
+                    self._stop(mv.model, mv.src, now)
         self.st.steady = {a.key: a for a in plan.assignment}
 
     # --------------------------------------------------------------- scaling
@@ -310,10 +313,10 @@ class Controller:
             self.c.at(now + load_s, lambda t: self._stop(model, src, t))
 
     def _hand_over(self, model: str, device: int, now: float) -> None:
-        """An instance the plan takes away (removed, or its app changed pools): it serves
-        until the model has an Active instance elsewhere, then goes (make before break:
-        stopped at once, a model whose new instance waited for a device or for memory
-        still draining had none at all, and its requests failed after the 30 s hold)."""
+        """An instance of a model changing pools: it serves until the model has an Active
+        instance in its new pool, then goes (make before break: stopped at once, a model
+        whose new instance waits for a device or for memory had none at all, and its
+        requests failed after the 30 s hold)."""
         self._handover.setdefault(model, set()).add(device)
         self._finish_handovers(now)
 
