@@ -197,9 +197,7 @@ def scale_host(perf: PerfModel, tpot_p50_ms: Callable[[PerfModel], float | None]
 
     def gap(k: float) -> float:
         v = tpot_p50_ms(scaled(k))
-        if v is None:
-            raise CalibrationError("the simulation produced no request with two tokens: no TPOT to match")
-        return v - target_ms
+        return math.inf if v is None else v - target_ms  # None: nothing served, slower than any
 
     a, b = math.log(lo), math.log(hi)
     if gap(math.exp(a)) > 0 or gap(math.exp(b)) < 0:
