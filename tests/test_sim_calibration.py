@@ -129,7 +129,7 @@ RECORDED_CPU = DeviceSpec(name="cpu", hbm_bytes=1024 * 2**20, peak_flops=1.0238e
                           h2d_bw=2.996e10, source="2-core VM, 2026-12-03")
 # how far the simulation may be from the real run (module doc of the test below)
 ATTAINMENT_TOL = 0.10  # absolute, on token / TTFT / TPOT attainment
-LATENCY_TOL = 0.5  # relative, on TTFT and TPOT p50 / p90
+LATENCY_TOL = 0.5  # relative, on TTFT p50 / p90 and TPOT p90
 
 
 def _cpu_sim(trace, perf):
