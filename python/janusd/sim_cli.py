@@ -9,8 +9,9 @@ human line per figure goes to stderr; the last stdout line is always the summary
 The cpu device (a virtual device of the daemon's, `--device-memory-mib` of memory, the
 peaks measured on this machine) is for the side by side with a real `janus replay`:
 `--calibrate BENCH_JSON` fits the performance model to `janus bench engine`'s step times
-of the model (sim/calibrate.py), `--perf FILE` sets its figures and the engine's limits
-directly (the fitted ones are in the summary's "perf").
+of the model (sim/calibrate.py), `--calibrate-tpot-ms` then scales its host figures to a
+real replay's median TPOT on the same trace, `--perf FILE` sets its figures and the
+engine's limits directly (the fitted ones are in the summary's "perf").
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,7 +126,7 @@ def _perf(args: argparse.Namespace, archs: dict) -> tuple:  # type: ignore[type-
     figures: dict = {}  # type: ignore[type-arg]
     if args.perf:
         try:
-            data = json.loads(open(args.perf).read())
+            data = json.loads(Path(args.perf).read_text())
         except json.JSONDecodeError as e:
             raise CalibrationError(f"--perf {args.perf}: not JSON: {e}") from None
         try:
@@ -135,7 +137,7 @@ def _perf(args: argparse.Namespace, archs: dict) -> tuple:  # type: ignore[type-
         if len(archs) != 1:
             raise CalibrationError(f"--calibrate fits one model; the trace has {len(archs)} ({', '.join(archs)})")
         try:
-            text = open(args.calibrate).read().strip().splitlines()
+            text = Path(args.calibrate).read_text().strip().splitlines()
             result = json.loads(text[-1]) if text else None
         except json.JSONDecodeError as e:
             raise CalibrationError(f"--calibrate {args.calibrate}: the last line is not JSON: {e}") from None

@@ -73,7 +73,7 @@ def decode_point(batch: int, context_per_seq: float, step_s: float) -> StepPoint
 
 def points_from_bench(result: Mapping[str, Any], label: str) -> list[StepPoint]:
     """The steps of model `label` in a `janus bench engine` JSON result (module doc)."""
-    if result.get("bench") != "engine":
+    if not isinstance(result, Mapping) or result.get("bench") != "engine":
         raise CalibrationError('not a `janus bench engine` result (no "bench": "engine")')
     entry = result.get(label)
     if not isinstance(entry, Mapping):

@@ -4,9 +4,8 @@ The summary's keys are the issue's (`janus sim` prints them as its last line):
 policy, requests, token_attainment, ttft_attainment, tpot_attainment, goodput_rps,
 device_hours, mean_app_attainment, worst_app_attainment, wall_s; plus what explains them
 (outcomes by kind, the worst app's name, simulated requests per wall second, devices,
-device kind). A run
-directory gets results.jsonl, devices.csv and summary.json (trace/results.py), so
-`janus report` reads a simulated run like a replayed one.
+device kind). A run directory gets results.jsonl, devices.csv and summary.json
+(trace/results.py), so `janus report` reads a simulated run like a replayed one.
 """
 
 from __future__ import annotations
