@@ -22,8 +22,8 @@ when another instance of the model is Active (a fork), else H2D (h2d_bw, from th
 host copy every model is assumed to have); removal drains (Draining -> Unloaded once its
 requests are done). A migration places the new instance first and drains the old one
 when the new one is Active; so does a change of pool (an app turning elastic keeps its
-steady instance until an elastic one is Active, and back). Keep-alive (Warm/Cold of idle models) is not run: every
-steady model keeps at least its placed instance.
+steady instance until an elastic one is Active, and back). Keep-alive (Warm/Cold of idle
+models) is not run: every steady model keeps at least its placed instance.
 
 Modes (sim/policies.py): janus (both pools), steady-only (every app pinned steady),
 elastic-only (every app pinned elastic), prism (steady-only with every move loaded over
