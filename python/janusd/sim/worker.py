@@ -5,12 +5,14 @@ the same StepBatch / RequestFailed the core hears from a real one, at virtual ti
 Inside it is an engine in outline: per resident model a FIFO of waiting requests and a
 running batch (continuous batching); a request is admitted when its prompt plus its
 output tokens fit in the device's KV pool, which all resident models share
-(sim/perfmodel.py), and the batch has room; it waits while they do not (pages held by
-other requests, its own model's or a co-located one's), and fails when it could not fit even alone on the device or has
-waited `kv_wait_timeout_s` (the engine's rule, engine/scheduler.py). Every device step runs, for every resident model with work, the prefills it
-admits (up to `max_batched_tokens` per model) and one decode token of every running
-sequence; its length is the roofline of all of that together (co-located models share
-the step).
+(sim/perfmodel.py), and its model's batch has room, the queue heads of the models taken
+oldest first across the device; it waits while they do not (pages held by other
+requests, its own model's or a co-located one's), and fails when it could not fit even
+alone on the device or has waited `kv_wait_timeout_s` (the engine's rule,
+engine/scheduler.py). Every device step runs, for every resident model with work, the
+prefills it admits (up to `max_batched_tokens` per model) and one decode token of every
+running sequence; its length is the roofline of all of that together (co-located models
+share the step).
 
 Speed: steps are not simulated one by one. While nothing changes (no admission, no
 sequence ends) the step time is constant, so a *segment* of k equal steps is one event;
