@@ -47,3 +47,23 @@ def test_bad_input_is_one_clear_line(tmp_path):
     (tmp_path / "m.toml").write_text("[a]\npreset = 3\n")
     p = janus("--trace", str(t), "--devices", "4", "--policy", "static", "--models", str(tmp_path / "m.toml"))
     assert p.returncode == 2 and "unknown preset" in p.stderr
+
+
+def test_bad_perf_or_calibration_input_is_one_clear_line(tmp_path):
+    t = tmp_path / "t.csv"
+    write_trace(poisson_trace(20, 1.0, {"a": "qwen3-8b"}), t)
+    base = ("--trace", str(t), "--devices", "2", "--policy", "static")
+    (tmp_path / "p.json").write_text('{"overhead": 1}')
+    (tmp_path / "api.json").write_text('{"bench": "api"}\n')
+    (tmp_path / "list.json").write_text('wall_s: 7.9\n[1]\n')
+    for extra, needle in ((("--perf", str(tmp_path / "none.json")), "none.json"),
+                          (("--perf", str(tmp_path / "p.json")), "unknown key(s) overhead"),
+                          (("--calibrate", str(tmp_path / "api.json")), "not a `janus bench engine` result"),
+                          (("--calibrate", str(tmp_path / "list.json")), "not a `janus bench engine` result"),
+                          (("--calibrate-tpot-ms", "0"), "TPOT p50 must be > 0"),
+                          (("--device-memory-mib", "0"), "--device-memory-mib must be >= 1")):
+        p = janus(*base, *extra)
+        assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, (extra, p.stderr)
+    write_trace(poisson_trace(20, 1.0, {"a": "qwen3-8b", "b": "qwen3-1.7b"}), t)
+    p = janus(*base, "--calibrate", str(tmp_path / "api.json"))
+    assert p.returncode == 2 and "fits one model" in p.stderr

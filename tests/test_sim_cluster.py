@@ -136,3 +136,45 @@ def test_a_request_waiting_for_kv_past_the_engines_bound_fails():
     assert s["outcomes"] == {"ok": 1, "failed": 1}
     assert cluster.outcome().token_times[0][-1] > 30.0
     assert cluster.outcome().status[1] == "error"
+
+
+def test_co_located_models_draw_on_one_kv_pool():
+    # xTensor (PAPER.md §7): the models on a device share one page pool. Two 8B models on
+    # one device; only "a" is busy: three requests of a quarter of the pool each run at
+    # once (an even split would have left "a" half the pool: two at a time)
+    from janusd.sim.worker import SimWorker
+    from janusd.wire import worker_msgs as wm
+
+    m = resolve(["qwen3-8b"])["qwen3-8b"]
+    small = PerfModel(device_spec("ascend-910c-die", hbm_bytes=2 * m.weight_bytes / 0.9 + 3e9))
+    pool = small.kv_capacity_tokens(m, [m, m])
+    assert 10_000 < pool < small.kv_capacity_tokens(m, [m])
+    clock = [0.0]
+    w = SimWorker(0, small, lambda dev, t: None, lambda: clock[0], lambda rid: (0.0, 1e3, 1e3))
+    w.set_residents({"a": m, "b": m})
+    for rid in (1, 2, 3, 4):
+        w.send(wm.Generate(rid, "a", [1] * 100, wm.SamplingSpec(max_tokens=pool // 4 - 140, ignore_eos=True)))
+    w.on_event(0.0)
+    assert sorted(w._seqs) == [1, 2, 3, 4] and not w.failed
+    assert 0 < w.kv_pool - w.kv_used < small.kv_token_bytes(m) * 200
+    clock[0] = 0.01
+    w.send(wm.Generate(5, "b", [1] * 100, wm.SamplingSpec(max_tokens=200, ignore_eos=True)))
+    clock[0] = w.event_at
+    w.on_event(w.event_at)  # the pool is full: "b" waits for "a"'s pages
+    assert 5 not in w._seqs and [s.rid for s in w.residents["b"].waiting] == [5]
+    # a later request of "a" that would fit in what is left waits behind "b"'s (pages go
+    # to the longest waiter first: a busy neighbour cannot starve a quiet model)
+    w.send(wm.Generate(6, "a", [1] * 20, wm.SamplingSpec(max_tokens=20, ignore_eos=True)))
+    clock[0] = w.event_at
+    w.on_event(w.event_at)
+    assert 6 not in w._seqs and 5 not in w._seqs
+
+
+def test_peer_routers_serve_late_never_refuse():
+    # rr and least-load as peers' routers (no deadlines): under overload nothing is
+    # rejected, everything is served (late); LST-IMH with the daemon's machinery refuses
+    tr = poisson_trace(1500, 10.0, APPS, seed=5, max_in=1000, max_out=100)
+    outs = {p: run(tr, 3, p)[1]["outcomes"] for p in ("rr", "least-load", "lst-imh-reject")}
+    for p in ("rr", "least-load"):
+        assert outs[p] == {"ok": 1500}, (p, outs[p])
+    assert outs["lst-imh-reject"].get("rejected", 0) > 0

@@ -173,3 +173,15 @@ def test_request_attainment_agrees_with_the_vectorised_evaluate(times, expected,
                  np.array([ttft]), np.array([tpot]))
     assert one == (int(o.on_time[0]), int(o.total[0]), bool(o.ttft_met[0]), bool(o.tpot_met[0]),
                    bool(o.e2e_met[0]))
+
+
+@settings(max_examples=200)
+@given(
+    st.lists(st.sampled_from([0.1, 0.5, 1.0, 1.25, 2.0, 3.0]), max_size=40).map(sorted),
+    st.integers(0, 44), st.floats(0.01, 2.0), st.floats(0.0, 0.5), st.booleans(),
+)
+def test_request_attainment_with_tokens_delivered_together(times, expected, ttft, tpot, ok):
+    # runs of equal times take the bisecting path; the rule is the same per token
+    one = request_attainment(times, expected, ttft, tpot, ok)
+    per_token = sum(t <= ttft + i * tpot + slo.EPS_S for i, t in enumerate(times)) if ok else 0
+    assert one.on_time_tokens == per_token

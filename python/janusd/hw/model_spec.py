@@ -22,6 +22,7 @@ the roofline notes of "LLM Inference Unveiled", Yuan et al. 2024):
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cached_property
 from typing import Any
 
 import msgspec
@@ -29,7 +30,10 @@ import msgspec
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8": 1, "int8": 1}
 
 
-class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
+class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, dict=True):
+    """A model's shape; the derived sizes are computed once per spec (cached_property on
+    the struct's __dict__: the oracle's prior asks for them millions of times a run)."""
+
     layers: int
     hidden: int
     heads: int
@@ -64,33 +68,33 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
         )  # fmt: skip
 
     # ---- sizes
-    @property
+    @cached_property
     def layer_linear_params(self) -> int:
         h, d = self.hidden, self.head_dim
         attn = h * self.heads * d * 2 + h * self.kv_heads * d * 2  # q, o; k, v
         return attn + 3 * h * self.intermediate
 
-    @property
+    @cached_property
     def params(self) -> int:
         """Stored parameters (norm weights included, biases left out)."""
         embed = self.vocab * self.hidden
         norms = self.layers * 2 * self.hidden + self.hidden
         return embed * (1 if self.tied_embeddings else 2) + self.layers * self.layer_linear_params + norms
 
-    @property
+    @cached_property
     def matmul_params(self) -> int:
         """Parameters every token multiplies by: all linear layers and the LM head."""
         return self.layers * self.layer_linear_params + self.vocab * self.hidden
 
-    @property
+    @cached_property
     def weight_bytes(self) -> int:
         return self.params * self.dtype_bytes
 
-    @property
+    @cached_property
     def kv_bytes_per_token(self) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
 
-    @property
+    @cached_property
     def _attn_flops_per_ctx(self) -> int:
         return 4 * self.layers * self.heads * self.head_dim
 

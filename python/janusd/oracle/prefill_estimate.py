@@ -21,6 +21,7 @@ class PrefillEstimator:
         self.decay = decay
         self.n = 0
         self._w = self._sx = self._sy = self._sxx = self._sxy = 0.0
+        self._fit: tuple[float, float] | None = None  # coefficients() until the next observe
 
     def observe(self, tokens: int, seconds: float) -> None:
         if tokens < 0 or not (seconds >= 0.0) or seconds == float("inf"):
@@ -32,9 +33,16 @@ class PrefillEstimator:
         self._sxx = self._sxx * d + tokens * tokens
         self._sxy = self._sxy * d + tokens * seconds
         self.n += 1
+        self._fit = None
 
     def coefficients(self) -> tuple[float, float]:
-        """(a, b) of the current fit, both clamped to >= 0."""
+        """(a, b) of the current fit, both clamped to >= 0 (kept until the next
+        observation: the dispatcher asks for every request, observations come per prefill)."""
+        if self._fit is None:
+            self._fit = self._coefficients()
+        return self._fit
+
+    def _coefficients(self) -> tuple[float, float]:
         if self.n == 0:
             return self.prior_a, self.prior_b
         mx, my = self._sx / self._w, self._sy / self._w

@@ -21,8 +21,10 @@ the elastic demand only after it is over.
 
 Served models: every (app, trace model) pair is a served model of its own (the paper's
 apps each have their own model); its name is the app's, or app/model when an app uses
-several models. Its architecture and default SLOs come from sim/specs.py; a trace's
-per-request SLO columns win.
+several models. Its architecture comes from sim/specs.py; its SLOs (in its ModelConfig:
+what the decode guard and the controller's oracle plan for) are the median of its
+requests' SLO columns, the architecture's defaults where the trace has none; a request's
+own SLO columns win for its dispatch deadline and accounting.
 
 Device-hours (PAPER.md §9 compares 13,440 with 768 x 24): a device counts while it holds
 an instance of some model in a state that holds device memory and serves or is about to
@@ -59,27 +61,50 @@ _NAME_BAD = re.compile(r"[^A-Za-z0-9._:/-]")
 
 @dataclass(frozen=True)
 class Served:
-    name: str  # the served model's name in the core
+    """A served model: its name in the core, its app, its architecture and the SLOs its
+    ModelConfig carries (what the decode guard and the controller's oracle plan for)."""
+
+    name: str
     app: str
     arch: SimModel
+    ttft_slo_ms: float
+    tpot_slo_ms: float
+
+
+def _app_slo(column: np.ndarray, rows: np.ndarray, default: float) -> float:
+    """A served model's SLO: the median of its requests' SLO column (a synthesized or
+    converted trace gives every request of an app the app's SLO), the architecture's
+    default where the trace has none."""
+    v = column[rows]
+    v = v[np.isfinite(v)]
+    return float(np.median(v)) if len(v) else default
 
 
 def served_models(trace: Trace, archs: dict[str, SimModel]) -> tuple[list[Served], np.ndarray]:
-    """The served models of a trace and, per request, the index of its served model."""
+    """The served models of a trace and, per request, the index of its served model.
+
+    Their SLOs are the trace's (module doc): until 2026-12-03 every served model carried
+    its architecture's default SLOs while the requests carried the app's, so the decode
+    guard and the oracle planned an app with a 50 ms TPOT for the 75 ms of an 8B preset."""
     pairs = trace.app_id.astype(np.int64) * len(trace.models) + trace.model_id.astype(np.int64)
     uniq, inverse = np.unique(pairs, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(len(uniq) + 1))
     per_app: dict[int, int] = {}
     for p in uniq:
         per_app[int(p) // len(trace.models)] = per_app.get(int(p) // len(trace.models), 0) + 1
     out = []
-    for p in uniq:
+    for k, p in enumerate(uniq):
         a, m = divmod(int(p), len(trace.models))
         app, model = trace.apps[a], trace.models[m]
         name = app if per_app[a] == 1 else f"{app}/{model}"
         name = _NAME_BAD.sub("_", name)
         if not name[0].isalnum():
             name = "m" + name
-        out.append(Served(name[:128], app, archs[model]))
+        arch = archs[model]
+        rows = order[bounds[k]:bounds[k + 1]]
+        out.append(Served(name[:128], app, arch, _app_slo(trace.ttft_slo_ms, rows, arch.ttft_slo_ms),
+                          _app_slo(trace.tpot_slo_ms, rows, arch.tpot_slo_ms)))
     return out, inverse.astype(np.int64)
 
 
@@ -98,6 +123,19 @@ class RunOutcome:
 
     def outcomes(self) -> slo.Outcomes:
         return slo.Outcomes(self.on_time, self.total, self.ttft_met, self.tpot_met, self.e2e_met, self.ok)
+
+
+class _Columns:
+    """The trace's per-request columns as Python lists (the event loop reads one value at
+    a time; a numpy scalar costs several times a list item)."""
+
+    def __init__(self, trace: Trace, names: list[str]) -> None:
+        self.arrival: list[float] = trace.arrival_s.tolist()
+        self.name = names  # the served model of each request
+        self.inp: list[int] = trace.input_tokens.astype(np.int64).tolist()
+        self.out: list[int] = trace.output_tokens.astype(np.int64).tolist()
+        self.ttft: list[float] = trace.ttft_slo_ms.astype(np.float64).tolist()
+        self.tpot: list[float] = trace.tpot_slo_ms.astype(np.float64).tolist()
 
 
 class Cluster:
@@ -137,7 +175,7 @@ class Cluster:
                                 Telemetry(window_s=telemetry_window_s, bucket_s=1.0))
         for s in served:
             self.core.add_model(ModelConfig(name=s.name, checkpoint=f"sim:{s.arch.name}", app=s.app,
-                                            ttft_slo_ms=s.arch.ttft_slo_ms, tpot_slo_ms=s.arch.tpot_slo_ms,
+                                            ttft_slo_ms=s.ttft_slo_ms, tpot_slo_ms=s.tpot_slo_ms,
                                             tp=s.arch.tp, max_model_len=s.arch.max_model_len))
         self.arrivals_left = len(trace.arrival_s)
         self._tick_at = math.inf
@@ -147,8 +185,12 @@ class Cluster:
         self._held_since = 0.0
         self.device_series: list[tuple[float, int, int]] = [(0.0, 0, 0)]
         self._devices_dirty = False  # an instance changed state: count devices after this event
+        self._holding: dict[int, int] = {}  # worker -> its instances holding device memory
+        self._held_now = 0  # devices of workers holding some instance (kept by set_state)
+        self._insts_now = 0  # instances holding device memory
         self._draining: dict[int, set[str]] = {}  # worker -> models draining there
         self.on_arrival: Callable[[int, float], None] | None = None  # (trace row, now): the controller's counts
+        self._cols = _Columns(trace, [self.req_model[k] for k in request_model.tolist()])
 
     # ------------------------------------------------------------- devices
     def worker(self, devices: list[int]) -> SimWorker:
@@ -174,9 +216,17 @@ class Cluster:
         """Move an instance (through the core's set_state) and keep the worker's residents
         and the device-hours in step."""
         inst = self.core.instance(model, lead)
+        before = holds_device_memory(inst.state)
         self.core.set_state(inst, target, now)
         self.worker(self.groups.get(lead, [lead])).set_residents(self.residents(lead))
-        self._devices_dirty = True
+        delta = int(holds_device_memory(inst.state)) - int(before)
+        if delta:
+            k = self._holding.get(lead, 0)
+            self._holding[lead] = k + delta
+            self._insts_now += delta
+            if (k == 0) != (k + delta == 0):
+                self._held_now += delta * len(self.groups[lead])
+            self._devices_dirty = True
 
     def place(self, model: str, devices: list[int], now: float, load_s: float = 0.0) -> None:
         """An instance of `model` on the group `devices`: Loading now, Active after load_s."""
@@ -212,16 +262,12 @@ class Cluster:
         arch = self.served[model].arch
         probe = [(n, self.perf.prefill_s(arch, n)) for n in (128, 512, 2048)]
         self.core.loaded(inst, now, arch.max_model_len, 0.0, probe)
-        self._devices_dirty = True
 
     def _count_devices(self, now: float) -> None:
-        """Re-count the devices held after an instance changed state (module doc)."""
+        """Close the device-seconds since the last change and record the new counts
+        (kept up to date by set_state: the module doc's definition)."""
         self._device_s += self._held_devices * (now - self._held_since)
-        held = insts = 0
-        for lead, devs in self.groups.items():
-            k = sum(1 for i in self.core.registry.on_device(lead) if holds_device_memory(i.state))
-            insts += k
-            held += len(devs) if k else 0
+        held, insts = self._held_now, self._insts_now
         self._held_devices, self._held_since = held, now
         if self.device_series[-1][1:] != (held, insts):
             if self.device_series[-1][0] == now:
@@ -252,14 +298,13 @@ class Cluster:
         wall0 = time.perf_counter()
         self._count_devices(self.now)
         self._devices_dirty = False
-        tr = self.trace
-        arrivals = tr.arrival_s
+        arrivals = self._cols.arrival
         n = len(arrivals)
         heap = self._heap
         core = self.core
         i = 0
         while True:
-            t_arr = float(arrivals[i]) if i < n else math.inf
+            t_arr = arrivals[i] if i < n else math.inf
             t_ev = heap[0][0] if heap else math.inf
             if t_arr == math.inf and t_ev == math.inf:
                 break
@@ -302,8 +347,8 @@ class Cluster:
         return time.perf_counter() - wall0
 
     def _arrive(self, i: int, now: float) -> None:
-        tr = self.trace
-        name = self.req_model[int(self.request_model[i])]
+        cols = self._cols
+        name = cols.name[i]
         if self.on_arrival is not None:
             self.on_arrival(i, now)
         try:
@@ -313,11 +358,10 @@ class Cluster:
             self.outcome_counts["refused"] = self.outcome_counts.get("refused", 0) + 1
             return
         try:
-            ttft = float(tr.ttft_slo_ms[i])
-            tpot = float(tr.tpot_slo_ms[i])
-            out = int(tr.output_tokens[i])
-            sampling = wm.SamplingSpec(max_tokens=out, ignore_eos=True)
-            req = self.core.admit(m, [1] * int(tr.input_tokens[i]), sampling, True, False,
+            ttft = cols.ttft[i]
+            tpot = cols.tpot[i]
+            sampling = wm.SamplingSpec(max_tokens=cols.out[i], ignore_eos=True)
+            req = self.core.admit(m, [1] * cols.inp[i], sampling, True, False,
                                   None if math.isnan(ttft) else ttft, None if math.isnan(tpot) else tpot,
                                   now, now, _drop, request_id=str(i))
         except Refused:
@@ -391,8 +435,8 @@ class Cluster:
         v = float((self.trace.ttft_slo_ms if ttft else self.trace.tpot_slo_ms)[i])
         if not math.isnan(v):
             return v
-        arch = self.served[self.req_model[int(self.request_model[i])]].arch
-        return arch.ttft_slo_ms if ttft else arch.tpot_slo_ms
+        served = self.served[self.req_model[int(self.request_model[i])]]
+        return served.ttft_slo_ms if ttft else served.tpot_slo_ms
 
 
 def _drop(_event: object) -> None:

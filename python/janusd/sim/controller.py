@@ -22,8 +22,9 @@ Active after `control_overhead_s` plus its weight shard over the link: D2D (hw/ 
 when another instance of the model is Active (a fork), else H2D (h2d_bw, from the Warm
 host copy every model is assumed to have); removal drains (Draining -> Unloaded once its
 requests are done). A migration places the new instance first and drains the old one
-when the new one is Active. Keep-alive (Warm/Cold of idle models) is not run: every
-steady model keeps at least its placed instance.
+when the new one is Active; so does a change of pool (an app turning elastic keeps its
+steady instance until an elastic one is Active, and back). Keep-alive (Warm/Cold of idle
+models) is not run: every steady model keeps at least its placed instance.
 
 Modes (sim/policies.py): janus (both pools), steady-only (every app pinned steady),
 elastic-only (every app pinned elastic), prism (steady-only with every move loaded over
@@ -41,7 +42,7 @@ from janusd.hw.devices import DeviceSpec
 from janusd.lifecycle.states import InstanceState
 from janusd.oracle.oracle import Oracle
 from janusd.oracle.prior import RooflinePrior
-from janusd.oracle.types import AttainmentEstimate, LoadFeatures, MinInstances, ResourceEstimate
+from janusd.oracle.types import LoadFeatures
 from janusd.policy import classify, demand, placement, scaling
 from janusd.policy.policy_config import ControllerConfig
 from janusd.policy.snapshot import AppPool, Pool, Assignment, ElasticApp, PlacementSnapshot, ScalingState
@@ -77,41 +78,13 @@ class _State:
     migrations: int = 0  # optional moves executed in this slow period
 
 
-class GrowingLimit:
-    """The oracle, asked for m* with growing limits (4, 16, then the caller's).
-
-    Why: the roofline prior answers min_instances by evaluating every count up to the
-    limit (~11 ms per app at a limit of 64), and the fast tick asks for every elastic app
-    twice a simulated second, which made the controller most of a run's wall time. The
-    answer is the same: oracle/elasticity.py's curve at m depends only on counts 1..m (a
-    running maximum from m = 1), so the first m reaching the target within a smaller
-    limit is the first within the larger one. Implements oracle/types.py's Protocols, so
-    demand.py takes it as it is."""
-
-    STEPS = (4, 16)
-
-    def __init__(self, oracle: Oracle) -> None:
-        self.oracle = oracle
-
-    def capacity(self, model: str, load: LoadFeatures) -> ResourceEstimate:
-        return self.oracle.capacity(model, load)
-
-    def attainment(self, model: str, load: LoadFeatures, instances: int) -> AttainmentEstimate:
-        return self.oracle.attainment(model, load, instances)
-
-    def min_instances(self, model: str, load: LoadFeatures, target: float, margin: float,
-                      limit: int) -> MinInstances:
-        for step in self.STEPS:
-            if step >= limit:
-                break
-            ans = self.oracle.min_instances(model, load, target, margin, step)
-            if ans.m is not None:
-                return ans
-        return self.oracle.min_instances(model, load, target, margin, limit)
-
-
 def build_oracle(served: list[Served], cluster: Cluster) -> Oracle:
-    """One roofline prior per served model on the simulator's derated device."""
+    """One roofline prior per served model on the simulator's device as the performance
+    model runs it: peak FLOP/s, bandwidth and memory derated by its efficiencies, and the
+    bandwidth further by the fixed per-step cost at the model's own decode step (the prior
+    has no per-step term: a decode step that reads 16 GB of weights in 12.5 ms takes
+    17.5 ms with the 5 ms overhead, so without it the prior saw 40% more decode capacity
+    than the simulator gives)."""
     perf = cluster.perf
     dev: DeviceSpec = msgspec.structs.replace(perf.device, peak_flops=perf.device.peak_flops * perf.compute_eff,
                                               hbm_bw=perf.device.hbm_bw * perf.bandwidth_eff,
@@ -123,7 +96,9 @@ def build_oracle(served: list[Served], cluster: Cluster) -> Oracle:
         if s.arch.spec is None or s.arch.tp != 1:
             raise ControllerError(f"model {s.name} ({s.arch.name}, tp {s.arch.tp}): the controller's oracle prior "
                                   "needs a dense model on one device (tp 1)")
-        o.set_prior(s.name, RooflinePrior(s.arch.spec, dev, s.arch.ttft_slo_ms / 1000, s.arch.tpot_slo_ms / 1000))
+        weights_s = s.arch.weight_bytes / dev.hbm_bw
+        step_dev = msgspec.structs.replace(dev, hbm_bw=dev.hbm_bw * weights_s / (weights_s + perf.overhead_s))
+        o.set_prior(s.name, RooflinePrior(s.arch.spec, step_dev, s.ttft_slo_ms / 1000, s.tpot_slo_ms / 1000))
     return o
 
 
@@ -137,15 +112,18 @@ class Controller:
         self.cfg = cfg
         self.p = periods
         self.apps = sorted(s.name for s in served)
-        self.oracle = GrowingLimit(build_oracle(served, cluster))
+        self.oracle = build_oracle(served, cluster)
         self.st = _State()
         self.counts: dict[str, list[int]] = {a: [] for a in self.apps}  # arrivals per 1 s bucket
         self._bucket0 = 0
+        self._traffic_key: tuple[int, int] | None = None  # the buckets of the last answer
+        self._traffic_val: list = []
         self._row_model = cluster.request_model
         self._names = cluster.req_model
         self.decisions = 0  # policy calls made (tests, the summary)
         self._placed_at = 0.0
         self._pending: dict[tuple[str, int], int | None] = {}  # loads waiting for memory -> then drain
+        self._handover: dict[str, set[int]] = {}  # model -> devices serving it until its new pool does
         pin: dict[str, Pool] = {"steady-only": "steady", "prism": "steady", "elastic-only": "elastic",
                                 "blitzscale": "elastic"}
         self.pin: Pool | None = pin.get(mode)
@@ -163,14 +141,22 @@ class Controller:
             lst[k] += 1
 
     def _traffic(self, now: float) -> list:
-        """Per app arrivals per second over the last traffic_window_s whole seconds."""
+        """Per app arrivals per second over the last traffic_window_s whole seconds. The
+        fast tick comes twice per 1 s bucket: the second finds the same complete buckets
+        and gets the same answer without asking again."""
         end = int(now) - self._bucket0
         start = max(0, end - self.p.traffic_window_s)
+        stop = max(end, start + 1)  # before the first whole second: the bucket in progress
+        key = (start + self._bucket0, stop + self._bucket0)
+        if key == self._traffic_key and stop == end:
+            return self._traffic_val
         out = []
         for a in self.apps:
-            lst = self.counts[a]
-            window = [lst[i] if i < len(lst) else 0 for i in range(start, max(end, start + 1))]
+            window = self.counts[a][start:stop]
+            if len(window) < stop - start:
+                window += [0] * (stop - start - len(window))
             out.append(classify.traffic_from_counts(a, window, 1.0, self.p.short_buckets, pin=self.pin))
+        self._traffic_key, self._traffic_val = key, out
         # keep memory bounded: drop buckets older than the window
         if start > 4 * self.p.traffic_window_s:
             for a in self.apps:
@@ -194,6 +180,7 @@ class Controller:
 
     def _fast_tick(self, now: float) -> None:
         self._retry_pending(now)
+        self._finish_handovers(now)
         if self._classify(now) or now - self._placed_at >= self.p.recheck_s:
             self._place(now, consolidate=False)
         self._fast(now)
@@ -241,7 +228,10 @@ class Controller:
                 if not mv.forced:
                     self.st.migrations += 1
             elif mv.kind == "remove" and mv.src is not None:
-                self._stop(mv.model, mv.src, now)
+                if pools.get(mv.model) == "elastic":  # leaving for the elastic pool
+                    self._hand_over(mv.model, mv.src, now)
+                else:
+                    self._stop(mv.model, mv.src, now)
         self.st.steady = {a.key: a for a in plan.assignment}
 
     # --------------------------------------------------------------- scaling
@@ -251,7 +241,7 @@ class Controller:
         for a in list(self.st.elastic):
             if a not in elastic:  # back to steady: its elastic instances go
                 for d in self.st.elastic.pop(a):
-                    self._stop(a, d, now)
+                    self._hand_over(a, d, now)
         if not elastic:
             return
         steady_devs = {a.device for a in self.st.steady.values()}
@@ -305,6 +295,10 @@ class Controller:
         every fast tick while the plan still wants it there."""
         inst = self.c.core.instance(model, device)
         if inst.state is S.ACTIVE or inst.state is S.LOADING:
+            if device in self._handover.get(model, ()):  # wanted again where it still serves
+                self._handover[model].discard(device)
+                if not self._handover[model]:
+                    del self._handover[model]
             return
         arch = self.c.served[model].arch
         held = [a for n, a in self.c.residents(device).items() if n != model]
@@ -320,6 +314,23 @@ class Controller:
         if then_drain is not None:
             src = then_drain
             self.c.at(now + load_s, lambda t: self._stop(model, src, t))
+
+    def _hand_over(self, model: str, device: int, now: float) -> None:
+        """An instance of a model changing pools: it serves until the model has an Active
+        instance in its new pool, then goes (make before break: stopped at once, a model
+        whose new instance waits for a device or for memory had none at all, and its
+        requests failed after the 30 s hold)."""
+        self._handover.setdefault(model, set()).add(device)
+        self._finish_handovers(now)
+
+    def _finish_handovers(self, now: float) -> None:
+        for model in sorted(self._handover):
+            devs = self._handover[model]
+            insts = self.c.core.registry.models[model].instances.values()
+            if any(i.state is S.ACTIVE and i.device not in devs for i in insts):
+                for d in sorted(devs):
+                    self._stop(model, d, now)
+                del self._handover[model]
 
     def _retry_pending(self, now: float) -> None:
         for (model, device), then_drain in sorted(self._pending.items(), key=lambda kv: (kv[0][1], kv[0][0])):

@@ -20,6 +20,15 @@ from janusd.trace.formats import Trace
 import numpy as np
 
 
+def peer_router(policy: str) -> DispatchConfig:
+    """A baseline router as peer systems run it (PAPER.md §6's comparison): the rule picks
+    the instance and nothing knows a deadline: a late request is served late, never
+    refused (requeue = keep), none is refused at admission, no decode guard. The same
+    keys as `janus bench dispatch-replay --baselines peer`."""
+    return DispatchConfig(policy=policy, requeue="keep", admission="queue",  # type: ignore[arg-type]
+                          decode_guard=False)
+
+
 @dataclass(frozen=True)
 class Policy:
     name: str
@@ -86,10 +95,12 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
            DispatchConfig(), _controlled("blitzscale")),
     Policy("static", "devices split evenly and bound to apps for the run (ServerlessLLM-like); LST-IMH dispatch",
            DispatchConfig(), _even),
-    Policy("rr", "pool split by the trace's work per app; round-robin dispatch",
-           DispatchConfig(policy="round_robin"), _proportional),
-    Policy("least-load", "pool split by the trace's work per app; least-load dispatch",
-           DispatchConfig(policy="least_load"), _proportional),
+    Policy("rr", "pool split by the trace's work per app; round-robin dispatch as a peer's router runs it "
+           "(no deadlines: late requests served late, never refused, no decode guard)",
+           peer_router(policy="round_robin"), _proportional),
+    Policy("least-load", "pool split by the trace's work per app; least-load dispatch as a peer's router runs it "
+           "(no deadlines: late requests served late, never refused, no decode guard)",
+           peer_router(policy="least_load"), _proportional),
     Policy("lst-imh-reject", "pool split by the trace's work per app; LST-IMH, late requests rejected",
            DispatchConfig(policy="lst_imh", requeue="reject"), _proportional),
     Policy("lst-imh-relax", "pool split by the trace's work per app; LST-IMH, late requests re-queued "

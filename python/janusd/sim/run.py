@@ -3,9 +3,9 @@
 The summary's keys are the issue's (`janus sim` prints them as its last line):
 policy, requests, token_attainment, ttft_attainment, tpot_attainment, goodput_rps,
 device_hours, mean_app_attainment, worst_app_attainment, wall_s; plus what explains them
-(outcomes by kind, simulated requests per wall second, devices, device kind). A run
-directory gets results.jsonl, devices.csv and summary.json (trace/results.py), so
-`janus report` reads a simulated run like a replayed one.
+(outcomes by kind, the worst app's name, simulated requests per wall second, devices,
+device kind). A run directory gets results.jsonl, devices.csv and summary.json
+(trace/results.py), so `janus report` reads a simulated run like a replayed one.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from janusd.sim.cluster import Cluster, served_models
 from janusd.sim.perfmodel import PerfModel
 from janusd.sim.policies import POLICIES
 from janusd.sim.specs import SimModel
+from janusd.sim.worker import EngineLimits
 from janusd.trace import slo
 from janusd.trace.formats import Trace
 from janusd.trace.results import jsonable
@@ -29,7 +30,7 @@ from janusd.trace.results import jsonable
 
 def simulate(trace: Trace, archs: dict[str, SimModel], devices: int, policy: str,
              device: str = "ascend-910c-die", keep_times: bool = False,
-             perf: PerfModel | None = None) -> tuple[Cluster, dict[str, Any]]:
+             perf: PerfModel | None = None, engine: EngineLimits = EngineLimits()) -> tuple[Cluster, dict[str, Any]]:
     """Run `policy` on `devices` devices of kind `device`; ValueError for bad arguments
     (unknown policy, a pool too small for one instance of every model)."""
     if policy not in POLICIES:
@@ -39,7 +40,7 @@ def simulate(trace: Trace, archs: dict[str, SimModel], devices: int, policy: str
     pol = POLICIES[policy]
     perf = perf or PerfModel(device_spec(device))
     served, req_model = served_models(trace, archs)
-    cluster = Cluster(trace, served, req_model, perf, devices, pol.dispatch, keep_times=keep_times)
+    cluster = Cluster(trace, served, req_model, perf, devices, pol.dispatch, engine=engine, keep_times=keep_times)
     pol.setup(cluster, served, trace, req_model)
     wall = cluster.run()
     return cluster, summary(cluster, policy, wall)
@@ -58,8 +59,17 @@ def summary(cluster: Cluster, policy: str, wall_s: float) -> dict[str, Any]:
         "device": cluster.perf.device.name, "outcomes": dict(sorted(cluster.outcome_counts.items())),
         "sim_end_s": cluster.now, "sim_requests_per_wall_s": n / wall_s if wall_s > 0 else float("inf"),
         "mean_app_attainment": s["app_mean_token_attainment"],
-        "worst_app_attainment": s["app_worst_token_attainment"], "wall_s": wall_s,
+        "worst_app_attainment": s["app_worst_token_attainment"], "worst_app": worst_app(cluster),
+        "wall_s": wall_s,
     }
+
+
+def worst_app(cluster: Cluster) -> str | None:
+    """The app with the lowest per-token attainment (the summary's worst_app_attainment)."""
+    tok = per_app(cluster)["token_attainment"]
+    if not np.isfinite(tok).any():
+        return None
+    return cluster.trace.apps[int(np.nanargmin(tok))]
 
 
 def write_run(cluster: Cluster, out: str | Path, summ: dict[str, Any]) -> None:

@@ -4,13 +4,15 @@ It takes the same wire messages a real worker takes (Generate, Abort) and answer
 the same StepBatch / RequestFailed the core hears from a real one, at virtual times.
 Inside it is an engine in outline: per resident model a FIFO of waiting requests and a
 running batch (continuous batching); a request is admitted when its prompt plus its
-output tokens fit the model's KV capacity on the device (sim/perfmodel.py) and the batch
-has room; it waits while they do not (pages held by other requests or by co-located
-models' weights), and fails when it could not fit even alone on the device or has
-waited `kv_wait_timeout_s` (the engine's rule, engine/scheduler.py). Every device step runs, for every resident model with work, the prefills it
-admits (up to `max_batched_tokens` per model) and one decode token of every running
-sequence; its length is the roofline of all of that together (co-located models share
-the step).
+output tokens fit in the device's KV pool, which all resident models share
+(sim/perfmodel.py), and its model's batch has room, the queue heads of the models taken
+oldest first across the device; it waits while they do not (pages held by other
+requests, its own model's or a co-located one's), and fails when it could not fit even
+alone on the device or has waited `kv_wait_timeout_s` (the engine's rule,
+engine/scheduler.py). Every device step runs, for every resident model with work, the
+prefills it admits (up to `max_batched_tokens` per model) and one decode token of every
+running sequence; its length is the roofline of all of that together (co-located models
+share the step).
 
 Speed: steps are not simulated one by one. While nothing changes (no admission, no
 sequence ends) the step time is constant, so a *segment* of k equal steps is one event;
@@ -66,8 +68,7 @@ class Outcome:
 @dataclass
 class _Resident:
     model: SimModel
-    kv_cap: int = 0
-    kv_used: int = 0
+    kv_token_bytes: float = 0.0  # per device (perfmodel.kv_token_bytes)
     waiting: deque[Seq] = field(default_factory=deque)
     running: dict[int, Seq] = field(default_factory=dict)
     sum_prompt: int = 0  # over running
@@ -95,6 +96,9 @@ class SimWorker:
         self._meta = request_meta  # rid -> (arrival, TTFT s, TPOT s): the core's Request says
         self.keep_times = keep_times
         self.residents: dict[str, _Resident] = {}
+        self.kv_pool = 0  # bytes of KV the residents share (perfmodel.kv_pool_bytes)
+        self.kv_used = 0  # bytes held by running sequences
+        self._alone: dict[str, int] = {}  # model -> KV tokens it could hold alone on the device
         self.step = 0  # device steps completed
         self.outcomes: dict[int, Outcome] = {}
         self.failed: list[wm.RequestFailed] = []
@@ -123,10 +127,8 @@ class SimWorker:
             if n not in models and not r.running and not r.waiting:
                 del self.residents[n]
         for n, m in models.items():
-            self.residents.setdefault(n, _Resident(m))
-        held = [r.model for r in self.residents.values()]
-        for r in self.residents.values():
-            r.kv_cap = self.perf.kv_capacity_tokens(r.model, held)
+            self.residents.setdefault(n, _Resident(m, self.perf.kv_token_bytes(m)))
+        self.kv_pool = self.perf.kv_pool_bytes([r.model for r in self.residents.values()])
         if any(r.waiting for r in self.residents.values()):
             self._wake(self._clock())  # freed pages may admit a waiting request
 
@@ -143,7 +145,9 @@ class SimWorker:
             meta = self._meta(msg.req_id)
             seq = Seq(msg.req_id, msg.model, meta[0], meta[1], meta[2], len(msg.prompt_token_ids),
                       msg.sampling.max_tokens)
-            alone = self.perf.kv_capacity_tokens(r.model, [r.model])
+            alone = self._alone.get(msg.model)
+            if alone is None:
+                alone = self._alone[msg.model] = self.perf.kv_capacity_tokens(r.model, [r.model])
             if seq.prompt + seq.n_out > alone:
                 self.failed.append(wm.RequestFailed(
                     msg.req_id, f"needs {seq.prompt + seq.n_out} KV tokens; {msg.model} holds at most {alone} "
@@ -216,7 +220,7 @@ class SimWorker:
         r = self.residents[seq.model]
         del self._seqs[seq.rid]
         del r.running[seq.rid]
-        r.kv_used -= seq.prompt + seq.n_out
+        self.kv_used -= int((seq.prompt + seq.n_out) * r.kv_token_bytes)
         r.sum_prompt -= seq.prompt
         r.sum_first -= seq.s_first
         self.outcomes[seq.rid] = self._outcome(seq)
@@ -240,18 +244,32 @@ class SimWorker:
         admitted: list[Seq] = []
         s = self.step
         lim = self.limits
-        for r in self.residents.values():
-            pf_tokens = 0
-            pf_pairs = 0.0
-            while r.waiting and len(r.running) < lim.max_num_seqs:
-                seq = r.waiting[0]
-                need = seq.prompt + seq.n_out
-                if r.kv_used + need > r.kv_cap or (pf_tokens and pf_tokens + seq.prompt > lim.max_batched_tokens):
-                    break
-                r.waiting.popleft()
-                pf_tokens += seq.prompt
-                pf_pairs += seq.prompt * (seq.prompt + 1) / 2.0
-                admitted.append(seq)
+        # admission: the heads of the residents' queues, oldest first across the device; a
+        # model out of seats or batch tokens sits this step out, but when the oldest head
+        # does not fit in the pool nobody is admitted (pages go to the longest waiter)
+        taken: dict[str, list[float]] = {}  # resident -> [prompt tokens, pairs, seats left]
+        heads = [(r.waiting[0].queued_at, k, name) for k, (name, r) in enumerate(self.residents.items()) if r.waiting]
+        heapq.heapify(heads)
+        while heads:
+            _, k, name = heapq.heappop(heads)
+            r = self.residents[name]
+            t = taken.setdefault(name, [0, 0.0, lim.max_num_seqs - len(r.running)])
+            seq = r.waiting[0]
+            if t[2] <= 0 or (t[0] and t[0] + seq.prompt > lim.max_batched_tokens):
+                continue
+            need = int((seq.prompt + seq.n_out) * r.kv_token_bytes)
+            if self.kv_used + need > self.kv_pool:
+                break
+            self.kv_used += need
+            r.waiting.popleft()
+            t[0] += seq.prompt
+            t[1] += seq.prompt * (seq.prompt + 1) / 2.0
+            t[2] -= 1
+            admitted.append(seq)
+            if r.waiting:
+                heapq.heappush(heads, (r.waiting[0].queued_at, k, name))
+        for name, r in self.residents.items():
+            pf_tokens, pf_pairs, _ = taken.get(name, (0, 0.0, 0))
             n = len(r.running)
             ctx = r.sum_prompt + n * s - r.sum_first  # prompt + tokens produced so far, over running
             f, b = self.perf.work(r.model, pf_tokens, pf_pairs, n, ctx)
@@ -261,7 +279,6 @@ class SimWorker:
             r = self.residents[seq.model]
             seq.s_first = s
             r.running[seq.rid] = seq
-            r.kv_used += seq.prompt + seq.n_out
             r.sum_prompt += seq.prompt
             r.sum_first += s
             self._seqs[seq.rid] = seq
@@ -271,7 +288,7 @@ class SimWorker:
             if expiry < math.inf:  # idle with requests waiting for pages: wake up to fail them
                 self._set_event(expiry)
             return
-        dt = self.perf.step_s(flops, nbytes)
+        dt = self.perf.step_s(flops, nbytes, len(self._seqs))
         steps = 1 if admitted else max(1, self._finish[0][0] - s + 1)
         self._prefilling = admitted
         self.busy = True
