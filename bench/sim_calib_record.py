@@ -17,6 +17,7 @@ import numpy as np
 
 from janusd.bench import daemon_proc
 from janusd.bench import dispatch_replay as dr
+from janusd.bench.closed_loop import warmup
 from janusd.engine.loader import default_cache_dir
 from janusd.sim.compare import figures
 from janusd.trace.formats import Trace, write_trace
@@ -57,7 +58,7 @@ for tag, tr in traces.items():
                            ttft_slo_ms=500.0, tpot_slo_ms=50.0, memory_mib=1024, kv_cache_mib=256)
     proc, port = daemon_proc.start(cfg, run_dir, 1, {"llm": 2})
     try:
-        asyncio.run(dr._warmup(port, [(400, 2)] * 4))
+        asyncio.run(warmup(port, dr.MODEL_NAME, [(400, 2)] * 4, dr.RELAXED_SLO_MS))
         rcfg = ReplayConfig(url=f"http://127.0.0.1:{port}", max_lag_ms=100.0, timeout_s=300.0, ttft_slo_ms=500.0,
                             tpot_slo_ms=50.0, devices_poll_s=0.0)
         summ = asyncio.run(replay(tr, rcfg, run_dir))
