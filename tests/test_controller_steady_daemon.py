@@ -1,7 +1,7 @@
 """The steady placement in a real daemon on cpu devices (control.managed, models without
 `devices`). With control.place_at_start off, two small demo models start round-robin on
-devices 0 and 1; the slow loop packs their capacity vectors (the oracle's roofline prior) onto one device and executes
-the migration: the target comes up by a D2D fork from the live source, and only then
+devices 0 and 1; the slow loop packs their capacity vectors (the oracle's roofline
+prior) onto one device and executes the migration: the target comes up by a D2D fork from the live source, and only then
 does the source drain (to Cold). Requests to the moving model keep being served (every
 one 200: none is routed to an instance that is not Active); a model with `devices`
 never moves; `ctl plan` and /metrics show the move. With it on (the default), they start
