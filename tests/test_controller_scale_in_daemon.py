@@ -139,10 +139,12 @@ def test_a_falling_m_star_drains_the_surplus_instances_to_warm_while_traffic_goe
         trickle: list[threading.Thread] = []
         feeder = threading.Thread(target=lambda: trickle.extend(_open_loop(d, TRICKLE_RPS, 60.0, statuses, lock,
                                                                            stop)))
+        burst_end = time.monotonic()
         feeder.start()
         try:
             assert wait_until(lambda: sorted(_states(d).values()) == ["active", "warm", "warm"], 25.0, 0.1), \
                 _states(d)
+            back = time.monotonic() - burst_end
             plan = d.ctl(am.PlanReq()).data["plan"]
             time.sleep(2.0)  # still one Active instance, still serving the trickle
             assert sorted(_states(d).values()) == ["active", "warm", "warm"], _states(d)
@@ -157,7 +159,9 @@ def test_a_falling_m_star_drains_the_surplus_instances_to_warm_while_traffic_goe
         assert all(r["reason"].startswith("scale in: m*=") for r in downs) and "m*=1" in downs[-1]["reason"], downs
         assert [a["demand"] for a in plan["elastic"]["apps"] if a["model"] == "hot"] == [1], plan["elastic"]
         assert all(k["residency"] == "active" for k in plan["keepalive"] if k["model"] == "hot")
-        print("scale-in:", [(r["device"], r["reason"][:60], r["seconds"]) for r in downs])
+        print(f"scale-in: back to one Active instance {back:.2f} s after the burst's last request (window "
+              f"3 s, debounce 2 ticks of 0.25 s); drains: "
+              + ", ".join(f"device {r['device']} {r['reason'].split(' (')[0]} in {r['seconds']:.3f} s" for r in downs))
         n = len(statuses)
         assert n >= BURST_RPS * BURST_S + 3 and statuses == [200] * n, statuses
         assert "Traceback" not in d.log_text()

@@ -62,7 +62,7 @@ def test_what_the_oracle_cannot_size_or_no_device_holds_is_left_to_round_robin()
     assert start_placement(["unknown"], [], (0, 1), pred, DEMAND, PLACEMENT).plan is None
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.floats(0.01, 0.7), st.floats(0.0, 0.7), st.floats(0.0, 0.7)), min_size=1, max_size=8),
        st.integers(0, 2))
 def test_the_first_slow_tick_moves_nothing_it_placed(vectors, pinned):

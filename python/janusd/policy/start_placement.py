@@ -9,7 +9,7 @@ models are pinned items on the devices they start Active on, the devices of pinn
 elastic models are elastic devices (taken last), and every managed model is a new item
 (replicas when one device is too small: policy/demand.py). placement.plan packs the new
 items as a batch (the best of its first-fit-decreasing runs) and consolidates with a
-budget as large as the items (moving nothing costs nothing yet), so the first slow tick
+budget of several moves per item (moving costs nothing yet), so the first slow tick
 finds the pool already as it would make it and plans no move for it.
 
 A model the oracle cannot size (no prior: its checkpoint could not be read, or the read
@@ -31,6 +31,9 @@ from janusd.policy.policy_config import DemandConfig, PlacementConfig
 from janusd.policy.snapshot import PlacementPlan, PlacementSnapshot, SteadyItem
 
 NO_LOAD = LoadFeatures(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+# consolidation's budget at start: moves cost nothing before anything loads, so enough for
+# it to run out of gains (each move lowers Phi by min_phi_gain or frees a device) first
+_START_BUDGET_PER_ITEM = 8
 
 
 class StartPlacement(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,7 +77,7 @@ def start_placement(managed: Sequence[str], pinned: Sequence[SteadyModel], pool:
         items += d.items
     snap = PlacementSnapshot(pool=tuple(sorted(set(pool))), items=tuple(sorted(items, key=lambda i: i.key)),
                              elastic_devices=tuple(sorted(set(elastic_devices) & set(pool))))
-    p = placement_plan(snap, placement, consolidate=True, migrations_left=len(items))
+    p = placement_plan(snap, placement, consolidate=True, migrations_left=_START_BUDGET_PER_ITEM * len(items))
     unplaced = {u.model for u in p.unplaced}
     for u in p.unplaced:
         notes.append(f"{u.key}: unplaced ({u.reason}); spread round robin")
