@@ -99,7 +99,9 @@ def _plan(want: dict[Role, int], insts: list[RoleInstance]) -> tuple[list[RoleOp
             return own
         return next((r for r in ROLES if short.get(r, 0) > 0), None)
 
-    for i in sorted((i for i in insts if i.state in _RESTING and not i.busy), key=lambda i: (i.state == "cold", i.device)):
+    resting = sorted((i for i in insts if i.state in _RESTING and not i.busy),
+                     key=lambda i: (i.state == "cold", i.device))
+    for i in resting:
         r = first_short(i.role)
         if r is None:
             break
