@@ -1,10 +1,11 @@
 """The steady placement in a real daemon on cpu devices (control.managed, models without
-`devices`): two small demo models start round-robin on devices 0 and 1; the slow loop
-packs their capacity vectors (the oracle's roofline prior) onto one device and executes
-the migration: the target comes up by a D2D fork from the live source, and only then
+`devices`). With control.place_at_start off, two small demo models start round-robin on
+devices 0 and 1; the slow loop packs their capacity vectors (the oracle's roofline
+prior) onto one device and executes the migration: the target comes up by a D2D fork from the live source, and only then
 does the source drain (to Cold). Requests to the moving model keep being served (every
 one 200: none is routed to an instance that is not Active); a model with `devices`
-never moves; `ctl plan` and /metrics show the move."""
+never moves; `ctl plan` and /metrics show the move. With it on (the default), they start
+packed on one device and stay there."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ window_s = 5.0
 slow_period_s = 1.0
 fast_period_s = 0.25
 pool_devices = [0, 1]
+place_at_start = false      # start round robin: the slow loop's migration is what this test is about
 
 [[models]]
 name = "a"
@@ -102,4 +104,23 @@ def test_the_slow_loop_packs_two_models_onto_one_device_make_before_break():
         assert "Traceback" not in d.log_text()
     finally:
         stop.set()
+        d.stop()
+
+
+def test_models_without_devices_start_packed_and_the_slow_loop_leaves_them_there():
+    """control.place_at_start (the default): the oracle's prior sizes both models before
+    they load, they come up together on device 0 (round robin would have put them on 0
+    and 1), and the slow ticks that follow plan no move."""
+    d = start_daemon(server_section(Path("@RUN@"), model_wait_timeout_s=30.0)
+                     + CONFIG.replace("place_at_start = false", "place_at_start = true"))
+    try:
+        assert _active(d, "a") == [0] and _active(d, "b") == [0] and _active(d, "pinned") == [2], _states(d)
+        assert "start placement: a -> [0], b -> [0] (2 device(s)" in d.log_text()
+        assert [_complete(d, m) for m in ("a", "b", "a", "b")] == [200] * 4
+        time.sleep(3.0)  # three slow ticks, with traffic in the window
+        plan = d.ctl(am.PlanReq()).data["plan"]["steady"]
+        assert plan["bins_used"] == 2 and plan["moves"] == [] and plan["recent"] == [], plan
+        assert _active(d, "a") == [0] and _active(d, "b") == [0]
+        assert "Traceback" not in d.log_text()
+    finally:
         d.stop()

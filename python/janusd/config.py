@@ -188,6 +188,10 @@ class ControlConfig(_Section):
     # weight transfers (activations, D2D forks: a fork counts on its source too) running
     # at once per device while the steady placement executes its moves
     max_transfers_per_device: PositiveInt = 1
+    # models without `devices` start where the steady placement packs them (the oracle
+    # reads their checkpoints for their priors before they load: server/steady.py);
+    # false = round robin over the devices, repacked by the slow loop
+    place_at_start: bool = True
     # the policies' own settings (policy/policy_config.py), each section its own table
     demand: DemandConfig = DemandConfig()
     placement: PlacementConfig = PlacementConfig()
@@ -343,6 +347,8 @@ slow_period_s = 30.0        # slow loop: steady placement (bin packing, bounded 
 fast_period_s = 0.5         # fast loop: elastic scaling
 pool_devices = []           # devices the steady placement may use for models without `devices`; [] = all
 max_transfers_per_device = 1   # weight transfers (loads, forks; a fork counts on its source) at once per device
+place_at_start = true       # models without `devices` start packed by the steady placement on the oracle's
+                            # sizes (it reads their checkpoints first); false = round robin, repacked by the slow loop
 
 [control.demand]
 capacity_margin = 1.0       # steady capacity vector = the Capacity GP's mean + margin * std per dimension

@@ -154,6 +154,52 @@ class ScalingPlan(_Frozen):
     state: ScalingState  # feed back at the next tick
 
 
+# ---- an elastic P/D app's roles (roles.py) -------------------------------------------
+
+Role = Literal["prefill", "decode", "mixed"]
+RoleState = Literal["active", "coming_up", "draining", "warm", "cold", "unloaded", "failed"]
+RoleOpKind = Literal["activate", "reassign", "deactivate", "wait"]
+
+
+class RoleInstance(_Frozen):
+    """One instance of the app now: its engine role (the one it was loaded or last
+    activated with; a Warm copy keeps it), its state in roles.py's words, and the
+    requests it holds (a drain's length). `busy`: an operation is in flight on it (it
+    counts where it is going: `state` coming_up or draining; never touched)."""
+
+    device: int
+    role: Role
+    state: RoleState
+    load: int = 0
+    busy: bool = False
+
+
+class RoleOp(_Frozen):
+    """activate: a Warm/Cold instance comes up as `role` (`previous_role` the one its
+    copy was made with); reassign: an Active instance drains to Warm and comes back as
+    `role` (two lifecycle moves, one device); deactivate: an Active one drains to Warm;
+    wait (only in RolePlan.held): a surplus instance with an operation in flight, to be
+    deactivated once it ends."""
+
+    device: int
+    kind: RoleOpKind
+    role: Role
+    previous_role: Role
+    reason: str
+
+
+class RolePlan(_Frozen):
+    """`ops` to start now, in order; `held`: removals that would leave the app with no
+    way to serve while an activation is still coming, and waits (planned again next tick);
+    `target`: (device, role) of every instance Active once all of them are done;
+    `short`: instances of each role the app wanted but had no instance for."""
+
+    ops: tuple[RoleOp, ...]
+    held: tuple[RoleOp, ...]
+    target: tuple[tuple[int, Role], ...]
+    short: tuple[tuple[Role, int], ...] = ()
+
+
 # ---- bursty isolation (classify.py) --------------------------------------------------
 
 class AppTraffic(_Frozen):

@@ -42,6 +42,7 @@ from janusd.server.openai_types import Parsed
 from janusd.server.controller import Controller
 from janusd.server.oracle_refit import OracleRefit
 from janusd.server.restart_policy import RestartBudget
+from janusd.server.steady import first_placement
 from janusd.server.workers import Liveness, WorkerError, WorkerHandle
 from janusd.telemetry import Telemetry
 from janusd.wire import worker_msgs as wm
@@ -169,7 +170,10 @@ class Daemon:
             self.life.bw.memcpy = min(measured)
         self._spawn(self._tick_loop(), "dispatch")
         sdnotify.notify(f"STATUS=loading {len(self.cfg.models)} models")
-        await self.ops.add_and_load(list(self.cfg.models), self.cfg.models, self.cfg.devices.count)
+        placement = None
+        if self.controller is not None:  # models without devices: packed by the oracle's sizes ([C])
+            placement = await first_placement(self.cfg, self.oracle.describe_now, self.predictor())
+        await self.ops.add_and_load(list(self.cfg.models), self.cfg.models, self.cfg.devices.count, placement)
         self.poke()
         if self._shutdown_requested:
             await self._stop_workers()

@@ -114,8 +114,11 @@ class ModelOps:
                 await go()
 
     # ---- a model ----
-    async def add_and_load(self, cfgs: list[ModelConfig], all_models: list[ModelConfig], devices: int) -> None:
-        placement = place(all_models, devices)
+    async def add_and_load(self, cfgs: list[ModelConfig], all_models: list[ModelConfig], devices: int,
+                           placement: dict[str, list[int]] | None = None) -> None:
+        """`placement`: the devices of each model (the start placement, server/steady.py);
+        None: policy/pinned.py's (configured devices, else round robin)."""
+        placement = placement or place(all_models, devices)
         insts = []
         for cfg in cfgs:
             m = self.core.add_model(cfg)

@@ -158,6 +158,24 @@ class OracleRefit:
             m.last_fit, m.info = now, info
             log.info("oracle: %s refitted on %d points in %.1f s", name, len(points), info.get("fit_s", 0.0))
 
+    def describe_now(self, models: Any) -> list[asyncio.Task[Any]]:
+        """Start reading these models' checkpoints for their priors now rather than at the
+        first sample period: the start placement sizes them (server/steady.py). Returns
+        the tasks; step() finds the models described (or still busy) and goes on."""
+        out: list[asyncio.Task[Any]] = []
+        for cfg in models:
+            m = self._models.get(cfg.name)
+            if m is not None and m.checkpoint == cfg.checkpoint:
+                continue
+            m = self._models[cfg.name] = _Model(cfg.checkpoint, busy=True)
+            self.oracle.forget(cfg.name)
+            t = asyncio.create_task(self._describe(cfg.name, m, cfg.dtype, (cfg.ttft_slo_ms / 1e3,
+                                                                            cfg.tpot_slo_ms / 1e3)))
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+            out.append(t)
+        return out
+
     def step(self, host: OracleHost, now: float) -> None:
         """One sample period: follow the registry, sample every described model, start
         describes and due fits. Cheap; called on the event loop."""

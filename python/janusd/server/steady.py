@@ -32,6 +32,12 @@ queued or running:
    really there (retried at most every slow period).
 The devices the plan uses are the steady pool's; the fast loop's elastic budget is what
 they leave (server/controller.py).
+
+At start (`first_placement`, with control.place_at_start), before any model loads, the
+oracle reads every model's checkpoint for its prior (bounded by
+server.worker_ready_timeout_s) and policy/start_placement.py packs the models without
+`devices` the way the first slow tick would (at zero load); those it cannot size or
+place are spread round robin over the pool, as policy/pinned.py does without it.
 """
 
 from __future__ import annotations
@@ -39,18 +45,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from janusd.config import JanusConfig
+from janusd.config import JanusConfig, ModelConfig
 from janusd.core.registry import Model, Registry
 from janusd.lifecycle.states import COMING_UP, InstanceState
 from janusd.log import log
 from janusd.oracle.types import CapacityPredictor, LoadFeatures
 from janusd.policy.demand import SteadyModel, steady_items
+from janusd.policy.pinned import place
 from janusd.policy.placement import plan as placement_plan
 from janusd.policy.snapshot import Assignment, Move, PlacementPlan, PlacementSnapshot, SteadyItem
+from janusd.policy.start_placement import NO_LOAD, start_placement
 from janusd.telemetry.telemetry import Telemetry
 
 S = InstanceState
@@ -81,6 +89,57 @@ def pool_devices(cfg: JanusConfig) -> tuple[int, ...]:
     n = cfg.devices.count
     return tuple(sorted({d for d in cfg.control.pool_devices if d < n})) if cfg.control.pool_devices \
         else tuple(range(n))
+
+
+async def first_placement(cfg: JanusConfig, describe: Callable[[Sequence[ModelConfig]], list[asyncio.Task[Any]]],
+                          pred: CapacityPredictor) -> dict[str, list[int]]:
+    """The devices every configured model starts on (module doc, "At start"): pinned
+    models as configured; the controller's own packed when the oracle sizes them in time,
+    else round robin over the pool. `describe(models)` starts the oracle's checkpoint
+    reads (OracleRefit.describe_now) and returns their tasks (not cancelled on timeout:
+    the oracle keeps them)."""
+    out = place(list(cfg.models), cfg.devices.count)
+    managed = [m for m in cfg.models if not m.devices and not m.prefill_devices]
+    if not (cfg.control.managed and cfg.control.place_at_start and managed):
+        return out
+    tasks = describe(cfg.models)
+    if tasks:
+        t0 = asyncio.get_running_loop().time()
+        _, late = await asyncio.wait(tasks, timeout=cfg.server.worker_ready_timeout_s)
+        if late:
+            _log(f"start placement: {len(late)} checkpoint read(s) not done after "
+                 f"{cfg.server.worker_ready_timeout_s:g} s; those models start round robin", logging.WARNING)
+        _log(f"start placement: the oracle read {len(tasks)} checkpoint(s) in "
+             f"{asyncio.get_running_loop().time() - t0:.2f} s", logging.DEBUG)
+    pinned, elastic_devs = [], []
+    for m in cfg.models:
+        if not m.devices or m.prefill_devices:
+            continue
+        up = tuple(d for d in sorted(set(m.devices)) if m.start_state(d) == "active")
+        if m.pool == "elastic":
+            elastic_devs += up
+        elif up:
+            pinned.append(SteadyModel(model=m.name, load=NO_LOAD, devices=up))
+    pool = pool_devices(cfg)
+    try:
+        res = start_placement([m.name for m in managed], pinned, pool, pred, cfg.control.demand,
+                              cfg.control.placement, elastic_devs)
+    except ValueError as e:  # a policy's refusal of odd input: logged, round robin as before
+        _log(f"start placement: {e}; models without devices start round robin", logging.ERROR)
+        res = None
+    k = 0
+    for m in managed:
+        if res is not None and m.name in res.placed:
+            out[m.name] = list(res.placed[m.name])
+        elif pool:
+            out[m.name] = [pool[k % len(pool)]]
+            k += 1
+    if res is not None:
+        p = res.plan
+        _log("start placement: " + ", ".join(f"{n} -> {out[n]}" for n in sorted(m.name for m in managed))
+             + (f" ({p.bins_used} device(s), Phi {p.phi:.4f})" if p is not None else "")
+             + "".join(f"; {n}" for n in res.notes))
+    return out
 
 
 def _serving_devices(m: Model) -> list[int]:
