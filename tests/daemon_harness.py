@@ -110,6 +110,17 @@ class Daemon:
         return self.proc.returncode
 
 
+def managed_header(devices: int, *, warm_after_s: float = 2.0, cold_after_s: float = 600.0) -> str:
+    """The [devices], [oracle] and [control] sections of the controller's daemon tests: a
+    managed daemon on `devices` cpu devices of 64 MiB, its oracle offline with its state in
+    the run dir, short control periods (window 3 s, slow 0.5 s, fast 0.25 s) and the given
+    keep-alive windows. Each test appends its [[models]]."""
+    return (f"\n[devices]\ncount = {devices}\nmemory_mib = 64\n\n"
+            '[oracle]\nonline = false\nstate_dir = "@RUN@/state"\n\n'
+            "[control]\nmanaged = true\nwindow_s = 3.0\nslow_period_s = 0.5\nfast_period_s = 0.25\n\n"
+            f"[control.keepalive]\nwarm_after_s = {warm_after_s}\ncold_after_s = {cold_after_s}\n")
+
+
 def start_daemon(config_text: str, env: dict[str, str] | None = None, timeout_s: float = 150.0,
                  args: list[str] | None = None) -> Daemon:
     run_dir = Path(tempfile.mkdtemp(prefix="jd-"))

@@ -16,28 +16,10 @@ import concurrent.futures
 import time
 from pathlib import Path
 
-from daemon_harness import server_section, start_daemon, wait_until
+from daemon_harness import managed_header, server_section, start_daemon, wait_until
 from janusd.wire import admin_msgs as am
 
-CONFIG = """
-[devices]
-count = 3
-memory_mib = 64
-
-[oracle]
-online = false
-state_dir = "@RUN@/state"
-
-[control]
-managed = true
-window_s = 3.0
-slow_period_s = 0.5
-fast_period_s = 0.25
-
-[control.keepalive]
-warm_after_s = 2.0
-cold_after_s = 600.0
-
+CONFIG = managed_header(3) + """
 [[models]]
 name = "hot"
 checkpoint = "demo:llama-tiny"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 
-from daemon_harness import start_daemon, wait_until
+from daemon_harness import managed_header, start_daemon, wait_until
 from janusd.hw.cpu_peaks import CACHE_VERSION, machine_identity
 from janusd.wire import admin_msgs as am
 
@@ -40,25 +40,7 @@ cache_dir = "@CACHE@"
 drain_timeout_s = 10.0
 worker_ready_timeout_s = 120.0
 model_wait_timeout_s = 30.0
-
-[devices]
-count = 3
-memory_mib = 64
-
-[oracle]
-online = false
-state_dir = "@RUN@/state"
-
-[control]
-managed = true
-window_s = 3.0
-slow_period_s = 0.5
-fast_period_s = 0.25
-
-[control.keepalive]
-warm_after_s = 600.0
-cold_after_s = 1200.0
-
+""" + managed_header(3, warm_after_s=600.0, cold_after_s=1200.0) + """
 [[models]]
 name = "hot"
 checkpoint = "demo:llama-tiny"
