@@ -34,26 +34,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and a small matmul gets ~300x slower; 0 keeps torch's default)")
 
 
-def read_bandwidth(nbytes: int = 128 << 20, reps: int = 5) -> float:
-    """Bytes READ per second, best of a float32 sum and a float32 mat-vec over `nbytes`.
-
-    A decode step only reads its weights, and memcpy's rate (each byte read AND written)
-    is about half of what reads alone reach, so a roofline from memcpy would be ~2x too
-    slow and flatter the achieved/roofline ratio."""
-    import torch
-    import torch.nn.functional as F
-
-    w = torch.ones(nbytes // 4 // 4096, 4096)
-    x = torch.ones(1, 4096)
-    best = float("inf")
-    for _ in range(reps):
-        for op in (lambda: w.sum(), lambda: F.linear(x, w)):
-            t = time.perf_counter()
-            op()
-            best = min(best, time.perf_counter() - t)
-    return w.numel() * 4 / best
-
-
 def memcpy_bandwidth(nbytes: int = 128 << 20, reps: int = 5) -> float:
     """Bytes copied per second, best of `reps` (a read and a write of each byte)."""
     import torch
@@ -181,6 +161,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
     batches = [int(b) for b in args.batches.split(",")]
+    from janusd.hw.cpu_peaks import read_bandwidth
+
     bw = read_bandwidth()
     copy_bw = memcpy_bandwidth()
     result: dict[str, Any] = {"bench": "engine", "device": "cpu", "torch_threads": torch.get_num_threads(),

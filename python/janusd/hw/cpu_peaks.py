@@ -55,11 +55,31 @@ def machine_identity() -> dict[str, Any]:
     return {"host": platform.node(), "cpu": model, "cores": os.cpu_count() or 1, "machine": platform.machine()}
 
 
+def read_bandwidth(nbytes: int = READ_BYTES, reps: int = 5) -> float:
+    """Bytes READ per second with the current torch threads, best of a float32 sum and a
+    float32 mat-vec over `nbytes`, `reps` times each.
+
+    A decode step only reads its weights, and memcpy's rate (each byte read AND written)
+    is about half of what reads alone reach, so a roofline from memcpy would be ~2x too
+    slow. One owner: the peaks here and `janus bench engine` both use it."""
+    import torch
+    import torch.nn.functional as F
+
+    w = torch.ones(nbytes // 4 // 4096, 4096)
+    x = torch.ones(1, 4096)
+    best = float("inf")
+    for _ in range(reps):
+        for op in (w.sum, lambda: F.linear(x, w)):
+            t0 = time.perf_counter()
+            op()
+            best = min(best, time.perf_counter() - t0)
+    return w.numel() * 4 / best
+
+
 def measure(threads: int = 1, seconds: float = 0.3) -> dict[str, float]:
     """{peak_flops, mem_bw (read), copy_bw} of `threads` torch threads on this machine, now."""
     import numpy as np
     import torch
-    import torch.nn.functional as F
 
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -74,15 +94,7 @@ def measure(threads: int = 1, seconds: float = 0.3) -> dict[str, float]:
                 torch.mm(a, b)
                 reps += 1
             best_flops = max(best_flops, 2.0 * n**3 * reps / dt)
-        w = torch.ones(READ_BYTES // 4 // 4096, 4096)
-        x = torch.ones(1, 4096)
-        best_read = 0.0
-        for _ in range(4):
-            for op in (w.sum, lambda: F.linear(x, w)):
-                t0 = time.perf_counter()
-                op()
-                best_read = max(best_read, w.numel() * 4 / (time.perf_counter() - t0))
-        del w
+        best_read = read_bandwidth(READ_BYTES, reps=4)
     finally:
         torch.set_num_threads(old)
     src = np.ones(32 * 2**20 // 8)
