@@ -39,6 +39,7 @@ class Host:
         self._cfg = JanusConfig(control=control)
         self.rig = rig
         self.calls: list[tuple[str, int, str]] = []
+        self.roles: list[tuple[str, int, str]] = []  # activations with a role: (model, device, role)
 
     @property
     def cfg(self) -> JanusConfig:
@@ -47,11 +48,15 @@ class Host:
     def predictor(self) -> Any:
         return PerTwoRps()
 
-    async def set_state(self, name: str, device: int, target: str, probe: bool = True) -> dict[str, Any]:
+    async def set_state(self, name: str, device: int, target: str, probe: bool = True,
+                        role: str | None = None) -> dict[str, Any]:
         self.calls.append((name, device, target))
         inst = self.core.instance(name, device)
         now = self.rig.now
         if target == "active":
+            if role is not None:
+                self.roles.append((name, device, role))
+                self.core.set_role(inst, role, now)
             self.core.set_state(inst, S.RESTORING, now)
             self.core.loaded(inst, now, 2048, 0.01)
         else:
@@ -181,7 +186,7 @@ def test_a_failed_operation_is_recorded_and_planned_again():
     _hot(rig, devices=2)
     host = Host(rig, ControlConfig(managed=True, scaling=ScalingConfig(debounce_plans=1)))
 
-    async def refuse(name: str, device: int, target: str, probe: bool = True) -> dict[str, Any]:
+    async def refuse(name: str, device: int, target: str, probe: bool = True, role: str | None = None) -> dict[str, Any]:
         raise ValueError("out of device memory")
 
     host.set_state = refuse  # type: ignore[method-assign]

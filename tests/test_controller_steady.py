@@ -84,7 +84,8 @@ class Host:
         await self._up(name, dst, S.FORKING)
         return {"state": "active", "path": "d2d", "source_device": src, "total_s": 0.01}
 
-    async def set_state(self, name: str, device: int, target: str, probe: bool = True) -> dict[str, Any]:
+    async def set_state(self, name: str, device: int, target: str, probe: bool = True,
+                        role: str | None = None) -> dict[str, Any]:
         self.calls.append((target, name, device, None, self._serving(name)))
         inst = self.core.instance(name, device)
         if target == "active":

@@ -68,4 +68,4 @@ class DecodeGuard:
             full = n > 0 and fit is not None and fit.step_s(n + 1) > tpot
             if full != inst.saturated:
                 inst.saturated = full
-                self.dispatch.set_ready(inst, not full)
+                self.dispatch.set_ready(inst, not full and inst.paired)

@@ -19,7 +19,11 @@ from janusd.lifecycle.states import InstanceState, takes_new_work
 
 @dataclass
 class Instance:
-    """A model on a device. `role`: mixed (whole requests), or prefill / decode for a P/D model."""
+    """A model on a device. `role`: mixed (whole requests), or prefill / decode for a P/D
+    model: set at creation from the config's `prefill_devices`, and changed only while the
+    instance rests (ServingCore.set_role: the controller chooses an elastic P/D app's
+    roles at activation). `paired`: a prefill instance has an Active decode instance of
+    its model to hand its KV to (ServingCore keeps it; always True for other roles)."""
 
     instance_id: int
     model: str
@@ -32,6 +36,7 @@ class Instance:
     served: int = 0  # requests ever assigned to this instance
     saturated: bool = False  # Active, but its device decodes too slowly to take new prefill work
     decoding: dict[int, int] = field(default_factory=dict)  # P/D decode: request -> tokens still to come
+    paired: bool = True
 
     @property
     def dispatched(self) -> bool:
@@ -41,6 +46,12 @@ class Instance:
     @property
     def active(self) -> bool:
         return takes_new_work(self.state)
+
+    @property
+    def takes_prefill(self) -> bool:
+        """Active, takes prefill work, and (a prefill instance) has a decode instance to
+        hand to: what makes a model serve (a saturated one still counts, it frees up)."""
+        return self.active and self.dispatched and self.paired
 
 
 @dataclass
@@ -52,14 +63,22 @@ class Model:
     def name(self) -> str:
         return self.cfg.name
 
+    @property
+    def pd(self) -> bool:
+        """A P/D model (config `prefill_devices`): its instances' roles may differ."""
+        return bool(self.cfg.prefill_devices)
+
     def role_on(self, device: int) -> str:
+        """The configured role on `device` (an instance's role when it is made)."""
         if not self.cfg.prefill_devices:
             return "mixed"
         return "prefill" if device in self.cfg.prefill_devices else "decode"
 
     def engine_cfg(self, device: int) -> ModelConfig:
-        """The ModelConfig sent to the worker: its role is this instance's engine role."""
-        role = self.role_on(device)
+        """The ModelConfig sent to the worker: its role is the instance's role (the
+        configured one for a device without an instance yet)."""
+        inst = self.instances.get(device)
+        role = inst.role if inst is not None else self.role_on(device)
         return self.cfg if role == "mixed" else msgspec.structs.replace(self.cfg, role=role)
 
     @property
@@ -68,8 +87,9 @@ class Model:
 
     @property
     def serving(self) -> bool:
-        """Some instance takes new prefill work: queued requests can be dispatched."""
-        return any(i.active and i.dispatched for i in self.instances.values())
+        """Some instance takes new prefill work and can finish it (a mixed one, or a
+        prefill one with an Active decode partner): queued requests can be dispatched."""
+        return any(i.takes_prefill for i in self.instances.values())
 
     @property
     def max_model_len(self) -> int:

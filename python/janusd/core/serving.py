@@ -48,6 +48,7 @@ from janusd.telemetry import Telemetry
 from janusd.wire import worker_msgs as wm
 
 S = InstanceState
+ROLES = ("mixed", "prefill", "decode")  # an instance's engine roles (engine/runner.py)
 
 
 def _log(msg: str, level: int = logging.INFO) -> None:
@@ -148,17 +149,54 @@ class ServingCore:
         elif target is S.ACTIVE:
             self.dispatch.join(inst)
             inst.saturated = False
-            self.dispatch.set_ready(inst, True)
-            self._release_held(inst.model, now)
-            self.obs.serving(inst.model)
         elif target is S.DRAINING:
             self.dispatch.set_ready(inst, False)
         elif target in (S.UNLOADED, S.WARM, S.COLD):
             self._leave_dispatch(inst, f"model {inst.model!r} on device {inst.device} went {target.value}", None)
             inst.decoding.clear()
         m = self.registry.model(inst.model)
-        if m is not None and target is not S.ACTIVE and not m.serving:
+        if m is None:
+            return
+        self._pair(m)
+        if target is S.ACTIVE:
+            self.dispatch.set_ready(inst, inst.paired)
+        if not m.serving:
             self._hold_queued(m.name, now)
+        elif target is S.ACTIVE or (m.pd and inst.role == "decode"):  # a decode instance may pair a prefill one
+            self._release_held(m.name, now)
+        if target is S.ACTIVE:  # a worker that can tokenize for it (admissions waiting on one)
+            self.obs.serving(m.name)
+
+    def set_role(self, inst: Instance, role: str, now: float) -> None:
+        """The engine role `inst` comes up in next (the controller's choice for an elastic
+        P/D app, policy/roles.py). Only while it rests (Warm, Cold, Unloaded): it is out of
+        the Dispatcher then, so its next activation joins as the new role does (a decode
+        instance never joins) and KVHandoff's decode targets follow its state."""
+        self._at(now)
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+        m = self.registry.models[inst.model]
+        if role != "mixed" and not m.pd:
+            raise ValueError(f"model {m.name!r} is not a P/D model (no prefill_devices): its instances run mixed")
+        if inst.state not in (S.WARM, S.COLD, S.UNLOADED):
+            raise ValueError(f"{inst.model} on device {inst.device} is {inst.state.value}: its role changes only "
+                             "while it rests (warm, cold, unloaded)")
+        inst.role = role
+        self._pair(m)
+
+    def _pair(self, m: Model) -> None:
+        """A P/D model's prefill instances take work only while an Active decode instance
+        can take their KV (else each request would fail at its handoff; it waits, held,
+        instead): keeps `paired` and the Dispatcher's ready flag in step."""
+        if not m.pd:
+            return
+        decoding = any(i.role == "decode" and i.state is S.ACTIVE for i in m.instances.values())
+        for i in m.instances.values():
+            paired = decoding or i.role != "prefill"
+            if paired != i.paired:
+                i.paired = paired
+                if i.state is S.ACTIVE:
+                    self.dispatch.set_ready(i, paired and not i.saturated)
 
     def _leave_dispatch(self, inst: Instance, message: str, code: str | None) -> None:
         for rid in self.dispatch.leave(inst):
@@ -284,7 +322,7 @@ class ServingCore:
         if cfg.admission != "reject_early" or cfg.requeue != "reject":
             return None
         m = self.registry.models[req.model]
-        free = [self.dispatch.epdt(i, now) for i in m.instances.values() if i.active and i.dispatched]
+        free = [self.dispatch.epdt(i, now) for i in m.instances.values() if i.takes_prefill]
         earliest = min((f for f in free if f is not None), default=None)
         return late_by(earliest, req.est_prefill_s, req.arrival + req.ttft_slo_s, now)
 

@@ -187,9 +187,13 @@ class DeviceEngine:
         ck.load_into(lambda n: views[n], plan.dtype)
         return HostCopy(model_cfg.name, model_cfg, engine_cfg, ck, plan, buf, pinned)
 
-    def restore_model(self, host: HostCopy, copier: Copier, phases: dict[str, float]) -> ModelEngine:
+    def restore_model(self, host: HostCopy, copier: Copier, phases: dict[str, float], model_cfg: Any = None,
+                      engine_cfg: Any = None) -> ModelEngine:
         """Warm -> Active by H2D: a fresh segment, the host bytes copied in chunks, the views
         rebuilt at the plan's offsets. `phases` gets prepare / transfer / restore seconds.
+        `model_cfg` / `engine_cfg`: what this activation asked for (SetState's), else the
+        host copy's: the weights are the same, but an elastic P/D instance may come back
+        in another engine role than the one its copy was made in (policy/roles.py).
         Run like build_model (off the stepping thread), then register()."""
         name = host.name
         with self._lock:
@@ -213,7 +217,8 @@ class DeviceEngine:
             return materialize(host.plan, seg.view)
 
         try:
-            me = self._on_device(host.model_cfg, host.engine_cfg, host.checkpoint, host.plan, fill)
+            me = self._on_device(model_cfg or host.model_cfg, engine_cfg or host.engine_cfg, host.checkpoint,
+                                 host.plan, fill)
         except BaseException:
             with self._lock:
                 self._building.discard(name)

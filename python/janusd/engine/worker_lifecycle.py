@@ -339,6 +339,8 @@ class Lifecycle:
 
     def _activate(self, msg: wm.SetState) -> Done:
         name = msg.model.name
+        if msg.model.prefill_devices:  # a P/D instance moves KV over the transfer engine, as a load's does
+            self.pd.ensure()
         phases: dict[str, float] = {}
         host = self.de.host.get(name)
         me = None
@@ -356,7 +358,7 @@ class Lifecycle:
                 _log(f"fork of {name} failed, falling back to {'H2D' if host else 'a cold start'}: {fallback}")
                 phases.clear()
         if me is None and host is not None:
-            me = self.de.restore_model(host, self.copier, phases)
+            me = self.de.restore_model(host, self.copier, phases, msg.model, msg.engine)  # SetState's role
             path = "h2d"
         if me is None:  # Cold: the converted image, else the checkpoint read into a host copy; then H2D
             from janusd.engine.checkpoint.base import CheckpointError

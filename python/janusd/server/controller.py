@@ -10,7 +10,13 @@ With `control.managed`, two loops run in the daemon:
   compressed to the elastic budget (policy/scaling.py), and each count is met with the
   instances the model already has on its `devices`: a Warm (else Cold) one is activated
   (lifecycle_ops picks D2D fork, H2D or a checkpoint read by estimated time), a surplus
-  Active one goes Warm after draining;
+  Active one goes Warm after draining. A P/D model (`prefill_devices`) that is elastic
+  gets its count split into prefill and decode instances (scaling.py, by prefill's part
+  of its device time: demand.prefill_share over the per-token costs the core measured)
+  and policy/roles.py turns the split into activations in a role (a resting instance
+  comes up as the role that is short), reassignments (drain to Warm, come back in the
+  new role) and drains, never leaving the model unable to serve while an activation is
+  on its way;
 - slow (control.slow_period_s, 30 s): keep-alive (policy/keepalive.py): a model without
   a request for `warm_after_s` goes Warm on every device, after `cold_after_s` Cold; its
   next request is held and wakes it (lifecycle_ops.wake), never refused; then the steady
@@ -42,6 +48,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import msgspec
+
 from janusd.config import JanusConfig
 from janusd.core.registry import Instance, Model
 from janusd.core.serving import ServingCore
@@ -50,10 +58,14 @@ from janusd.log import log
 from janusd.oracle.types import CapacityPredictor, ElasticityPredictor, LoadFeatures
 from janusd.policy.classify import traffic_from_counts
 from janusd.policy.classify import classify as classify_apps
-from janusd.policy.demand import elastic_demand
+from janusd.oracle.decode_estimate import DecodeStepEstimator
+from janusd.oracle.prefill_estimate import PrefillEstimator
+from janusd.policy.demand import elastic_demand, prefill_share
 from janusd.policy.keepalive import residency
+from janusd.policy.roles import plan_roles
 from janusd.policy.scaling import scale
-from janusd.policy.snapshot import AppPool, AppTraffic, ElasticApp, ModelActivity, ScalingPlan, ScalingState
+from janusd.policy.snapshot import (AppCount, AppPool, AppTraffic, ElasticApp, ModelActivity, RoleInstance, RolePlan,
+                                    ScalingPlan, ScalingState)
 from janusd.server.steady import SteadyExecutor, placed_by_controller
 
 BUCKET_S = 1.0  # arrivals are bucketed per second for the classifier
@@ -80,7 +92,8 @@ class ControllerHost(Protocol):
 
     def predictor(self) -> Predictor: ...
 
-    async def set_state(self, name: str, device: int, target: str, probe: bool = True) -> dict[str, Any]: ...
+    async def set_state(self, name: str, device: int, target: str, probe: bool = True,
+                        role: str | None = None) -> dict[str, Any]: ...
 
     async def fork(self, name: str, src: int, dst: int) -> dict[str, Any]: ...
 
@@ -93,6 +106,8 @@ class Op:
     device: int
     target: str  # "active" | "warm" | "cold"
     reason: str
+    role: str | None = None  # P/D: the engine role an activation comes up in (None: the instance's own)
+    reassign: bool = False  # P/D: an Active instance drains to Warm first, then comes up as `role`
 
 
 @dataclass
@@ -107,6 +122,15 @@ class _Done:
 def _serving(i: Instance) -> bool:
     """Active, or on its way there: counts toward a model's instances."""
     return i.state is S.ACTIVE or i.state in COMING_UP
+
+
+def _role_state(i: Instance) -> str:
+    """An instance's state in policy/roles.py's words (RoleState)."""
+    if i.state in COMING_UP:
+        return "coming_up"
+    if i.state is S.UNLOADED:
+        return "failed" if i.error else "unloaded"
+    return i.state.value
 
 
 class Controller:
@@ -131,6 +155,7 @@ class Controller:
         self._arrivals: dict[str, deque[tuple[float, int]]] = {}  # model -> (t, arrivals so far)
         self.last_scaling: ScalingPlan | None = None
         self.demands: dict[str, tuple[int, str]] = {}  # model -> (m*, reason) at the last fast tick
+        self.roles: dict[str, RolePlan] = {}  # P/D model -> its role plan at the last fast tick
         self.residency: dict[str, tuple[str, float]] = {}  # model -> (residency, since)
         self.last_keepalive: list[dict[str, Any]] = []
         self.in_flight: dict[tuple[str, int], tuple[Op, float]] = {}
@@ -178,7 +203,7 @@ class Controller:
 
     def _elastic(self, now: float) -> list[Model]:
         """The models in the elastic pool now (classified with hysteresis, pins obeyed)."""
-        models = [m for m in self.host.core.registry.models.values() if not m.cfg.prefill_devices and m.instances]
+        models = [m for m in self.host.core.registry.models.values() if m.instances]
         if not models:
             return []
         c = classify_apps([self._traffic(m, now) for m in models], self.pools, now, self.host.cfg.control.classify)
@@ -231,7 +256,8 @@ class Controller:
             usable = sum(1 for i in m.instances.values() if _serving(i) or i.state in RESTORABLE)
             want = max(1, min(want, usable))
             self.demands[m.name] = (want, why)
-            apps.append(ElasticApp(app=m.name, demand=want,
+            share = self._prefill_share(m, LoadFeatures.from_window(w)) if m.pd else 0.5
+            apps.append(ElasticApp(app=m.name, demand=want, prefill_share=share,
                                    current=sum(1 for i in m.instances.values() if _serving(i))))
             devices.update(m.instances)
         if not apps:
@@ -247,8 +273,60 @@ class Controller:
             why = f"m*={a.demand} (debounced {a.debounced}, given {a.count}): {a.reason}"
             if placed_by_controller(self.host.cfg, models[a.app]):
                 ops += self._meet_extras(models[a.app], a.count, free, f"extra replicas {why}")
+            elif models[a.app].pd:
+                ops += self._meet_roles(models[a.app], a, why)
             else:
                 ops += self._meet(models[a.app], max(1, a.count), why)
+        return ops
+
+    # -- P/D: an elastic app's prefill / decode split ------------------------------
+    def _prefill_share(self, m: Model, load: LoadFeatures) -> float:
+        """Prefill's part of the model's device time (demand.prefill_share) from the
+        per-token costs the core measures: seconds per prompt token of the model's
+        prefill fits at its mean prompt length (mean over its devices with samples; the
+        estimator's prior without any), and seconds of device time per output token of
+        its devices' decode fits at the sequences decoding there now (step time / n)."""
+        core = self.host.core
+        n_in = max(1.0, load.input_len_mean)
+        fits = [e for (name, _), e in core.dispatch.estimators.items() if name == m.name and e.n]
+        p = sum(e.estimate(int(n_in)) for e in fits) / len(fits) if fits else PrefillEstimator().estimate(int(n_in))
+        costs = []
+        for d in m.instances:
+            fit = core.guard.fit.get(d)
+            if fit is not None and fit.n:
+                n = max(1, core.guard.decoding.get(d, 0))
+                costs.append(fit.step_s(n) / n)
+        dec = sum(costs) / len(costs) if costs else DecodeStepEstimator().step_s(1)
+        return prefill_share(load, p / n_in, dec)
+
+    def _meet_roles(self, m: Model, count: AppCount, reason: str) -> list[Op]:
+        """Operations that bring a P/D model's instances to `count`'s prefill / decode
+        split (policy/roles.py; at least one instance, run mixed). An instance with an
+        operation in flight counts where it is going (coming up in the op's role, or
+        draining) and is not touched."""
+        if count.count < 1:
+            count = msgspec.structs.replace(count, count=1, prefill=0, decode=1)
+        busy = self.host.core.requests.on_device
+        insts = []
+        for d, i in sorted(m.instances.items()):
+            flight = self.in_flight.get((m.name, d))
+            role, state = i.role, _role_state(i)
+            if flight is not None:
+                op = flight[0]
+                role, state = (op.role or i.role, "coming_up") if op.target == "active" else (i.role, "draining")
+            insts.append(RoleInstance(device=d, role=role, state=state, load=len(busy(d)),  # type: ignore[arg-type]
+                                      busy=flight is not None))
+        plan = plan_roles(count, insts)
+        self.roles[m.name] = plan
+        ops: list[Op] = []
+        for o in plan.ops:
+            why = f"{o.reason}: {reason}"
+            if o.kind == "activate":
+                ops.append(Op(m.name, o.device, "active", f"scale out: {why}", role=o.role))
+            elif o.kind == "reassign":
+                ops.append(Op(m.name, o.device, "active", f"reassign: {why}", role=o.role, reassign=True))
+            elif o.kind == "deactivate":
+                ops.append(Op(m.name, o.device, "warm", f"scale in: {why}"))
         return ops
 
     # -- elastic replicas of models the steady placement places ----------------------
@@ -340,7 +418,7 @@ class Controller:
         acts: list[ModelActivity] = []
         models: dict[str, Model] = {}
         for m in self.host.core.registry.models.values():
-            if not m.instances or m.cfg.prefill_devices:
+            if not m.instances:
                 continue
             states = {i.state for i in m.instances.values()}
             res = "active" if any(_serving(i) for i in m.instances.values()) else \
@@ -413,11 +491,15 @@ class Controller:
             inst = m.instances.get(op.device) if m is not None else None
             peers = sorted(d for d, i in (m.instances.items() if m is not None else ()) if i.state is S.ACTIVE
                            and d != op.device)
-            if op.target == "active" and (inst is None or inst.state is S.UNLOADED) and peers:
+            if op.target == "active" and op.role is None and (inst is None or inst.state is S.UNLOADED) and peers:
                 reply = await self.host.fork(op.model, peers[0], op.device)  # a new replica: D2D from a live one
+            elif op.reassign:  # drain to Warm, come back in the new role (one operation, one device)
+                first = await self.host.set_state(op.model, op.device, "warm", probe=False)
+                reply = await self.host.set_state(op.model, op.device, "active", probe=False, role=op.role)
+                phases = {f"leave_{k}": float(v) for k, v in (first.get("phases") or {}).items()}
             else:
-                reply = await self.host.set_state(op.model, op.device, op.target, probe=False)
-            phases = {k: float(v) for k, v in (reply.get("phases") or {}).items()}
+                reply = await self.host.set_state(op.model, op.device, op.target, probe=False, role=op.role)
+            phases.update({k: float(v) for k, v in (reply.get("phases") or {}).items()})
             outcome = "ok"
             if m is not None and placed_by_controller(self.host.cfg, m) and op.reason.startswith("scale "):
                 if op.target == "active":
@@ -465,6 +547,18 @@ class Controller:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # ------------------------------------------------------------------ views
+    def _roles_view(self, a: AppCount) -> dict[str, Any]:
+        """A P/D app's split and each instance's role and state now (`ctl plan`)."""
+        m = self.host.core.registry.models.get(a.app)
+        if m is None or not m.pd:
+            return {}
+        plan = self.roles.get(a.app)
+        return {"prefill": a.prefill, "decode": a.decode,
+                "instances": [{"device": i.device, "role": i.role, "state": i.state.value}
+                              for i in sorted(m.instances.values(), key=lambda i: i.device)],
+                "held": [{"device": o.device, "kind": o.kind, "role": o.role, "reason": o.reason}
+                         for o in (plan.held if plan else ())]}
+
     def view(self, now: float) -> dict[str, Any]:
         """`janus ctl plan`: elastic counts with m* and the budget, keep-alive decisions,
         operations in flight and recent ones with their timings and reasons."""
@@ -477,15 +571,15 @@ class Controller:
                 "given": sp.given if sp else None,
                 "compressed": sp.compressed if sp else None,
                 "apps": [{"model": a.app, "demand": a.demand, "debounced": a.debounced, "count": a.count,
-                          "reason": a.reason} for a in (sp.apps if sp else ())],
+                          "reason": a.reason} | self._roles_view(a) for a in (sp.apps if sp else ())],
             },
             "steady": self.steady.view(now),
             "pools": self.last_pools,
             "keepalive": self.last_keepalive,
-            "in_flight": [{"model": op.model, "device": op.device, "target": op.target, "reason": op.reason,
-                           "for_s": round(now - t, 3)} for op, t in self.in_flight.values()],
-            "recent": [{"model": d.op.model, "device": d.op.device, "target": d.op.target, "reason": d.op.reason,
-                        "seconds": round(d.seconds, 3), "outcome": d.outcome,
+            "in_flight": [{"model": op.model, "device": op.device, "target": op.target, "role": op.role,
+                           "reason": op.reason, "for_s": round(now - t, 3)} for op, t in self.in_flight.values()],
+            "recent": [{"model": d.op.model, "device": d.op.device, "target": d.op.target, "role": d.op.role,
+                        "reason": d.op.reason, "seconds": round(d.seconds, 3), "outcome": d.outcome,
                         "phases": {k: round(v, 4) for k, v in d.phases.items()}} for d in self.recent],
             "overruns": dict(self.overruns),
         }

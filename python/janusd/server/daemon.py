@@ -411,8 +411,9 @@ class Daemon:
     async def remove_model(self, name: str) -> dict[str, Any]:
         return await model_ops.remove_model(self.ops, self.config, name)
 
-    async def set_state(self, name: str, device: int, target: str, probe: bool = True) -> dict[str, Any]:
-        out = await self.life.set_state(name, device, target, probe)
+    async def set_state(self, name: str, device: int, target: str, probe: bool = True,
+                        role: str | None = None) -> dict[str, Any]:
+        out = await self.life.set_state(name, device, target, probe, role)
         self.poke()
         return out
 

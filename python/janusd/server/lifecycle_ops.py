@@ -13,6 +13,7 @@ chosen by estimated time (lifecycle/restore_path.py) from bandwidths measured he
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -53,19 +54,35 @@ class LifecycleOps:
         self.fork_fallbacks = 0
 
     # ---- the admin operations ----
-    async def set_state(self, name: str, device: int, target: str, probe: bool = True) -> dict[str, Any]:
+    async def set_state(self, name: str, device: int, target: str, probe: bool = True,
+                        role: str | None = None) -> dict[str, Any]:
         """`ctl state NAME --device N active|warm|cold`: the reply holds the new state, the
         path the weights took and the seconds of each phase (with `probe`, an activation
-        runs one greedy token first: the first_token phase)."""
+        runs one greedy token first: the first_token phase). `role` (an activation of a P/D
+        model's instance, the controller's choice): the engine role it comes up in; an
+        Active instance keeps its role (drain it to Warm first)."""
         inst = self._instance(name, device)
         if target not in TARGETS:
             raise ValueError(f"state must be active, warm or cold, got {target!r}")
         want = TARGETS[target]
+        if role is not None and want is not S.ACTIVE:
+            raise ValueError(f"a role is chosen at activation, not when going {target}")
+        if inst.state is want and (role is None or role == inst.role):
+            return {"model": name, "device": device, "state": want.value, "role": inst.role, "unchanged": True}
         if inst.state is want:
-            return {"model": name, "device": device, "state": want.value, "unchanged": True}
+            raise ValueError(f"{name} on device {device} is active as {inst.role}: it takes the role {role} only "
+                             "when it comes back from warm or cold")
         with self._claim(inst):
             if want is S.ACTIVE:
-                return await self._activate(inst, probe=probe)
+                before = inst.role
+                if role is not None and role != before:
+                    self.core.set_role(inst, role, self.ops.clock())  # raises unless it rests
+                try:
+                    return await self._activate(inst, probe=probe)
+                except BaseException:
+                    with contextlib.suppress(ValueError):  # rolled back to rest: its old role too
+                        self.core.set_role(inst, before, self.ops.clock())
+                    raise
             if inst.state is S.ACTIVE:
                 return await self._deactivate(inst, want)
             return await self._rest(inst, want)
@@ -104,10 +121,10 @@ class LifecycleOps:
         if not self.cfg.wake_on_request:
             return None
         m = self.core.registry.model(name)
-        if m is None or m.cfg.prefill_devices:
+        if m is None:
             return None
         insts = list(m.instances.values())
-        if any(i.state in COMING_UP or i.state is S.ACTIVE for i in insts):
+        if any(i.state in COMING_UP for i in insts) or m.serving or (not m.pd and m.active):
             return None
         free = [i for i in insts if i.state in RESTORABLE and (i.model, i.device) not in self._busy]
         if not free:
@@ -115,10 +132,13 @@ class LifecycleOps:
         nbytes = self.weight_bytes.get(name, 1 << 30)
         inst = min(free, key=lambda i: (self.bw.estimate_s(choose(options_for(i.state.value, False), nbytes, self.bw),
                                                            nbytes), i.device))
+        # a P/D model: one instance that serves alone (mixed), or the decode partner of an
+        # Active prefill instance; the controller splits it again as its counts say
+        role = None if not m.pd else "decode" if any(i.role == "prefill" for i in m.active) else "mixed"
 
         async def go() -> None:
             try:
-                await self.set_state(name, inst.device, "active", probe=False)  # the request is its probe
+                await self.set_state(name, inst.device, "active", probe=False, role=role)  # the request is its probe
             except (ValueError, WorkerError) as e:
                 _log(f"waking {name} on device {inst.device} failed: {e}", logging.WARNING)
 
@@ -130,9 +150,6 @@ class LifecycleOps:
         m = self.core.registry.model(name)
         if m is None:
             raise ValueError(f"model {name!r} does not exist")
-        if m.cfg.prefill_devices:
-            raise ValueError(f"model {name!r} is a P/D model: warm and cold instances of P/D models are not "
-                             "supported yet")
         if not isinstance(device, int) or not 0 <= device < len(self.ops.workers):
             raise ValueError(f"device {device} does not exist ({len(self.ops.workers)} devices)")
         return self.core.instance(name, device)
@@ -262,13 +279,14 @@ class LifecycleOps:
         deadline = t0 + self.ops.drain_timeout_s
 
         def running() -> list[Any]:
-            return [r for r in self.core.requests.of_model(name) if r.device == inst.device]
+            return [r for r in self.core.requests.of_model(name) if r.device == inst.device] + self._to_hand(inst)
 
         while running() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         aborted = 0
         for req in running():
-            self.ops.workers[inst.device].send(wm.Abort(req.rid))
+            if req.device is not None:
+                self.ops.workers[req.device].send(wm.Abort(req.rid))
             self.core.requests.fail(req.rid, Failure(503, f"model {name!r} on device {inst.device} went "
                                                           f"{want.value} before this request finished (drain bound "
                                                           f"{self.ops.drain_timeout_s:g} s)", code="model_deactivated"))
@@ -289,6 +307,18 @@ class LifecycleOps:
         return {"model": name, "device": inst.device, "state": inst.state.value, "from": "active",
                 "aborted_requests": aborted, "bytes": reply.nbytes, "phases": _rounded(phases),
                 "total_s": round(time.monotonic() - t0, 4)}
+
+    def _to_hand(self, inst: Instance) -> list[Any]:
+        """P/D: the requests still prefilling on a prefill instance when `inst` is the
+        model's last decode instance that is not leaving: their KV comes here, so its drain
+        waits for them too (else they would find no decode instance at their handoff)."""
+        if inst.role != "decode":
+            return []
+        m = self.core.registry.models[inst.model]
+        if any(i.role == "decode" and i.state is S.ACTIVE and i is not inst for i in m.instances.values()):
+            return []
+        return [r for r in self.core.requests.of_model(inst.model) if r.instance is not None
+                and r.instance.role == "prefill" and r.decode_inst is None and r.device == r.instance.device]
 
     async def _rest(self, inst: Instance, want: InstanceState) -> dict[str, Any]:
         """Between resting states: Cold/Unloaded -> Warm (read the host copy), Warm -> Cold,
