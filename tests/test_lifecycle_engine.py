@@ -261,3 +261,30 @@ def test_restored_models_host_copy_is_freed_when_the_worker_idles():
         assert life._freeing == []
     finally:
         de.pool.close()
+
+
+def test_an_h2d_restore_takes_the_activations_role_not_the_host_copys():
+    """An elastic P/D instance comes back from Warm in the role its activation asks for
+    (policy/roles.py), not the one its host copy was made in: a copy made as a prefill
+    instance restored as decode runs whole requests to the end (no kv_ready), and one
+    restored without a role keeps the copy's."""
+    import msgspec
+
+    pre = msgspec.structs.replace(MC, role="prefill", prefill_devices=[0], devices=[0, 1])
+    e = DeviceEngine(memory_bytes=16 << 20)
+    try:
+        e.load_model(pre, EC, CACHE)
+        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+        first = e.models["m"].generate({"r": [5, 6, 7]}, params)["r"]
+        assert first[-1].kv_ready and len([t for o in first for t in o.token_ids]) == 1  # prefill stops at token 1
+        e.models["m"].abort("r")
+        host, _ = e.release(e.detach("m"), Copier(1), keep_host=True)
+        me = e.register(e.restore_model(host, Copier(1), {}, msgspec.structs.replace(pre, role="decode"), EC))
+        assert me.role == "decode" and me.placement.model_cfg.role == "decode"
+        out = me.generate({"r": [5, 6, 7]}, params)["r"]
+        assert not any(o.kv_ready for o in out) and len([t for o in out for t in o.token_ids]) == 4
+        host, _ = e.release(e.detach("m"), Copier(1), keep_host=True)  # a copy made as decode now
+        assert host.model_cfg.role == "decode"
+        assert e.register(e.restore_model(host, Copier(1), {})).role == "decode"
+    finally:
+        e.pool.close()

@@ -37,9 +37,6 @@ def check_config(cfg: JanusConfig) -> None:
             if extra:
                 raise ValueError(f"models[{i}].{key}: {extra} not in devices {m.devices} (list the model's devices "
                                  "in `devices`; these say which of them start warm or cold)")
-            if getattr(m, key) and m.prefill_devices:
-                raise ValueError(f"models[{i}].{key}: a P/D model's instances start Active (warm and cold "
-                                 "instances of P/D models are not supported yet)")
         both = sorted(set(m.warm_devices) & set(m.cold_devices))
         if both:
             raise ValueError(f"models[{i}].cold_devices: {both} also in warm_devices (one start state per device)")
