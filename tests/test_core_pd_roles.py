@@ -109,3 +109,23 @@ def test_a_mixed_instance_serves_a_pd_model_alone():
     rig.token(1, rid, finished=True)
     assert core.requests.by_id.get(rid) is None and rig.events[rid][-1] is not None
     assert not any(isinstance(m, wm.Abort) for m in rig.workers[1].sent)
+
+
+def test_a_handed_off_request_counts_as_decoding_on_the_decode_device():
+    """After the handoff the decode guard (and the controller's per-token decode cost)
+    sees the request decoding where it decodes, not on the prefill device it left."""
+    rig = _pd(devices=2)
+    core = rig.core
+    rid = rig.submit("m", tokens=3, max_tokens=8, ttft_ms=100_000)
+    rig.tick()
+    rig.token(0, rid)
+    assert core.guard.decoding.get(0) == 1
+    kv = wm.KVExport(req_id=str(rid), model="m", block_size=16, block_bytes=4096, dtype="float32", block_ids=[3],
+                     global_offsets=[[(12288, 4096)]], num_cached_tokens=3, prompt_len=3, token_ids=[5, 6, 7, 9])
+    core.on_kv(0, wm.KVReady(rid, kv, "127.0.0.1:1", 1 << 30), rig.now)
+    assert (core.guard.decoding.get(0), core.guard.decoding.get(1)) == (0, 1)
+    rig.now += 0.01
+    rig.token(1, rid)  # a later token from the decode worker is a gap sample of device 1
+    assert core.guard.fit[1].n == 1 and 0 not in core.guard.fit
+    rig.token(1, rid, finished=True)
+    assert core.guard.decoding.get(1) == 0

@@ -466,6 +466,13 @@ class ServingCore:
     def on_kv(self, device: int, msg: wm.KVReady | wm.KVImported, now: float) -> None:
         self._at(now)
         self.handoff.on_message(device, msg)
+        req = self.requests.by_id.get(msg.req_id) if isinstance(msg, wm.KVReady) else None
+        if req is not None and req.decode_device is not None and req.device != req.decode_device:
+            # handed off: it decodes on the decode instance's device from now on (the decode
+            # guard's count and gap samples, and the controller's per-token decode cost)
+            self.guard.count(req.decode_device, -1)
+            self.guard.count(req.device, +1)
+            req.decode_device = req.device
 
     # ---------------------------------------------------------- request end
     def _finished(self, req: Request) -> None:
