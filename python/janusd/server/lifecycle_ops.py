@@ -142,7 +142,8 @@ class LifecycleOps:
             except (ValueError, WorkerError) as e:
                 _log(f"waking {name} on device {inst.device} failed: {e}", logging.WARNING)
 
-        _log(f"a request for {name} woke its {inst.state.value} instance on device {inst.device}")
+        _log(f"a request for {name} woke its {inst.state.value} instance on device {inst.device}"
+             + (f" as {role}" if role else ""))
         return asyncio.get_running_loop().create_task(go(), name=f"wake-{name}")
 
     # ---- moves ----
