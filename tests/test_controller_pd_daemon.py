@@ -94,6 +94,14 @@ def test_a_burst_splits_an_elastic_pd_model_into_new_roles_and_it_serves_exact_t
         ups = [r for r in plan["recent"] if r["model"] == "pd" and r["target"] == "active"]
         assert ups and all(r["outcome"] == "ok" for r in ups), plan["recent"]
         assert any(r["role"] != configured[r["device"]] for r in ups), ups  # (re)activated in a new role
+        st, _, m = d.http("GET", "/metrics")
+        def gauge(name: str, label: str) -> list[tuple[str, str]]:  # (label value, sample) of model pd
+            return sorted((x.split(f'{label}="')[1].split('"')[0], x.split()[-1]) for x in m.splitlines()
+                          if x.startswith(name + "{") and 'model="pd"' in x)
+
+        split_now = dict(gauge("janusd_controller_elastic_instances", "kind"))
+        assert (split_now["prefill"], split_now["decode"]) == ("1.0", "2.0"), split_now
+        assert [r for r, _ in gauge("janusd_instance_role", "role")] == ["decode", "decode", "prefill"]
         # 2. the split model's greedy text is a mixed instance's, and it went through P/D
         before = _transfers(d)
         for prompt in ("the cat sat on", "a long time ago in a"):

@@ -9,6 +9,7 @@ packed on one device and stay there."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from pathlib import Path
@@ -110,7 +111,8 @@ def test_the_slow_loop_packs_two_models_onto_one_device_make_before_break():
 def test_models_without_devices_start_packed_and_the_slow_loop_leaves_them_there():
     """control.place_at_start (the default): the oracle's prior sizes both models before
     they load, they come up together on device 0 (round robin would have put them on 0
-    and 1), and the slow ticks that follow plan no move."""
+    and 1), and the slow ticks that follow plan no move; a third model added by a SIGHUP
+    reload joins them there (server/steady.py added_placement), not round robin."""
     d = start_daemon(server_section(Path("@RUN@"), model_wait_timeout_s=30.0)
                      + CONFIG.replace("place_at_start = false", "place_at_start = true"))
     try:
@@ -121,6 +123,13 @@ def test_models_without_devices_start_packed_and_the_slow_loop_leaves_them_there
         plan = d.ctl(am.PlanReq()).data["plan"]["steady"]
         assert plan["bins_used"] == 2 and plan["moves"] == [] and plan["recent"] == [], plan
         assert _active(d, "a") == [0] and _active(d, "b") == [0]
+        # a model added by a SIGHUP reload is packed beside what serves (round robin: device 2)
+        d.config.write_text(d.config.read_text() + '\n[[models]]\nname = "c"\ncheckpoint = "demo:llama-tiny"\n'
+                            'kv_cache_mib = 8\npool = "steady"\n')
+        d.proc.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: _active(d, "c") == [0], 60.0, 0.1), (_states(d), d.log_text()[-2000:])
+        assert "start placement: c -> [0]" in d.log_text()
+        assert _complete(d, "c") == 200 and _active(d, "a") == [0] and _active(d, "b") == [0]
         assert "Traceback" not in d.log_text()
     finally:
         d.stop()

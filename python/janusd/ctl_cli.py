@@ -163,7 +163,11 @@ def _print(action: str, data: dict[str, Any]) -> None:
         e = p["elastic"]
         _table("elastic", [{k: v for k, v in e.items() if k != "apps"}])
         _table("pools", p.get("pools", []))
-        _table("elastic models", e["apps"])
+        _table("elastic models", [{k: v for k, v in a.items() if k not in ("instances", "held")} for a in e["apps"]])
+        roles = [{"model": a["model"], **i} for a in e["apps"] for i in a.get("instances", ())]
+        if roles:  # elastic P/D models: each instance's role now
+            _table("P/D roles", roles)
+            _table("P/D removals held", [{"model": a["model"], **h} for a in e["apps"] for h in a.get("held", ())])
         _table("keep-alive", p["keepalive"])
         _table("in flight", p["in_flight"])
         _table("recent operations", [{k: v for k, v in r.items() if k != "phases"} for r in p["recent"]])

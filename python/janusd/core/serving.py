@@ -513,6 +513,7 @@ class ServingCore:
             "dispatch": self.dispatch.stats(),
             "instances": [(i.model, i.device, i.state.value) for m in models.values()
                           for i in m.instances.values()],
+            "roles": [(i.model, i.device, i.role) for m in models.values() if m.pd for i in m.instances.values()],
             "telemetry": self.telemetry.snapshot(now),
         }
 

@@ -46,8 +46,9 @@ def start_placement(managed: Sequence[str], pinned: Sequence[SteadyModel], pool:
                     pred: CapacityPredictor, demand: DemandConfig, placement: PlacementConfig,
                     elastic_devices: Sequence[int] = ()) -> StartPlacement:
     """Devices for each managed model (module doc). `pinned`: steady models with their
-    start devices (their vectors count there); `elastic_devices`: devices pinned elastic
-    models hold."""
+    start devices (their vectors count there, at their `load`: none at start, the load
+    now when a reload adds models beside serving ones); `elastic_devices`: devices
+    pinned elastic models hold."""
     notes: list[str] = []
     sized: list[SteadyModel] = []
     frozen: list[SteadyItem] = []
@@ -67,7 +68,7 @@ def start_placement(managed: Sequence[str], pinned: Sequence[SteadyModel], pool:
             frozen += [SteadyItem(key=f"{m.model}@{d}", model=m.model, vector=(0.0, 0.0, 0.0), pinned_device=d)
                        for d in sorted(set(m.devices))]
             continue
-        sized.append(SteadyModel(model=m.model, load=NO_LOAD, devices=m.devices))
+        sized.append(SteadyModel(model=m.model, load=m.load, devices=m.devices))
     if not any(not m.devices for m in sized):
         return StartPlacement(placed={}, notes=tuple(notes))
     items = list(frozen)

@@ -136,11 +136,13 @@ def _role_state(i: Instance) -> str:
 class Controller:
     def __init__(self, host: ControllerHost, clock: Callable[[], float] = time.monotonic,
                  on_op: Callable[[str, str], None] = lambda op, outcome: None,
-                 on_elastic: Callable[[str, int, int], None] = lambda model, demand, count: None,
+                 on_elastic: Callable[[str, int, int, tuple[int, int] | None], None] =
+                 lambda model, demand, count, split: None,
                  on_move: Callable[[str, str], None] = lambda kind, outcome: None,
                  on_figure: Callable[[str, float], None] = lambda figure, value: None) -> None:
         """Metrics' hooks: `on_op(target, outcome)` once per finished operation,
-        `on_elastic(model, m*, count given)` per elastic model at each fast tick,
+        `on_elastic(model, m*, count given, (prefill, decode) of a P/D model else None)`
+        per elastic model at each fast tick,
         `on_move(kind, outcome)` once per finished steady placement move, `on_figure(name,
         value)` for the plans' figures (steady_bins_used, steady_phi, steady_migrations,
         steady_pending_moves, elastic_budget, elastic_asked, elastic_given)."""
@@ -269,7 +271,7 @@ class Controller:
             self.on_figure(f"elastic_{k}", v)
         ops: list[Op] = []
         for a in plan.apps:
-            self.on_elastic(a.app, a.demand, a.count)
+            self.on_elastic(a.app, a.demand, a.count, (a.prefill, a.decode) if models[a.app].pd else None)
             why = f"m*={a.demand} (debounced {a.debounced}, given {a.count}): {a.reason}"
             if placed_by_controller(self.host.cfg, models[a.app]):
                 ops += self._meet_extras(models[a.app], a.count, free, f"extra replicas {why}")

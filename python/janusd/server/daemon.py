@@ -28,7 +28,7 @@ import time
 import traceback
 from typing import Any
 
-from janusd.config import JanusConfig, cache_dir, dump_config
+from janusd.config import JanusConfig, ModelConfig, cache_dir, dump_config
 from janusd.core.requests import Failure, Refused, Request, no_instance, removed
 from janusd.core.serving import Limits, Observers, ServingCore
 from janusd.log import log
@@ -42,7 +42,7 @@ from janusd.server.openai_types import Parsed
 from janusd.server.controller import Controller
 from janusd.server.oracle_refit import OracleRefit
 from janusd.server.restart_policy import RestartBudget
-from janusd.server.steady import first_placement
+from janusd.server.steady import added_placement, first_placement
 from janusd.server.workers import Liveness, WorkerError, WorkerHandle
 from janusd.telemetry import Telemetry
 from janusd.wire import worker_msgs as wm
@@ -396,7 +396,14 @@ class Daemon:
 
     # ---- config reload and admin operations (server/model_ops.py) ----
     async def reload(self) -> dict[str, Any]:
-        out = await model_ops.reload(self.ops, self.config)
+        ctl = self.controller
+
+        async def placer(cfg: JanusConfig, added: list[ModelConfig]) -> dict[str, list[int]]:
+            elastic = [p.app for p in ctl.pools if p.pool == "elastic"] if ctl is not None else []
+            return await added_placement(cfg, added, self.core.registry, self.core.telemetry,
+                                         self.oracle.describe_now, self.predictor(), elastic, self.clock())
+
+        out = await model_ops.reload(self.ops, self.config, placer if ctl is not None else None)
         self.poke()
         return out
 

@@ -85,6 +85,12 @@ class _Live(Collector):
             st.add_metric([model, str(device), state], 1)
             counts[(model, state)] = counts.get((model, state), 0) + 1
         yield st
+        role = GaugeMetricFamily("janusd_instance_role", "1 for the engine role of each instance of a P/D model "
+                                 "(prefill | decode | mixed; the controller may change it at activation)",
+                                 labels=["model", "device", "role"])
+        for model, device, r in s.get("roles", ()):
+            role.add_metric([model, str(device), r], 1)
+        yield role
         per = GaugeMetricFamily("janusd_instances", "instances of the model in each state", labels=["model", "state"])
         for model in {m for m, _, _ in s["instances"]}:
             for state in _STATES:
@@ -187,7 +193,8 @@ class Metrics:
                                       "target state (active | warm | cold) and outcome (ok | failed)",
                                       ["target", "outcome"], registry=r)
         self.elastic = Gauge("janusd_controller_elastic_instances", "an elastic model's instances at the last fast "
-                             "tick (kind: demand = the oracle's m*, count = given within the budget)",
+                             "tick (kind: demand = the oracle's m*, count = given within the budget; a P/D "
+                             "model's count split into prefill and decode: prefill 0 = all mixed)",
                              ["model", "kind"], registry=r)
         self.controller_moves = Counter("janusd_controller_moves", "steady placement moves the controller executed, "
                                         "by kind (place | migrate | remove) and outcome (ok | failed)",
@@ -251,9 +258,13 @@ class Metrics:
     def controller_figure(self, figure: str, value: float) -> None:
         self.controller_plan.labels(figure).set(value)
 
-    def controller_elastic(self, model: str, demand: int, count: int) -> None:
+    def controller_elastic(self, model: str, demand: int, count: int, split: tuple[int, int] | None = None) -> None:
+        """`split`: a P/D model's (prefill, decode) instances of the count."""
         self.elastic.labels(model, "demand").set(demand)
         self.elastic.labels(model, "count").set(count)
+        if split is not None:
+            self.elastic.labels(model, "prefill").set(split[0])
+            self.elastic.labels(model, "decode").set(split[1])
 
     def reject(self, model: str, reason: str) -> None:
         self.rejected.labels(model, reason).inc()

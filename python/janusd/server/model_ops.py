@@ -176,6 +176,9 @@ class ModelOps:
 
 
 # ---- the operations the admin socket and SIGHUP ask for (they edit the config copy) ----
+Placer = Callable[[JanusConfig, list[ModelConfig]], Awaitable[dict[str, list[int]]]]
+
+
 class ConfigHolder:
     """The daemon's current config; the one owner of the model list a reload compares with."""
 
@@ -185,7 +188,10 @@ class ConfigHolder:
         self.overrides = overrides
 
 
-async def reload(ops: ModelOps, holder: ConfigHolder) -> dict[str, Any]:
+async def reload(ops: ModelOps, holder: ConfigHolder, placer: Placer | None = None) -> dict[str, Any]:
+    """SIGHUP: apply the file's [[models]]. `placer(new config, added)`: the devices of the
+    models it adds (the controller's packing, server/steady.py added_placement); None:
+    policy/pinned.py's (configured devices, else round robin)."""
     try:
         new = load_config(holder.path)
     except ConfigError as e:
@@ -208,7 +214,8 @@ async def reload(ops: ModelOps, holder: ConfigHolder) -> dict[str, Any]:
         if name in ops.core.registry.models:
             await ops.remove(name)
     holder.cfg = msgspec.structs.replace(cur, models=list(new.models))
-    await ops.add_and_load(added, holder.cfg.models, holder.cfg.devices.count)
+    placement = await placer(holder.cfg, added) if placer is not None and added else None
+    await ops.add_and_load(added, holder.cfg.models, holder.cfg.devices.count, placement)
     _log(f"reload: removed {removed or 'none'}, added {[m.name for m in added] or 'none'}, "
          f"new SLOs {retuned or 'none'}")
     return {"removed": removed, "added": [m.name for m in added], "retuned": retuned}
