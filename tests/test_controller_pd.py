@@ -155,3 +155,24 @@ def test_prefill_share_comes_from_the_measured_per_token_costs():
     p, d = 0.05 / 100, 0.02 / 4
     assert ctl._prefill_share(rig.core.registry.models["pd"], load) == pytest.approx(200 * p / (200 * p + 40 * d),
                                                                                      rel=1e-6)
+
+
+def test_keep_alive_rests_an_elastic_pd_model_but_leaves_a_steady_one_as_configured():
+    """Idle past warm_after_s: the elastic P/D model goes Warm on every instance (its
+    next request wakes one mixed instance); a steady one keeps its configured roles."""
+    from janusd.policy.policy_config import KeepAliveConfig
+
+    rig = Rig(devices=4)
+    rig.model("pd", [0, 1], prefill_devices=[0], pool="elastic")
+    rig.model("fixed", [2, 3], prefill_devices=[2], pool="steady")
+    for name, devs in (("pd", (0, 1)), ("fixed", (2, 3))):
+        for d in devs:
+            rig.activate(name, d)
+    host = Host(rig, ControlConfig(managed=True, keepalive=KeepAliveConfig(warm_after_s=5.0, cold_after_s=600.0,
+                                                                           demote_pinned=True)))
+    ctl = Controller(host, clock=lambda: rig.now)
+    ctl.plan_fast(rig.now)  # the classifier: pd elastic, fixed steady
+    ctl.plan_slow(rig.now)
+    rig.now += 6.0
+    ops = ctl.plan_slow(rig.now)
+    assert sorted((o.model, o.device, o.target) for o in ops) == [("pd", 0, "warm"), ("pd", 1, "warm")]

@@ -467,7 +467,8 @@ class ServingCore:
         self._at(now)
         self.handoff.on_message(device, msg)
         req = self.requests.by_id.get(msg.req_id) if isinstance(msg, wm.KVReady) else None
-        if req is not None and req.decode_device is not None and req.device != req.decode_device:
+        if req is not None and req.decode_device is not None and req.device is not None \
+                and req.device != req.decode_device:
             # handed off: it decodes on the decode instance's device from now on (the decode
             # guard's count and gap samples, and the controller's per-token decode cost)
             self.guard.count(req.decode_device, -1)

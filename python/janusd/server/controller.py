@@ -414,13 +414,16 @@ class Controller:
 
     def plan_slow(self, now: float) -> list[Op]:
         """Keep-alive: each model's residency (its most-alive instance) against its last
-        request; Warm and Cold apply to every instance of the model."""
+        request; Warm and Cold apply to every instance of the model. A P/D model only while
+        it is in the elastic pool: its waking request brings back one mixed instance and
+        only the fast loop splits it again, so a steady P/D model keeps its configured roles."""
         cfg = self.host.cfg.control
         tel = self.host.core.telemetry
         acts: list[ModelActivity] = []
         models: dict[str, Model] = {}
+        elastic = {p.app for p in self.pools if p.pool == "elastic"}
         for m in self.host.core.registry.models.values():
-            if not m.instances:
+            if not m.instances or (m.pd and m.name not in elastic):
                 continue
             states = {i.state for i in m.instances.values()}
             res = "active" if any(_serving(i) for i in m.instances.values()) else \

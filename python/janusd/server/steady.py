@@ -188,9 +188,9 @@ async def added_placement(cfg: JanusConfig, added: Sequence[ModelConfig], regist
         else:
             pinned.append(SteadyModel(model=m.name, load=LoadFeatures.from_window(telemetry.model(m.name, now)),
                                       devices=devs))
-    for m in added:
-        if m.devices and not m.prefill_devices:
-            _configured(m, pinned, elastic_devs)
+    for a in added:
+        if a.devices and not a.prefill_devices:
+            _configured(a, pinned, elastic_devs)
     _pack(cfg, managed, pinned, elastic_devs, pred, out, spread=False)
     return {m.name: out[m.name] for m in added}
 
