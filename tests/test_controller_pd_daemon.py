@@ -16,6 +16,7 @@ burst, the instance its first request woke as mixed is reassigned."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from daemon_harness import managed_header, server_section, start_daemon, wait_un
 from janusd.wire import admin_msgs as am
 from test_controller_burst_daemon import _replay, _trace
 
-CONFIG = managed_header(3, warm_after_s=6.0) + """
+CONFIG = managed_header(3, warm_after_s=4.0) + """
 [[models]]
 name = "pd"
 checkpoint = "demo:llama-tiny"
@@ -84,7 +85,25 @@ def test_a_burst_splits_an_elastic_pd_model_into_new_roles_and_it_serves_exact_t
         def split() -> bool:
             return sorted(r for r, s in _instances(d).values() if s == "active") == ["decode", "decode", "prefill"]
 
-        assert wait_until(split, 15.0, 0.05), (_instances(d), d.log_text()[-3000:])
+        # a trickle of requests until the split stands keeps the app's traffic in the
+        # window (a loaded machine may take a few ticks) and must be served too
+        statuses: list[int] = []
+        stop = threading.Event()
+
+        def trickle() -> None:
+            while not stop.is_set():
+                statuses.append(d.http("POST", "/v1/completions", {"model": "pd", "prompt": "hello there",
+                                                                   "max_tokens": 8, "slo": SLO})[0])
+                stop.wait(0.3)
+
+        th = threading.Thread(target=trickle)
+        th.start()
+        try:
+            assert wait_until(split, 20.0, 0.05), (_instances(d), d.log_text()[-3000:])
+        finally:
+            stop.set()
+            th.join(30.0)
+        assert statuses and set(statuses) == {200}, statuses
         print(f"burst -> 1 prefill + 2 decode instances {time.monotonic() - t0:.2f} s after the burst began")
         plan = d.ctl(am.PlanReq()).data["plan"]
         app = next(a for a in plan["elastic"]["apps"] if a["model"] == "pd")
