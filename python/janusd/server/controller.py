@@ -55,11 +55,11 @@ from janusd.core.registry import Instance, Model
 from janusd.core.serving import ServingCore
 from janusd.lifecycle.states import COMING_UP, RESTORABLE, InstanceState
 from janusd.log import log
+from janusd.oracle.decode_estimate import DecodeStepEstimator
+from janusd.oracle.prefill_estimate import PrefillEstimator
 from janusd.oracle.types import CapacityPredictor, ElasticityPredictor, LoadFeatures
 from janusd.policy.classify import traffic_from_counts
 from janusd.policy.classify import classify as classify_apps
-from janusd.oracle.decode_estimate import DecodeStepEstimator
-from janusd.oracle.prefill_estimate import PrefillEstimator
 from janusd.policy.demand import elastic_demand, prefill_share
 from janusd.policy.keepalive import residency
 from janusd.policy.roles import plan_roles
