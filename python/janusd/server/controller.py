@@ -308,7 +308,7 @@ class Controller:
         draining) and is not touched."""
         if count.count < 1:
             count = msgspec.structs.replace(count, count=1, prefill=0, decode=1)
-        busy = self.host.core.requests.on_device
+        on = self.host.core.requests.on_device
         insts = []
         for d, i in sorted(m.instances.items()):
             flight = self.in_flight.get((m.name, d))
@@ -316,7 +316,8 @@ class Controller:
             if flight is not None:
                 op = flight[0]
                 role, state = (op.role or i.role, "coming_up") if op.target == "active" else (i.role, "draining")
-            insts.append(RoleInstance(device=d, role=role, state=state, load=len(busy(d)),  # type: ignore[arg-type]
+            load = sum(1 for r in on(d) if r.model == m.name)  # its own requests there: the drain's length
+            insts.append(RoleInstance(device=d, role=role, state=state, load=load,  # type: ignore[arg-type]
                                       busy=flight is not None))
         plan = plan_roles(count, insts)
         self.roles[m.name] = plan
