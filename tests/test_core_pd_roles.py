@@ -6,9 +6,12 @@ requests wait, held, instead of failing at the handoff). Real core, fake workers
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core_fakes import Rig
 from janusd.config import DispatchConfig
+from janusd.core.requests import Failure
 from janusd.lifecycle.states import InstanceState
 from janusd.wire import worker_msgs as wm
 
@@ -129,3 +132,44 @@ def test_a_handed_off_request_counts_as_decoding_on_the_decode_device():
     assert core.guard.fit[1].n == 1 and 0 not in core.guard.fit
     rig.token(1, rid, finished=True)
     assert core.guard.decoding.get(1) == 0
+
+
+_STEP = st.tuples(st.integers(0, 2), st.sampled_from(["rest", "up", "prefill", "decode", "mixed"]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_STEP, min_size=1, max_size=25))
+def test_work_goes_only_to_an_active_instance_that_can_finish_it(steps):
+    """Any sequence of rests, activations and role changes on a P/D model's 3 instances:
+    after each, a new request is sent only to an Active mixed instance, or an Active
+    prefill instance while an Active decode instance exists; otherwise it waits, held.
+    `paired` and Model.serving say exactly that, and the core's integrity holds."""
+    rig = _pd()
+    core = rig.core
+    m = core.registry.models["m"]
+    for device, action in steps:
+        inst = core.instance("m", device)
+        if action == "rest" and inst.state is S.ACTIVE:
+            _rest(rig, "m", device)
+        elif action == "up" and inst.state in (S.WARM, S.COLD):
+            _up(rig, "m", device)
+        elif action in ("prefill", "decode", "mixed") and inst.state in (S.WARM, S.COLD):
+            core.set_role(inst, action, rig.now)
+        active = {i.role for i in m.instances.values() if i.state is S.ACTIVE}
+        decode_up = "decode" in active
+        assert all(i.paired == (decode_up or i.role != "prefill") for i in m.instances.values())
+        assert m.serving == ("mixed" in active or {"prefill", "decode"} <= active)
+        before = {d: len(w.generates()) for d, w in rig.workers.items()}
+        rid = rig.submit("m", ttft_ms=1e9)
+        rig.now += 0.01
+        rig.tick()
+        sent = [d for d, w in rig.workers.items() if len(w.generates()) > before[d]]
+        if m.serving:
+            assert len(sent) == 1, (sent, steps)
+            to = core.instance("m", sent[0])
+            assert to.state is S.ACTIVE and (to.role == "mixed" or (to.role == "prefill" and decode_up))
+            core.requests.fail(rid, Failure(499, "done here"))
+        else:
+            assert sent == [] and core.held.count("m") == 1
+            core.requests.fail(rid, Failure(499, "done here"))
+        core.check_integrity()
