@@ -176,3 +176,23 @@ def test_keep_alive_rests_an_elastic_pd_model_but_leaves_a_steady_one_as_configu
     rig.now += 6.0
     ops = ctl.plan_slow(rig.now)
     assert sorted((o.model, o.device, o.target) for o in ops) == [("pd", 0, "warm"), ("pd", 1, "warm")]
+
+
+def test_lifecycle_ops_takes_a_role_only_at_activation():
+    """lifecycle_ops.set_state(role=...): a role goes with an activation only; an Active
+    instance keeps its role (the controller drains it first); asking for the role it has
+    changes nothing. All refused before any worker is asked."""
+    from types import SimpleNamespace
+
+    from janusd.server.lifecycle_ops import LifecycleOps
+
+    rig = Rig(devices=2)
+    _pd(rig, 2, warm=[])
+    ops = SimpleNamespace(core=rig.core, workers=[None, None], clock=lambda: rig.now)
+    life = LifecycleOps(ops, SimpleNamespace())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="a role is chosen at activation, not when going warm"):
+        asyncio.run(life.set_state("pd", 1, "warm", role="prefill"))
+    with pytest.raises(ValueError, match="is active as decode: it takes the role prefill only when it comes back"):
+        asyncio.run(life.set_state("pd", 1, "active", role="prefill"))
+    assert asyncio.run(life.set_state("pd", 1, "active", role="decode"))["unchanged"] is True
+    assert rig.core.instance("pd", 1).role == "decode"
