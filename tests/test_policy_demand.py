@@ -20,10 +20,31 @@ def test_fakes_satisfy_the_protocols():
 def test_a_model_too_big_for_one_device_is_split_into_the_fewest_replicas():
     # rate 25: compute 2.5 * 1.1 = 2.75 -> 3 replicas at 0.917 each
     (d,) = steady_items([SteadyModel(model="big", load=load(25.0))], LinearCapacity(), DemandConfig())
-    assert [i.key for i in d.items] == ["big#0", "big#1", "big#2"]
+    assert [i.key for i in d.items] == ["big", "big#1", "big#2"]
     assert d.items[0].vector == pytest.approx((0.33, 0.1 * 25 / 3 * 1.1, 0.08 * 25 / 3 * 1.1))
     (small,) = steady_items([SteadyModel(model="s", load=load(2.0))], LinearCapacity(), DemandConfig())
     assert [i.key for i in small.items] == ["s"] and small.items[0].vector == pytest.approx((0.33, 0.22, 0.176))
+
+
+def test_a_change_in_replica_count_keeps_the_first_replicas_key_and_placement():
+    """r going 1 -> 2 -> 1 must not rename the first replica: the placement would remove
+    the serving instance and place a "new" one, and the model would not serve meanwhile."""
+    from janusd.policy import placement
+    from janusd.policy.policy_config import PlacementConfig
+    from janusd.policy.snapshot import PlacementSnapshot
+
+    cfg = DemandConfig()
+    (one,) = steady_items([SteadyModel(model="m", load=load(8.0))], LinearCapacity(), cfg)
+    (two,) = steady_items([SteadyModel(model="m", load=load(12.0))], LinearCapacity(), cfg)
+    assert [i.key for i in one.items] == ["m"] and [i.key for i in two.items] == ["m", "m#1"]
+    for before, after in ((one, two), (two, one)):
+        cur = placement.plan(PlacementSnapshot(pool=tuple(range(4)), items=before.items, current=()),
+                             PlacementConfig(), consolidate=False, migrations_left=0).assignment
+        first = next(a for a in cur if a.key == "m")
+        plan = placement.plan(PlacementSnapshot(pool=tuple(range(4)), items=after.items, current=cur),
+                              PlacementConfig(), consolidate=False, migrations_left=0)
+        assert not [mv for mv in plan.moves if mv.key == "m"], plan.moves  # the first replica stays put
+        assert next(a for a in plan.assignment if a.key == "m").device == first.device
 
 
 def test_margin_is_applied_and_pinned_models_keep_their_devices():

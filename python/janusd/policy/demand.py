@@ -4,8 +4,12 @@
   `capacity_margin` std per dimension (PAPER.md §3: compute and bandwidth errors are
   large, the margin is the safety). A model whose vector exceeds one device gets r
   replicas, each predicted at 1/r of the load (rates divided, lengths unchanged): the
-  fewest r whose vector fits, up to max_steady_replicas. Keys are the model name, or
-  "model#k" for replica k of r > 1. A pinned model (config `devices`) gets one item per
+  fewest r whose vector fits, up to max_steady_replicas. Keys: the model name for the
+  first replica, "model#k" for replica k >= 1, so that a change of r adds or removes the
+  extra replicas and never renames the first (a renamed key is a "remove" of the old plus a
+  "place" of the new to the placement: the model's serving instance would drain while its
+  successor loads; on ServeGen a model whose load hovered at the split point lost service
+  for minutes this way in the simulator). A pinned model (config `devices`) gets one item per
   device at its share of the load, never split further: its placement is the operator's.
 - prefill_share: the part of an elastic app's instances that should prefill, as the
   part of its device time that prefill takes: input tokens/s x seconds per prefill token
@@ -69,7 +73,7 @@ def steady_items(models: Sequence[SteadyModel], pred: CapacityPredictor, cfg: De
         for r in range(1, cfg.max_steady_replicas + 1):
             v = _vector(pred, m.model, scaled(m.load, 1.0 / r), cfg.capacity_margin)
             if max(v) <= 1.0 + FIT_EPS:
-                keys = [m.model] if r == 1 else [f"{m.model}#{k}" for k in range(r)]
+                keys = [m.model] + [f"{m.model}#{k}" for k in range(1, r)]
                 items = tuple(SteadyItem(key=key, model=m.model, vector=v) for key in keys)
                 out.append(SteadyDemand(model=m.model, items=items,
                                         reason="fits one device" if r == 1 else f"{r} replicas at 1/{r} of the load"))
