@@ -34,8 +34,11 @@ def test_engine_arch_and_config_json_give_the_same_spec():
 def test_flops_match_a_brute_force_count():
     s = ModelSpec.from_config(SMOLLM2_135M)
     per_ctx = 4 * s.layers * s.heads * s.head_dim
-    # prefill of 5 tokens after 3 cached ones: token i (1-based) attends to 3 + i positions
-    brute = sum(2 * s.matmul_params + per_ctx * (3 + i) for i in range(1, 6))
+    # prefill of 5 tokens after 3 cached ones: token i (1-based) attends to 3 + i positions;
+    # every token goes through the decoder layers, only the last (the one that samples) through the LM head
+    layers = s.layers * s.layer_linear_params
+    head = s.vocab * s.hidden
+    brute = sum(2 * layers + per_ctx * (3 + i) for i in range(1, 6)) + 2 * head
     assert s.prefill_flops(5, context=3) == pytest.approx(brute)
     # a decode step of 2 sequences at contexts 10 and 20
     assert s.decode_step_flops(2, 30) == pytest.approx(2 * 2 * s.matmul_params + per_ctx * 30)

@@ -65,7 +65,7 @@ class RooflinePrior:
         """(seconds, FLOPs, bytes) of one mean prefill."""
         L, var = z.input_len_mean, z.input_len_var
         s = self.model
-        flops = 2.0 * s.matmul_params * L + 4 * s.layers * s.heads * s.head_dim * (L * L + var + L) / 2.0
+        flops = s.prefill_flops(L) + 4 * s.layers * s.heads * s.head_dim * var / 2.0  # causal pairs at E[L^2]
         nbytes = s.prefill_bytes(L)
         return self._floor(1.0) + self._roof(flops, nbytes), flops, nbytes
 
