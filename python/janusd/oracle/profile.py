@@ -109,11 +109,12 @@ def settle_seconds(window_s: float) -> float:
 
 
 def in_knee(measured: list[tuple[float, float]], rate: float) -> bool:
-    """Whether `rate` lies between a measured rate served at knee.HIGH and a higher one
-    that was not: where attainment changes, which a point measures longer (KNEE_STRETCH)."""
-    ok = [r for r, a in measured if a >= HIGH and r < rate]
-    bad = [r for r, a in measured if a < HIGH and r > rate]
-    return bool(ok and bad)
+    """Whether `rate` lies between the highest measured rate served at knee.HIGH and the
+    lowest one that was not: where attainment changes, which a point measures longer
+    (KNEE_STRETCH)."""
+    ok = [r for r, a in measured if a >= HIGH]
+    bad = [r for r, a in measured if a < HIGH]
+    return bool(ok and bad) and max(ok) < rate < min(bad)
 
 
 def make_trace(rate: float, seconds: float, mix: str, rng: np.random.Generator, ttft_ms: float, tpot_ms: float,
