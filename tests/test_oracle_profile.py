@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from janusd.oracle.dataset import read_points
 from janusd.oracle.profile import MIXES, in_knee, make_trace, point_seconds, pool_pages, settle_seconds
@@ -30,8 +31,8 @@ def test_pool_pages_and_traces():
 
 
 def test_traces_are_stratified_so_repeats_offer_the_same_load():
-    a = make_trace(20.0, 30.0, "short", np.random.default_rng(0), 500.0, 50.0, 2048)
-    b = make_trace(20.0, 30.0, "short", np.random.default_rng(1), 500.0, 50.0, 2048)
+    a = make_trace(20.0, (30.0,), "short", np.random.default_rng(0), 500.0, 50.0, 2048)
+    b = make_trace(20.0, (30.0,), "short", np.random.default_rng(1), 500.0, 50.0, 2048)
     assert len(a) == len(b) == 600 and a.arrival_s.min() >= 0 and a.arrival_s.max() < 30.0
     assert not np.array_equal(a.arrival_s, b.arrival_s) and not np.array_equal(a.input_tokens, b.input_tokens)
     # the same lengths in another order: the mean and the spread are the setting's, not the draw's
@@ -40,6 +41,16 @@ def test_traces_are_stratified_so_repeats_offer_the_same_load():
     assert abs(a.input_tokens.mean() / MIXES["short"][0] - 1) < 0.01
     assert abs(a.output_tokens.mean() / MIXES["short"][1] - 1) < 0.02
     assert 0.45 < np.log(a.input_tokens).std() < 0.5  # LENGTH_SIGMA, less the rounding and the clip
+    # a profile point: the measured window (2 s to 10 s) holds exactly the rate's requests and its own quantiles
+    windows = []
+    for seed in (2, 3):
+        t = make_trace(2.0, (2.0, 8.0, 2.0), "long", np.random.default_rng(seed), 500.0, 50.0, 2048)
+        inside = (t.arrival_s >= 2.0) & (t.arrival_s < 10.0)
+        assert len(t) == 24 and inside.sum() == 16 and t.arrival_s.max() < 12.0
+        windows.append(np.sort(t.input_tokens[inside]))
+    assert np.array_equal(*windows)
+    with pytest.raises(ValueError, match="segments"):
+        make_trace(2.0, (2.0, 0.0), "long", np.random.default_rng(0), 500.0, 50.0, 2048)
 
 
 def test_the_knee_bracket_is_where_attainment_falls_below_high():

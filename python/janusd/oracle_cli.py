@@ -17,8 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ev.add_argument("--plot", default=None, help="write a parity plot (PNG) here")
     ev.add_argument("--folds", type=int, default=5, help="folds of whole load points")
     ev.add_argument("--seed", type=int, default=0)
-    ev.add_argument("--prior-overheads", default=None, metavar="STEP,LAYER,SEQ",
-                    help="the prior's host seconds per step, per layer per step and per sequence per step, "
+    ev.add_argument("--prior-overheads", default=None, metavar="STEP,LAYER,SEQ,PREFILL_TOKEN",
+                    help="the prior's host seconds per step, per layer per step, per sequence per step and per prompt "
+                         "token per layer of a prefill, "
                          "instead of the file's device spec (e.g. a file written before they were measured)")
     ev.add_argument("--json", action="store_true", help="accepted for uniformity: the JSON object is always last")
 

@@ -3,7 +3,8 @@
 For each instance count m = 1..k a real daemon (bench/daemon_proc.py) serves the model on
 m devices; each load point is an open-loop replay (trace/replay.py: the same client
 `janus replay` uses) at one rate and one length mix, stratified (make_trace: the rate's
-request count, the mix's length quantiles) so that repeats offer the same load. The load
+request count and the mix's length quantiles in the measured window) so that repeats
+offer the same load. The load
 runs through a warm-up, the measured window and a cool-down (settle_seconds); only the
 window counts, so the figures are the steady state's, not an empty engine's start or a
 drain's tail (on the loaded afternoon of bench/RESULTS.md "oracle" a whole-run SmolLM2
@@ -45,6 +46,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,32 +119,46 @@ def in_knee(measured: list[tuple[float, float]], rate: float) -> bool:
     return bool(ok and bad) and max(ok) < rate < min(bad)
 
 
-def make_trace(rate: float, seconds: float, mix: str, rng: np.random.Generator, ttft_ms: float, tpot_ms: float,
-               max_len: int) -> Any:
-    """round(rate * seconds) arrivals placed as a Poisson process given their count
-    (sorted uniforms) over `seconds`, lognormal lengths around the mix's means.
-
-    Stratified, so that repeats of a load point offer the same load: the count is the
-    rate's, not a Poisson draw (which spreads a 16-request window's rate by +-25%), and the
-    lengths are the lognormal's quantiles at (i + 1/2) / n in a random order (the sample
-    mean and spread are the mix's, only their order varies). What is left between repeats
-    is the arrival pattern and the machine."""
-    from janusd.trace.formats import Trace
-
-    n = max(2, int(round(rate * seconds)))
-    arrivals = np.sort(rng.uniform(0.0, seconds, n))
-    mean_in, mean_out = MIXES[mix]
+def _segment(rate: float, t0: float, seconds: float, mean_in: float, mean_out: float, rng: np.random.Generator
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(arrivals, input lengths, output lengths) of one stratified stretch of a trace."""
     from scipy.stats import norm
 
+    n = max(1, int(round(rate * seconds)))
     quantiles = norm.ppf((np.arange(n) + 0.5) / n)
 
-    def lengths(mean: float, hi: int) -> np.ndarray:
+    def lengths(mean: float) -> np.ndarray:
         mu = math.log(mean) - LENGTH_SIGMA**2 / 2
-        x = np.exp(mu + LENGTH_SIGMA * rng.permutation(quantiles))
-        return np.clip(np.round(x), 1, hi).astype(np.int64)
+        return np.exp(mu + LENGTH_SIGMA * rng.permutation(quantiles))
 
-    ins = lengths(mean_in, max_len // 2)
-    outs = lengths(mean_out, max_len // 4)
+    return t0 + np.sort(rng.uniform(0.0, seconds, n)), lengths(mean_in), lengths(mean_out)
+
+
+def make_trace(rate: float, segments: Sequence[float], mix: str, rng: np.random.Generator, ttft_ms: float,
+               tpot_ms: float, max_len: int) -> Any:
+    """An open-loop trace at `rate` over back-to-back stretches of the given seconds (a
+    profile point: warm-up, measured window, cool-down), lognormal lengths around the mix's
+    means.
+
+    Each stretch is stratified, so that repeats of a load point offer the same load where
+    it is measured: round(rate * seconds) arrivals placed as a Poisson process given their
+    count (sorted uniforms; a Poisson count would spread a 16-request window's rate by
+    +-25%), and lengths at the lognormal's quantiles (i + 1/2) / n in a random order (the
+    window's mean and spread are the mix's, only their order varies). What is left between
+    repeats is the arrival pattern and the machine."""
+    from janusd.trace.formats import Trace
+
+    mean_in, mean_out = MIXES[mix]
+    parts, t0 = [], 0.0
+    for seconds in segments:
+        if not seconds > 0:
+            raise ValueError(f"segments must be > 0 seconds, got {list(segments)}")
+        parts.append(_segment(rate, t0, seconds, mean_in, mean_out, rng))
+        t0 += seconds
+    arrivals, ins, outs = (np.concatenate(c) for c in zip(*parts, strict=True))
+    ins = np.clip(np.round(ins), 1, max_len // 2).astype(np.int64)
+    outs = np.clip(np.round(outs), 1, max_len // 4).astype(np.int64)
+    n = len(arrivals)
     return Trace.build(arrivals, ["profile"] * n, [MODEL_NAME] * n, ins, outs,
                        np.full(n, ttft_ms), np.full(n, tpot_ms))
 
@@ -312,7 +328,8 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                     w0, w1 = settle, settle + window  # the measured window on the trace's time axis
                     atts = []
                     for _ in range(a.repeats):  # one load point: the same setting, fresh samples
-                        trace = make_trace(rate, w1 + settle, s.mix, rng, a.ttft_slo_ms, a.tpot_slo_ms, max_len)
+                        trace = make_trace(rate, (settle, window, settle), s.mix, rng, a.ttft_slo_ms, a.tpot_slo_ms,
+                                           max_len)
                         pdir = run_dir / f"p{len(rows_f) + dropped}"
                         rows, summary, peak = _arun(_measure(port, trace, pdir, a, w1 + settle))
                         mine = in_window(rows, w0, w1)
