@@ -202,14 +202,15 @@ def test_host_time_per_step_makes_the_cpu_prior_see_a_knee():
 
 
 def test_the_prefill_host_time_moves_the_priors_knee_for_long_prompts():
-    """0.15 ms per prompt token per layer (this VM's order, hw/devices.py) makes a 384-token
-    prefill of the 4-layer demo model 0.23 s: 3 req/s of them fill one instance."""
+    """A host cost per prompt token per layer (hw/devices.py prefill_token_overhead_s; 0.15 ms
+    here, ~30x this VM's) adds layers x tokens of it to each prefill: 4 req/s of 384-token
+    prompts then fill one instance of the 4-layer demo model, and two instances serve them."""
     import msgspec
 
     cpu = msgspec.structs.replace(device_spec("h100"), hbm_bytes=1 << 30, peak_flops=1e11, hbm_bw=3e10,
                                   step_overhead_s=5e-4, layer_overhead_s=2e-4, seq_overhead_s=1e-4)
     slow = msgspec.structs.replace(cpu, prefill_token_overhead_s=1.5e-4)
-    load = LoadFeatures(3.0, 3 * 384.0, 3 * 32.0, 384.0, 0.0, 32.0, 0.0)
+    load = LoadFeatures(4.0, 4 * 384.0, 4 * 32.0, 384.0, 0.0, 32.0, 0.0)
     fast_p, slow_p = RooflinePrior(DEMO_SMALL, cpu, 0.5, 0.05), RooflinePrior(DEMO_SMALL, slow, 0.5, 0.05)
     assert slow_p._prefill(load)[0] == pytest.approx(fast_p._prefill(load)[0] + 4 * 384 * 1.5e-4)
     assert fast_p.attainment("m", load, 1).mean > 0.95 > 0.5 > slow_p.attainment("m", load, 1).mean

@@ -25,10 +25,10 @@ FLOP or byte explains: the engine's scheduling, sampling and bookkeeping (`step_
 the op dispatch of every decoder layer (`layer_overhead_s`: Python and framework work per
 op, a kernel launch on an accelerator) and per-sequence work (`seq_overhead_s`: a row's
 sampling, detokenization, block tables). step_time_floor() adds them up. A prefill also
-pays per prompt token per layer (`prefill_token_overhead_s`: the non-GEMM work of every
-row, norms, RoPE, the KV cache write, at a small width on a CPU): on this VM 0.13-0.16 ms
-per token-layer, so SmolLM2's 96-token prefill (30 layers) takes ~0.8 s where its
-roofline at the matmul peak says 0.3 s (prefill_time_floor()). On a CPU they
+pays per prompt token per layer (`prefill_token_overhead_s`: what a row costs beyond its
+counted FLOPs: the attention kernel, norms, RoPE, the KV cache write; prefill_time_floor()).
+On this VM it is small, ~5 us per token-layer (a prefill's GEMMs run at about the 512^3
+matmul peak the cpu's peak_flops comes from: engine/step_probe.py). On a CPU they
 dominate small models (a 4-layer demo model decodes in ~1.7 ms where its roofline is
 ~0.4 ms: bench/RESULTS.md "engine"), so without them a roofline predicts no load ever
 hurts. cpu: measured once per machine on the real engine (engine/step_probe.py, cached
