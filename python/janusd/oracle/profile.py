@@ -14,9 +14,9 @@ queue had not built up yet, and the drain stretched the wall). The window is mea
   (features.py);
 - per-token SLO attainment of those requests (trace/slo.py rules, failures and 503s are
   misses);
-- compute and bandwidth: the work the engine did in it, FLOPs and bytes counted from the
-  model config per token that landed in it, against the device spec's peaks (features.py,
-  hw/);
+- compute and bandwidth: the work the engine did in it and in the cool-down (arrivals go
+  on at the rate through both), FLOPs and bytes counted from the model config per token
+  that landed there, against the device spec's peaks (features.py, hw/);
 - HBM: weight pages plus the peak KV pages seen by polling the daemon's /metrics (the
   workers' xTensor pools) during the replay, over the device's memory.
 Rates follow knee.py (bracket, then crowd the knee), series (m, mix) taking turns so a
@@ -339,7 +339,9 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                             continue
                         att = token_attainment(mine)
                         atts.append(att)
-                        compute, bw = usage_in_window(rows, w0, w1, m, spec, dev)
+                        # usage over the window and the cool-down: arrivals go on at the rate through both,
+                        # so both are steady, and more tokens make a steadier figure
+                        compute, bw = usage_in_window(rows, w0, w1 + settle, m, spec, dev)
                         devs = [peak.get(str(d), {}) for d in range(m)]
                         hbm = float(np.mean([hbm_fraction(int(p.get("weight_pages", 0)), int(p.get("kv_pages", 0)),
                                                           int(p.get("page_size", 2 * 2**20)), dev) for p in devs]))
