@@ -34,8 +34,11 @@ def test_engine_arch_and_config_json_give_the_same_spec():
 def test_flops_match_a_brute_force_count():
     s = ModelSpec.from_config(SMOLLM2_135M)
     per_ctx = 4 * s.layers * s.heads * s.head_dim
-    # prefill of 5 tokens after 3 cached ones: token i (1-based) attends to 3 + i positions
-    brute = sum(2 * s.matmul_params + per_ctx * (3 + i) for i in range(1, 6))
+    # prefill of 5 tokens after 3 cached ones: token i (1-based) attends to 3 + i positions;
+    # every token goes through the decoder layers, only the last (the one that samples) through the LM head
+    layers = s.layers * s.layer_linear_params
+    head = s.vocab * s.hidden
+    brute = sum(2 * layers + per_ctx * (3 + i) for i in range(1, 6)) + 2 * head
     assert s.prefill_flops(5, context=3) == pytest.approx(brute)
     # a decode step of 2 sequences at contexts 10 and 20
     assert s.decode_step_flops(2, 30) == pytest.approx(2 * 2 * s.matmul_params + per_ctx * 30)
@@ -94,6 +97,12 @@ def test_host_time_per_step_adds_up_and_bad_figures_are_refused():
         msgspec.structs.replace(spec, step_overhead_s=float("nan")).check()
     for name in ("h100", "h200", "ascend-910c-die"):  # documented estimates, not zero
         assert device_spec(name).step_time_floor(1, 1) > 0
+    # a prefill: one step's floor for its one sequence, plus its prompt tokens through every layer
+    pf = msgspec.structs.replace(spec, prefill_token_overhead_s=1.5e-4)
+    assert pf.prefill_time_floor(30, 96) == pytest.approx(1e-3 + 30 * 2e-4 + 5e-5 + 30 * 96 * 1.5e-4)
+    assert spec.prefill_time_floor(30, 96) == pytest.approx(spec.step_time_floor(30, 1))
+    with pytest.raises(ValueError, match="prefill_token_overhead_s"):
+        msgspec.structs.replace(spec, prefill_token_overhead_s=-1.0).check()
 
 
 def test_cpu_host_time_is_probed_once_and_cached_beside_the_peaks(tmp_path, monkeypatch):
@@ -105,7 +114,8 @@ def test_cpu_host_time_is_probed_once_and_cached_beside_the_peaks(tmp_path, monk
 
     def probe(threads, peaks):  # the engine's step_probe.measure, faked at the edge (hw/ never imports engine/)
         probe_calls.append((threads, peaks))
-        return {"step_overhead_s": 1e-4, "layer_overhead_s": 2e-4, "seq_overhead_s": 3e-5}
+        return {"step_overhead_s": 1e-4, "layer_overhead_s": 2e-4, "seq_overhead_s": 3e-5,
+                "prefill_token_overhead_s": 4e-5}
 
     monkeypatch.setattr(cpu_peaks, "measure", fake_measure)
     plain = device_spec("cpu", hbm_bytes=2**30, cache_dir=tmp_path)  # no probe: the plain roofline

@@ -199,3 +199,46 @@ def test_host_time_per_step_makes_the_cpu_prior_see_a_knee():
     # the decode step the prior sees carries the host time, so it predicts fewer steps (less bandwidth)
     assert p_cpu._step(1.0, light) == pytest.approx(p_plain._step(1.0, light) + 5e-4 + 4 * 2e-4 + 1e-4)
     assert p_cpu.capacity("m", light).mean[2] < p_plain.capacity("m", light).mean[2]
+
+
+def test_the_prefill_host_time_moves_the_priors_knee_for_long_prompts():
+    """A host cost per prompt token per layer (hw/devices.py prefill_token_overhead_s; 0.15 ms
+    here, ~30x this VM's) adds layers x tokens of it to each prefill: 4 req/s of 384-token
+    prompts then fill one instance of the 4-layer demo model, and two instances serve them."""
+    import msgspec
+
+    cpu = msgspec.structs.replace(device_spec("h100"), hbm_bytes=1 << 30, peak_flops=1e11, hbm_bw=3e10,
+                                  step_overhead_s=5e-4, layer_overhead_s=2e-4, seq_overhead_s=1e-4)
+    slow = msgspec.structs.replace(cpu, prefill_token_overhead_s=1.5e-4)
+    load = LoadFeatures(4.0, 4 * 384.0, 4 * 32.0, 384.0, 0.0, 32.0, 0.0)
+    fast_p, slow_p = RooflinePrior(DEMO_SMALL, cpu, 0.5, 0.05), RooflinePrior(DEMO_SMALL, slow, 0.5, 0.05)
+    assert slow_p._prefill(load)[0] == pytest.approx(fast_p._prefill(load)[0] + 4 * 384 * 1.5e-4)
+    assert fast_p.attainment("m", load, 1).mean > 0.95 > 0.5 > slow_p.attainment("m", load, 1).mean
+    assert slow_p.attainment("m", load, 2).mean > 0.95  # two instances halve the pressure
+
+
+def test_the_elasticity_inputs_are_chosen_by_held_out_error():
+    """A knee that is a function of the prior's pressure is learnt best from the pressure
+    alone (30 points spread over 9 inputs overfit); one the prior cannot see (here the
+    output length spread, which no term of the pressure holds) needs the full inputs."""
+    import msgspec
+
+    from janusd.oracle.fit import choose_input_set
+
+    slow = msgspec.structs.replace(device_spec("h100"), peak_flops=2e12, hbm_bw=2e11)
+    prior = RooflinePrior(SPEC, slow, ttft_slo_s=1.0, tpot_slo_s=0.05)
+    rng = np.random.default_rng(11)
+    f = loads(rng, 40)
+    m = rng.integers(1, 4, 40)
+    rho = np.array([prior.pressure(LoadFeatures(*r.tolist()), int(k)) for r, k in zip(f, m, strict=True)])
+    knee = np.median(rho)
+    seen = np.clip(1 / (1 + (rho / knee) ** 6) + rng.normal(0, 0.03, 40), 0, 1)
+    ids = np.arange(40)
+    chosen, scores = choose_input_set(Points({}, f, m, np.zeros((40, 3)), seen, ids), prior)
+    assert chosen == "pressure" and scores["pressure"] < scores["full"], scores
+    spread = np.sqrt(f[:, 6]) / f[:, 5]  # the output length's coefficient of variation: 0.3 everywhere ...
+    f[:, 6] = (f[:, 5] * rng.uniform(0.1, 1.5, 40)) ** 2  # ... now it varies, and decides attainment
+    unseen = np.clip(1.3 - np.sqrt(f[:, 6]) / f[:, 5] + rng.normal(0, 0.03, 40), 0, 1)
+    chosen, scores = choose_input_set(Points({}, f, m, np.zeros((40, 3)), unseen, ids), prior)
+    assert chosen == "full" and scores["full"] < scores["pressure"], scores
+    assert spread.std() < 1e-9 and choose_input_set(Points({}, f, m, np.zeros((40, 3)), unseen, ids), None)[0] == "full"

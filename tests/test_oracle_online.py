@@ -62,7 +62,8 @@ def test_window_usage_counts_from_the_config():
     hbm, compute, bw = window_usage(w, 2, SPEC, DEV, kv_used_bytes=1e6)
     assert hbm == pytest.approx((SPEC.weight_bytes + 1e6) / 1e9)
     attn = 4 * SPEC.layers * SPEC.heads * SPEC.head_dim
-    flops = (w.input_token_rate * (2 * SPEC.matmul_params + attn * w.input_len_mean / 2)
+    head = 2 * SPEC.vocab * SPEC.hidden  # once per prefill, not per prompt token
+    flops = (w.input_token_rate * (2 * SPEC.matmul_params - head + attn * w.input_len_mean / 2) + w.request_rate * head
              + w.output_token_rate * (2 * SPEC.matmul_params + attn * (w.input_len_mean + w.output_len_mean / 2)))
     assert compute == pytest.approx(flops / 2 / 1e10)
     assert bw > 0

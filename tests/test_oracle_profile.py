@@ -8,9 +8,10 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from janusd.oracle.dataset import read_points
-from janusd.oracle.profile import MIXES, make_trace, point_seconds, pool_pages
+from janusd.oracle.profile import MIXES, in_knee, make_trace, point_seconds, pool_pages, settle_seconds
 from daemon_harness import ROOT, SHARED_CACHE
 
 METRICS = """# TYPE janusd_pool_pages gauge
@@ -25,16 +26,44 @@ janusd_pool_stat{device="0",stat="page_size"} 2097152.0
 def test_pool_pages_and_traces():
     assert pool_pages(METRICS) == {"0": {"weight_pages": 3.0, "kv_pages": 5.0, "num_pages": 128.0,
                                          "page_size": 2097152.0}}
-    assert point_seconds(0.5, 8.0) == 16.0 and point_seconds(10.0, 8.0) == 8.0 and point_seconds(0.01, 8.0) == 24.0
-    t = make_trace(20.0, 30.0, "short", np.random.default_rng(0), 500.0, 50.0, 2048)
-    assert 500 < len(t) < 700 and t.arrival_s.min() >= 0 and t.arrival_s.max() < 30.0
-    assert abs(t.input_tokens.mean() / MIXES["short"][0] - 1) < 0.1
-    assert abs(t.output_tokens.mean() / MIXES["short"][1] - 1) < 0.1
+    assert point_seconds(1.0, 8.0) == 16.0 and point_seconds(10.0, 8.0) == 8.0 and point_seconds(0.01, 8.0) == 24.0
+    assert settle_seconds(4.0) == 2.0 and settle_seconds(20.0) == 5.0
+
+
+def test_traces_are_stratified_so_repeats_offer_the_same_load():
+    a = make_trace(20.0, (30.0,), "short", np.random.default_rng(0), 500.0, 50.0, 2048)
+    b = make_trace(20.0, (30.0,), "short", np.random.default_rng(1), 500.0, 50.0, 2048)
+    assert len(a) == len(b) == 600 and a.arrival_s.min() >= 0 and a.arrival_s.max() < 30.0
+    assert not np.array_equal(a.arrival_s, b.arrival_s) and not np.array_equal(a.input_tokens, b.input_tokens)
+    # the same lengths in another order: the mean and the spread are the setting's, not the draw's
+    assert np.array_equal(np.sort(a.input_tokens), np.sort(b.input_tokens))
+    assert np.array_equal(np.sort(a.output_tokens), np.sort(b.output_tokens))
+    assert abs(a.input_tokens.mean() / MIXES["short"][0] - 1) < 0.01
+    assert abs(a.output_tokens.mean() / MIXES["short"][1] - 1) < 0.02
+    assert 0.45 < np.log(a.input_tokens).std() < 0.5  # LENGTH_SIGMA, less the rounding and the clip
+    # a profile point: the measured window (2 s to 10 s) holds exactly the rate's requests and its own quantiles
+    windows = []
+    for seed in (2, 3):
+        t = make_trace(2.0, (2.0, 8.0, 2.0), "long", np.random.default_rng(seed), 500.0, 50.0, 2048)
+        inside = (t.arrival_s >= 2.0) & (t.arrival_s < 10.0)
+        assert len(t) == 24 and inside.sum() == 16 and t.arrival_s.max() < 12.0
+        windows.append(np.sort(t.input_tokens[inside]))
+    assert np.array_equal(*windows)
+    with pytest.raises(ValueError, match="segments"):
+        make_trace(2.0, (2.0, 0.0), "long", np.random.default_rng(0), 500.0, 50.0, 2048)
+
+
+def test_the_knee_bracket_is_where_attainment_falls_below_high():
+    measured = [(1.0, 1.0), (3.0, 0.95), (9.0, 0.2)]
+    assert in_knee(measured, 5.0) and not in_knee(measured, 2.0) and not in_knee(measured, 12.0)
+    assert not in_knee([(1.0, 1.0), (3.0, 1.0)], 2.0) and not in_knee([], 1.0)
 
 
 def test_profile_writes_points_of_a_real_run(tmp_path):
     out = tmp_path / "p.npz"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "TMPDIR": str(scratch)}
     proc = subprocess.run(
         [sys.executable, "-m", "janusd.cli", "profile", "demo:llama-tiny", "--budget-s", "40", "--point-s", "2",
          "--max-instances", "1", "--mixes", "tiny", "--start-rate", "4", "--memory-mib", "128", "--kv-cache-mib", "32",
@@ -54,5 +83,8 @@ def test_profile_writes_points_of_a_real_run(tmp_path):
     assert summary["load_points"] == len(ids) and set(counts.tolist()) <= {1, 2} and counts.max() == 2
     assert pts.header["notes"]["repeats"] == 2 and pts.header["notes"]["noise"]["repeated_points"] >= 1
     assert summary["noise"] == pts.header["notes"]["noise"]
+    # the steady-state window's settings travel with the points; the per-point results were not kept
+    assert pts.header["notes"]["trace"] == "stratified" and pts.header["notes"]["settle_min_s"] == 2.0
+    assert not list(scratch.glob("janus-profile-*"))
     # the host time per step was measured with the peaks and travels with the points
     assert pts.header["device"]["layer_overhead_s"] > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 
 from janusd.oracle import store
 from janusd.oracle.dataset import DatasetError, Points, read_points, write_points
+from janusd.oracle.elasticity import ElasticityModel
 from janusd.oracle.fit import fit_points
 from janusd.oracle.oracle import Oracle
 from janusd.oracle.prior import RooflinePrior
@@ -74,6 +76,18 @@ def test_store_round_trips_predictions_exactly(tmp_path, fitted):
     assert np.array_equal(cap.predict(probe)[1], cap2.predict(probe)[1])
     assert np.array_equal(ela.predict_rows(probe, m)[0], ela2.predict_rows(probe, m)[0])
     assert np.array_equal(ela.predict_rows(probe, m)[1], ela2.predict_rows(probe, m)[1])
+    assert header["elasticity_inputs"] == ela.input_set == ela2.input_set
+    # the other input set (fit.choose_input_set picks one per fit) round-trips too, and a foreign one is refused
+    other = "pressure" if ela.input_set == "full" else "full"
+    ela_o = ElasticityModel.fit(p.features, p.instances, p.attainment, prior=PRIOR, input_set=other)
+    store.save(tmp_path, "demo/a:1", p, cap, ela_o, SPEC.identity(), "cpu", {})
+    ela_o2 = store.load(tmp_path, "demo/a:1", SPEC.identity(), PRIOR)[2]
+    assert ela_o2.input_set == other and np.array_equal(ela_o.predict_rows(probe, m)[0], ela_o2.predict_rows(probe, m)[0])
+    jpath = tmp_path / "demo%2Fa%3A1.json"
+    h = json.loads(jpath.read_text())
+    jpath.write_text(json.dumps({**h, "elasticity_inputs": "everything"}))
+    with pytest.raises(store.StoreError, match="unknown elasticity input set 'everything'"):
+        store.load(tmp_path, "demo/a:1", SPEC.identity(), PRIOR)
 
 
 def test_missing_corrupt_or_foreign_store_leaves_the_logged_prior(tmp_path, fitted, caplog):
@@ -139,9 +153,9 @@ def test_oracle_eval_prints_the_headline_json_last_and_refuses_bad_files(tmp_pat
     assert main(["oracle", "eval", "--data", str(tmp_path / "p.npz"), "--prior-overheads", "0.002,0.0003,0"]) == 0
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert again["prior_device_overheads"] == {"step_overhead_s": 0.002, "layer_overhead_s": 0.0003,
-                                               "seq_overhead_s": 0.0}
+                                               "seq_overhead_s": 0.0, "prefill_token_overhead_s": 0.0}
     assert main(["oracle", "eval", "--data", str(tmp_path / "p.npz"), "--prior-overheads", "1,-2,0"]) == 2
-    assert "--prior-overheads: need 3 finite seconds >= 0" in capsys.readouterr().err
+    assert "--prior-overheads: need 3 or 4 finite seconds >= 0" in capsys.readouterr().err
     (tmp_path / "bad.npz").write_text("no")
     assert main(["oracle", "eval", "--data", str(tmp_path / "bad.npz")]) == 1
     assert "bad.npz: not a readable npz" in capsys.readouterr().err

@@ -12,7 +12,7 @@ def test_probe_finds_a_cost_per_layer_and_per_sequence_on_the_real_engine():
 
     peaks = {"peak_flops": 1e11, "mem_bw": 3e10}  # this VM's order; the roofline is a small part of a demo step
     over = step_probe.measure(1, peaks, "cpu", SHARED_CACHE)
-    assert set(over) == {"step_overhead_s", "layer_overhead_s", "seq_overhead_s"}
+    assert set(over) == {"step_overhead_s", "layer_overhead_s", "seq_overhead_s", "prefill_token_overhead_s"}
     assert all(v >= 0 for v in over.values())
     spec = msgspec.structs.replace(device_spec("h100"), **over)
     # a 4-layer demo model decodes one sequence in ~1.7 ms on this VM when quiet (bench/RESULTS.md
@@ -20,3 +20,7 @@ def test_probe_finds_a_cost_per_layer_and_per_sequence_on_the_real_engine():
     assert 2e-4 < spec.step_time_floor(4, 1) < 0.05, over
     assert spec.step_time_floor(4, 16) > spec.step_time_floor(4, 1), over
     assert spec.step_time_floor(30, 1) > spec.step_time_floor(4, 1), over
+    # a prefill's rows cost host time beyond their FLOPs: a 128-token prefill of the 4-layer demo
+    # model takes ~0.07 s on this VM, its roofline ~0.006 s (bench/RESULTS.md "oracle")
+    assert 5e-6 < over["prefill_token_overhead_s"] < 2e-3, over
+    assert spec.prefill_time_floor(4, 128) > spec.step_time_floor(4, 1) + 4 * 128 * 5e-6, over

@@ -17,8 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ev.add_argument("--plot", default=None, help="write a parity plot (PNG) here")
     ev.add_argument("--folds", type=int, default=5, help="folds of whole load points")
     ev.add_argument("--seed", type=int, default=0)
-    ev.add_argument("--prior-overheads", default=None, metavar="STEP,LAYER,SEQ",
-                    help="the prior's host seconds per step, per layer per step and per sequence per step, "
+    ev.add_argument("--prior-overheads", default=None, metavar="STEP,LAYER,SEQ,PREFILL_TOKEN",
+                    help="the prior's host seconds per step, per layer per step, per sequence per step and per prompt "
+                         "token per layer of a prefill (0 when left out), "
                          "instead of the file's device spec (e.g. a file written before they were measured)")
     ev.add_argument("--json", action="store_true", help="accepted for uniformity: the JSON object is always last")
 
@@ -35,13 +36,13 @@ def run(args: argparse.Namespace) -> int:
     if args.prior_overheads is not None:
         try:
             vals = [float(v) for v in args.prior_overheads.split(",")]
-            if len(vals) != len(OVERHEAD_FIELDS) or not all(math.isfinite(v) and v >= 0 for v in vals):
+            if len(vals) not in (3, 4) or not all(math.isfinite(v) and v >= 0 for v in vals):
                 raise ValueError
         except ValueError:
-            print(f"janus oracle eval: --prior-overheads: need {len(OVERHEAD_FIELDS)} finite seconds >= 0 "
+            print(f"janus oracle eval: --prior-overheads: need 3 or {len(OVERHEAD_FIELDS)} finite seconds >= 0 "
                   f"separated by commas, got {args.prior_overheads!r}", file=sys.stderr)
             return 2
-        overheads = dict(zip(OVERHEAD_FIELDS, vals, strict=True))
+        overheads = dict(zip(OVERHEAD_FIELDS, vals + [0.0] * (len(OVERHEAD_FIELDS) - len(vals)), strict=True))
     try:
         points = read_points(args.data)
         figures, arrays = evaluate(points, args.folds, args.seed, overheads)

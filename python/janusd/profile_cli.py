@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=str(d.out), help="points file to write (JSON header + npz)")
     p.add_argument("--budget-s", type=float, default=d.budget_s, help="bound on the whole run, seconds")
     p.add_argument("--max-instances", type=int, default=d.max_instances, help="profile m = 1..this many instances")
-    p.add_argument("--point-s", type=float, default=d.point_s, help="seconds of open-loop load per point")
+    p.add_argument("--point-s", type=float, default=d.point_s, help="seconds of a point's measured window (longer at low rates and at the knee; a warm-up and a cool-down of a quarter of it, at least 2 s each, run around it)")
     p.add_argument("--ttft-slo-ms", type=float, default=d.ttft_slo_ms)
     p.add_argument("--tpot-slo-ms", type=float, default=d.tpot_slo_ms)
     p.add_argument("--mixes", default=",".join(d.mixes), help=f"length mixes, from {', '.join(MIXES)}")

@@ -10,7 +10,14 @@ engine, once per machine (hw/cpu_peaks.py caches them with the peaks):
   tiny widths, so that their FLOPs and bytes are a small part of a step) at batch 1 and
   BATCH, the fastest of STEPS timed steps each, after a warm-up;
 - minus each step's roofline (the peaks just measured), then a non-negative least-
-  squares fit of the remainder to step + layers * layer + batch * seq.
+  squares fit of the remainder to step + layers * layer + batch * seq;
+- prefills (one sequence) of the same two models at two prompt lengths (PREFILL_TOKENS),
+  the fastest of PREFILLS each: how much longer the longer prompt takes than its roofline
+  says, beyond the shorter one's, over layers x the extra tokens, is the host time per
+  prompt token per layer (least squares through 0 over the two models, non-negative; the
+  difference cancels the step's own floor). A torch profile of a 240-token prefill of
+  demo:llama-small: the GEMMs ~2/3 of it at about the 512^3 matmul peak, the attention
+  kernel ~1/6 (more than its counted FLOPs), norms, RoPE and the KV write the rest.
 The fastest of the timed steps counts, not the median: on a shared machine other
 processes' time slices land inside some steps, and the fastest is the closest to the
 engine's own cost (cpu_peaks.py takes the best run for the same reason).
@@ -29,6 +36,8 @@ PROBE_MODELS = ("demo:llama-tiny", "demo:llama-small")
 BATCH = 16
 STEPS = 15
 PROMPT = 16
+PREFILL_TOKENS = (32, 192)
+PREFILLS = 5
 POOL_BYTES = 64 << 20
 
 
@@ -52,10 +61,27 @@ def _fastest_decode_step(me: Any, batch: int, salt: int) -> float:
     return min(times)
 
 
+def _fastest_prefill(me: Any, tokens: int, salt: int) -> float:
+    from janusd.engine.types import SamplingParams
+
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    vocab = me.arch.vocab_size
+    times = []
+    for k in range(PREFILLS + 1):  # the first one warms up, untimed
+        me.add_request(f"f{salt}-{k}", [(29 * k + 13 * j + salt) % (vocab - 10) + 5 for j in range(tokens)], params)
+        t = time.perf_counter()
+        me.step()
+        times.append(time.perf_counter() - t)
+        while me.has_work():
+            me.step()
+    return min(times[1:])
+
+
 def measure(threads: int, peaks: dict[str, float], kind: str = "cpu", cache_dir: Path | None = None
             ) -> dict[str, float]:
-    """{step_overhead_s, layer_overhead_s, seq_overhead_s} of the engine on this machine
-    (module doc); `peaks`: {"peak_flops", "mem_bw"} to subtract the roofline with."""
+    """{step_overhead_s, layer_overhead_s, seq_overhead_s, prefill_token_overhead_s} of the
+    engine on this machine (module doc); `peaks`: {"peak_flops", "mem_bw"} to subtract the
+    roofline with."""
     import msgspec
     import numpy as np
     import torch
@@ -70,6 +96,7 @@ def measure(threads: int, peaks: dict[str, float], kind: str = "cpu", cache_dir:
     torch.set_num_threads(threads)
     rows: list[list[float]] = []
     excess: list[float] = []
+    prefills: list[tuple[float, float]] = []  # (layers x extra tokens, extra seconds beyond the roofline)
     try:
         for k, name in enumerate(PROBE_MODELS):
             ck = open_checkpoint(name, cache_dir)
@@ -86,12 +113,21 @@ def measure(threads: int, peaks: dict[str, float], kind: str = "cpu", cache_dir:
                                spec.decode_step_bytes(b, ctx) / peaks["mem_bw"])
                     rows.append([1.0, float(spec.layers), float(b)])
                     excess.append(max(step_s - roof, 0.0))
+                excess_pf = []
+                for n in PREFILL_TOKENS:
+                    roof = max(spec.prefill_flops(n) / peaks["peak_flops"], spec.prefill_bytes(n) / peaks["mem_bw"])
+                    excess_pf.append(_fastest_prefill(me, n, 7 + k + n) - roof)
+                prefills.append((float(spec.layers * (PREFILL_TOKENS[1] - PREFILL_TOKENS[0])),
+                                 excess_pf[1] - excess_pf[0]))
             finally:
                 de.unload_model("probe")
     finally:
         torch.set_num_threads(old)
     coef, _ = nnls(np.array(rows), np.array(excess))
-    return {"step_overhead_s": float(coef[0]), "layer_overhead_s": float(coef[1]), "seq_overhead_s": float(coef[2])}
+    x, y = (np.array(c) for c in zip(*prefills, strict=True))
+    per_token = max(float(x @ y / (x @ x)), 0.0)
+    return {"step_overhead_s": float(coef[0]), "layer_overhead_s": float(coef[1]), "seq_overhead_s": float(coef[2]),
+            "prefill_token_overhead_s": per_token}
 
 
 def bind(cache_dir: str | Path | None, kind: str = "cpu") -> Any:

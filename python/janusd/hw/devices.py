@@ -24,7 +24,11 @@ Host time per engine step (the roofline's blind spot): a step also costs time th
 FLOP or byte explains: the engine's scheduling, sampling and bookkeeping (`step_overhead_s`),
 the op dispatch of every decoder layer (`layer_overhead_s`: Python and framework work per
 op, a kernel launch on an accelerator) and per-sequence work (`seq_overhead_s`: a row's
-sampling, detokenization, block tables). step_time_floor() adds them up. On a CPU they
+sampling, detokenization, block tables). step_time_floor() adds them up. A prefill also
+pays per prompt token per layer (`prefill_token_overhead_s`: what a row costs beyond its
+counted FLOPs: the attention kernel, norms, RoPE, the KV cache write; prefill_time_floor()).
+On this VM it is small, ~5 us per token-layer (a prefill's GEMMs run at about the 512^3
+matmul peak the cpu's peak_flops comes from: engine/step_probe.py). On a CPU they
 dominate small models (a 4-layer demo model decodes in ~1.7 ms where its roofline is
 ~0.4 ms: bench/RESULTS.md "engine"), so without them a roofline predicts no load ever
 hurts. cpu: measured once per machine on the real engine (engine/step_probe.py, cached
@@ -54,6 +58,7 @@ class DeviceSpec(msgspec.Struct, frozen=True, kw_only=True):
     step_overhead_s: float = 0.0  # host seconds per engine step, whatever it runs (module doc)
     layer_overhead_s: float = 0.0  # host seconds per decoder layer per step
     seq_overhead_s: float = 0.0  # host seconds per sequence in a step
+    prefill_token_overhead_s: float = 0.0  # host seconds per prompt token per decoder layer of a prefill
 
     def check(self) -> None:
         """ValueError naming the field unless every peak is finite and > 0 and every
@@ -72,10 +77,15 @@ class DeviceSpec(msgspec.Struct, frozen=True, kw_only=True):
         besides its FLOPs and bytes (module doc)."""
         return self.step_overhead_s + layers * self.layer_overhead_s + max(batch, 0.0) * self.seq_overhead_s
 
+    def prefill_time_floor(self, layers: int, tokens: float) -> float:
+        """Seconds a prefill of `tokens` prompt tokens (one sequence, one step) costs besides
+        its FLOPs and bytes (module doc)."""
+        return self.step_time_floor(layers, 1.0) + layers * max(tokens, 0.0) * self.prefill_token_overhead_s
+
 
 _GB = 1e9
 _TF = 1e12
-OVERHEAD_FIELDS = ("step_overhead_s", "layer_overhead_s", "seq_overhead_s")
+OVERHEAD_FIELDS = ("step_overhead_s", "layer_overhead_s", "seq_overhead_s", "prefill_token_overhead_s")
 
 # Host time per step of our eager-mode engine on an accelerator (no CUDA graphs): an
 # ESTIMATE, not a measurement. Per layer, the forward issues about 30 kernels (norms,
@@ -84,9 +94,11 @@ OVERHEAD_FIELDS = ("step_overhead_s", "layer_overhead_s", "seq_overhead_s")
 # Graphs material and TaxBreak, arXiv 2603.12465, report for H100/H200 eager launches):
 # 0.15 ms per layer; ~1 ms per step of scheduling, metadata upload and the logits'
 # device-to-host copy for sampling; ~20 us per sequence of Python bookkeeping (the CPU
-# engine's measured per-sequence cost is ~100 us on a slow VM core). Replace by a
+# engine's measured per-sequence cost is ~100 us on a slow VM core); no per prompt token
+# cost (a prefill's rows run in one kernel per op on an accelerator). Replace by a
 # profile's measurement when one exists.
-ACCEL_OVERHEADS = {"step_overhead_s": 1e-3, "layer_overhead_s": 1.5e-4, "seq_overhead_s": 2e-5}
+ACCEL_OVERHEADS = {"step_overhead_s": 1e-3, "layer_overhead_s": 1.5e-4, "seq_overhead_s": 2e-5,
+                   "prefill_token_overhead_s": 0.0}
 
 PRESETS: dict[str, DeviceSpec] = {
     "h100": DeviceSpec(name="h100", hbm_bytes=80 * _GB, peak_flops=989.5 * _TF, hbm_bw=3350 * _GB,

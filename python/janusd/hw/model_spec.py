@@ -100,9 +100,13 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, dict=True):
 
     # ---- work
     def prefill_flops(self, tokens: float, context: float = 0.0) -> float:
-        """FLOPs of prefilling `tokens` new tokens after `context` cached ones."""
+        """FLOPs of prefilling `tokens` new tokens after `context` cached ones. The LM head
+        runs on the one row that samples, not on every prompt token (engine/runner.py takes
+        the logits of the sampling rows only): for SmolLM2-135M's 49152 x 576 head that is
+        a fifth of a long prompt's matmul FLOPs that are never done."""
         pairs = tokens * context + tokens * (tokens + 1) / 2.0
-        return 2.0 * self.matmul_params * tokens + self._attn_flops_per_ctx * pairs
+        head = self.vocab * self.hidden
+        return 2.0 * ((self.matmul_params - head) * tokens + head * min(tokens, 1.0)) + self._attn_flops_per_ctx * pairs
 
     def prefill_bytes(self, tokens: float, context: float = 0.0) -> float:
         """Bytes one prefill step moves: the weights, the cached KV read, the new KV written."""

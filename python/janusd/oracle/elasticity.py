@@ -17,6 +17,16 @@ the last bits with the size of the batch it is computed in (BLAS blocking), whic
 not make the estimate at m + 1 a hair below the one at m.
 Raw predictions come from any source with raw(load, ms) -> (mean, std): the GP here, or
 the roofline prior (oracle/prior.py), so both obey the same rule.
+
+Inputs (INPUT_SETS), chosen per fit by fit.py (held-out error over whole load points):
+- "full": inputs.py's per-instance load features and log m, plus the log of the prior's
+  pressure when there is a prior;
+- "pressure": the log of the prior's pressure alone (it already holds m: the rates over m
+  instances), i.e. a calibration of the prior's one-number summary. With tens of points a
+  9-input surface overfits where a 1-input curve does not: on the quiet 17:35 profiles of
+  bench/RESULTS.md "oracle" it cut the held-out attainment P90 from 21-32 to 11-19 points;
+  on the loaded afternoon's, where other processes' load moved the knee and the prior saw
+  none of it, "full" was better. The data decides.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from janusd.oracle.types import AttainmentEstimate, LoadFeatures, MinInstances
 
 LOGIT_EPS = 0.01
 GRID_MIN = 64
+INPUT_SETS = ("full", "pressure")
 
 
 def grid(m: int) -> int:
@@ -57,34 +68,47 @@ def pressure_column(prior: Any, features: np.ndarray, instances: np.ndarray) -> 
     return np.log(np.maximum(np.array(rho, dtype=np.float64), 1e-9))[:, None]
 
 
-class ElasticityModel:
-    """The attainment GP; with a prior, its pressure is one more input (pressure_column)."""
+def check_input_set(input_set: str, prior: Any | None) -> None:
+    """ValueError unless input_set is one of INPUT_SETS usable with (or without) a prior."""
+    if input_set not in INPUT_SETS:
+        raise ValueError(f"unknown elasticity input set {input_set!r} (known: {', '.join(INPUT_SETS)})")
+    if input_set == "pressure" and prior is None:
+        raise ValueError("the 'pressure' input set needs a prior")
 
-    def __init__(self, gp: GPRegressor, prior: Any | None = None) -> None:
+
+class ElasticityModel:
+    """The attainment GP on one of INPUT_SETS (module doc)."""
+
+    def __init__(self, gp: GPRegressor, prior: Any | None = None, input_set: str = "full") -> None:
+        check_input_set(input_set, prior)
         self.gp = gp
         self.prior = prior
+        self.input_set = input_set
 
     @staticmethod
-    def inputs(features: np.ndarray, instances: np.ndarray, prior: Any | None) -> np.ndarray:
+    def inputs(features: np.ndarray, instances: np.ndarray, prior: Any | None, input_set: str = "full") -> np.ndarray:
+        check_input_set(input_set, prior)
         x = elasticity_inputs(features, instances)
         if prior is None:
             return x
         f = np.atleast_2d(np.asarray(features, dtype=np.float64))
         f = np.broadcast_to(f, (len(x), f.shape[1])) if len(f) == 1 else f
-        return np.hstack([x, pressure_column(prior, f, np.asarray(instances).reshape(-1))])
+        rho = pressure_column(prior, f, np.asarray(instances).reshape(-1))
+        return rho if input_set == "pressure" else np.hstack([x, rho])
 
     @classmethod
     def fit(cls, features: np.ndarray, instances: np.ndarray, attainment: np.ndarray, seed: int = 0,
-            prior: Any | None = None) -> ElasticityModel:
+            prior: Any | None = None, input_set: str = "full") -> ElasticityModel:
         """features: (n, 7) the model's whole load; instances: (n,) m; attainment: (n,) in [0, 1]."""
         a = np.asarray(attainment, dtype=np.float64)
         if a.shape != (len(features),) or np.any((a < 0) | (a > 1)):
             raise ValueError("attainment must be (n,) values in [0, 1]")
-        return cls(GPRegressor.fit(cls.inputs(features, instances, prior), to_logit(a), seed=seed, trend=True), prior)
+        x = cls.inputs(features, instances, prior, input_set)
+        return cls(GPRegressor.fit(x, to_logit(a), seed=seed, trend=True), prior, input_set)
 
     def predict_rows(self, features: np.ndarray, instances: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Raw (not yet monotone) mean and std per row, back on the attainment scale."""
-        mu, sd = self.gp.predict(self.inputs(features, instances, self.prior))
+        mu, sd = self.gp.predict(self.inputs(features, instances, self.prior, self.input_set))
         p = 1.0 / (1.0 + np.exp(-mu))
         return p, p * (1.0 - p) * sd  # the delta method through the logistic
 

@@ -5,16 +5,17 @@ from its Telemetry; a replay's results (or the simulator's events) are fed throu
 Telemetry of their own here, as the daemon would have seen them, so the three never
 compute a rate or a length variance two ways.
 
-Usage is counted from the model config (hw/model_spec.py) over measured time and set
+Usage is counted from the model config (hw/model_spec.py) over a measured window and set
 against the device's peaks (hw/devices.py), per instance (an instance is one device):
-- compute: FLOPs of every prefill (prompt tokens, causal attention) and every decode
-  token (at its context) done during the run, per second, over peak FLOP/s;
+the work the engine did in the window [t0, t1), from the tokens that landed in it
+(usage_in_window), so a profile point's warm-up and drain stay out of its figures:
+- compute: FLOPs of every prefill whose first token landed in the window (prompt tokens,
+  causal attention) and of every decode token that did (at its context), per second,
+  over peak FLOP/s;
 - bandwidth: every decode step reads the weights once and every decoding sequence's KV;
-  steps per second = the time some request was decoding (union of first-to-last-token
-  intervals) / the mean inter-token gap (the measured step time), times how many
-  instances were decoding at once (the mean overlap of those intervals, capped at m);
-  plus the KV bytes each decode token reads and every prefill's weight read; over peak
-  bytes/s;
+  the steps are counted from the decode tokens and how many requests were decoding when
+  each landed (usage_in_window), plus the KV bytes each decode token reads and every
+  prefill's weight read; over peak bytes/s;
 - HBM: weight pages plus peak KV pages, as a fraction of the device's memory (from the
   worker pools, passed in: the client cannot see them).
 """
@@ -99,53 +100,72 @@ def token_attainment(rows: Sequence[RequestResult]) -> float:
     return float(o.on_time.sum()) / total if total else 1.0
 
 
-def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
-    if len(starts) == 0:
-        return 0.0
-    order = np.argsort(starts)
-    s, e = starts[order], ends[order]
-    total, cur_s, cur_e = 0.0, s[0], e[0]
-    for a, b in zip(s[1:], e[1:], strict=True):
-        if a > cur_e:
-            total += cur_e - cur_s
-            cur_s, cur_e = a, b
-        else:
-            cur_e = max(cur_e, b)
-    return float(total + cur_e - cur_s)
+def in_window(rows: Sequence[RequestResult], t0: float, t1: float) -> list[RequestResult]:
+    """The requests that arrived in [t0, t1): a profile point's measured requests (the
+    ones before t0 are its warm-up, the ones after t1 its cool-down)."""
+    return [r for r in rows if t0 <= r.arrival_s < t1]
 
 
-def usage_from_results(rows: Sequence[RequestResult], wall_s: float, instances: int, spec: ModelSpec,
-                       device: DeviceSpec) -> tuple[float, float]:
-    """(compute, bandwidth) per instance as fractions of the device's peaks (module doc)."""
-    if not (wall_s > 0 and instances >= 1):
-        raise ValueError("wall_s must be > 0 and instances >= 1")
+def _decode_intervals(rows: Sequence[RequestResult]) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends), each sorted, on the trace's time axis, of every request's decode:
+    its first to its last decode token (the token before them came from its prefill),
+    widened by half the request's mean gap on each side, so that the tokens of one step,
+    which reach the client a little apart, all see each other."""
+    se = []
+    for r in rows:
+        n = len(r.token_times_s)
+        if n > 1:
+            sent = r.arrival_s + r.send_lag_ms / 1000.0
+            half = (r.token_times_s[-1] - r.token_times_s[0]) / (n - 1) / 2.0
+            se.append((sent + r.token_times_s[1] - half, sent + r.token_times_s[-1] + half))
+    a = np.array(se, dtype=np.float64).reshape(-1, 2)
+    return np.sort(a[:, 0]), np.sort(a[:, 1])
+
+
+def usage_in_window(rows: Sequence[RequestResult], t0: float, t1: float, instances: int, spec: ModelSpec,
+                    device: DeviceSpec) -> tuple[float, float]:
+    """(compute, bandwidth) per instance as fractions of the device's peaks: the work the
+    engine did in [t0, t1) (module doc), whichever request it was for.
+
+    rows: every request of the run (the warm-up's and cool-down's share the engine). A
+    prefill counts when its first token lands in the window, a decode token when it lands
+    there, each at its own context. Decode steps (one weight read each) are counted from
+    the tokens, not from a step time: a token delivered while n(t) requests decode on m
+    instances stands for 1 / max(1, n(t) / m) of a step (n(t) / m sequences share each
+    busy instance's step; fewer than m decoding requests each have an instance to
+    themselves). For one instance that is exactly one per step whatever the batch, and it
+    needs no step time: the client receives a step's tokens in bursts (the daemon forwards
+    several steps at once when it is busy), so inter-token gaps are not step times."""
+    if not (t1 > t0 and instances >= 1):
+        raise ValueError("need t1 > t0 and instances >= 1")
+    starts, ends = _decode_intervals(rows)
     flops = 0.0
     bytes_ = 0.0
-    starts, ends, gaps, gap_n = [], [], 0.0, 0
+    steps = 0.0
     for r in rows:
         n = len(r.token_times_s)
         if n == 0:
             continue
+        t = r.arrival_s + r.send_lag_ms / 1000.0 + np.asarray(r.token_times_s, dtype=np.float64)
         p = float(r.input_tokens)
-        flops += spec.prefill_flops(p)
-        bytes_ += spec.prefill_bytes(p)
-        d = n - 1  # tokens after the first come from decode steps, at contexts p+1 .. p+d
-        if d > 0:
-            ctx_sum = d * p + d * (d + 1) / 2.0
-            flops += spec.decode_step_flops(d, ctx_sum)
-            bytes_ += spec.kv_bytes_per_token * (ctx_sum + d)
-            sent = r.arrival_s + r.send_lag_ms / 1000.0
-            starts.append(sent + r.token_times_s[0])
-            ends.append(sent + r.token_times_s[-1])
-            gaps += r.token_times_s[-1] - r.token_times_s[0]
-            gap_n += d
-    if gap_n:
-        step_s = gaps / gap_n
-        busy = _union_length(np.array(starts), np.array(ends))
-        steps = busy / step_s  # decode steps of one instance over the busy time ...
-        steps *= min(instances, max(1.0, sum(e - s for s, e in zip(starts, ends, strict=True)) / max(busy, 1e-9)))
-        bytes_ += steps * spec.weight_bytes  # ... one weight read each, on every instance busy
-    per = wall_s * instances
+        if t0 <= t[0] < t1:
+            flops += spec.prefill_flops(p)
+            bytes_ += spec.prefill_bytes(p)
+        if n < 2:
+            continue
+        ctx = p + np.arange(1, n, dtype=np.float64)  # decode token j reads p + j - 1 cached tokens and its own
+        inside = (t[1:] >= t0) & (t[1:] < t1)
+        k = int(inside.sum())
+        if not k:
+            continue
+        ctx_sum = float(ctx[inside].sum())
+        flops += spec.decode_step_flops(k, ctx_sum)
+        bytes_ += spec.kv_bytes_per_token * (ctx_sum + k)
+        tt = t[1:][inside]
+        running = np.searchsorted(starts, tt, side="right") - np.searchsorted(ends, tt, side="left")
+        steps += float(np.sum(1.0 / np.maximum(1.0, np.maximum(running, 1) / instances)))
+    bytes_ += steps * spec.weight_bytes
+    per = (t1 - t0) * instances
     return flops / per / device.peak_flops, bytes_ / per / device.hbm_bw
 
 

@@ -11,6 +11,11 @@ daemon's online refit, so the three report errors the same way. Pure.
   errors are reported over the points with attainment >= SERVED.
 - The held-out split is by load point (point_id): whole replays are held out, never rows
   of one replay on both sides.
+- The Elasticity GP's inputs (elasticity.py INPUT_SETS) are chosen per fit when there is
+  a prior: each candidate is fitted on SELECT_FOLDS folds of whole load points (at most
+  SELECT_ROWS rows, evenly thinned, so a 2,000-point online refit pays for a few small
+  fits) and the one with the smaller mean held-out error wins ("full" on a tie, or with
+  fewer than SELECT_MIN_POINTS load points).
 - Errors: attainment as absolute error in percentage points; capacity as relative error
   in percent, |pred - measured| / measured, over rows whose measured demand is at least
   REL_FLOOR of a device (below that a relative error measures noise, not the model).
@@ -24,12 +29,15 @@ import numpy as np
 
 from janusd.oracle.capacity import CapacityModel
 from janusd.oracle.dataset import Points
-from janusd.oracle.elasticity import ElasticityModel, monotone_curve
+from janusd.oracle.elasticity import INPUT_SETS, ElasticityModel, monotone_curve
 from janusd.oracle.types import RESOURCE_DIMS, LoadFeatures
 
 REL_FLOOR = 1e-3
 SERVED = 0.8
 MIN_SERVED = 3
+SELECT_FOLDS = 3
+SELECT_ROWS = 200
+SELECT_MIN_POINTS = 4
 
 
 def served_mask(attainment: np.ndarray) -> np.ndarray:
@@ -48,14 +56,48 @@ def per_instance(features: np.ndarray, instances: np.ndarray) -> np.ndarray:
     return f
 
 
+def choose_input_set(points: Points, prior: Any | None, seed: int = 0) -> tuple[str, dict[str, float]]:
+    """The Elasticity GP's input set for these points (module doc) and each candidate's mean
+    held-out absolute error in attainment points (empty when nothing was compared)."""
+    if prior is None:
+        return "full", {}
+    sub = points
+    if len(points) > SELECT_ROWS:
+        keep = np.zeros(len(points), dtype=bool)
+        keep[np.unique(np.linspace(0, len(points) - 1, SELECT_ROWS).round().astype(np.int64))] = True
+        sub = points.take(keep)
+    ids = np.unique(sub.point_id)
+    if len(ids) < SELECT_MIN_POINTS:
+        return "full", {}
+    rng = np.random.default_rng(seed)
+    parts = np.array_split(rng.permutation(ids), SELECT_FOLDS)
+    scores: dict[str, float] = {}
+    for name in INPUT_SETS:
+        err = []
+        for part in parts:
+            test = np.isin(sub.point_id, part)
+            train, held = sub.take(~test), sub.take(test)
+            if len(train) < 2:
+                continue
+            ela = ElasticityModel.fit(train.features, train.instances, train.attainment, seed=seed, prior=prior,
+                                      input_set=name)
+            err.append(np.abs(monotone_predictions(ela, held) - held.attainment))
+        scores[name] = float(np.concatenate(err).mean() * 100.0) if err else float("inf")
+    best = min(INPUT_SETS, key=lambda k: (scores[k], k != "full"))
+    return best, scores
+
+
 def fit_points(points: Points, seed: int = 0, prior: Any | None = None) -> tuple[CapacityModel, ElasticityModel]:
-    """Both GPs on all of `points`; with a prior, the Capacity GP learns its correction."""
+    """Both GPs on all of `points`; with a prior, the Capacity GP learns its correction and
+    the Elasticity GP's input set is chosen (choose_input_set)."""
     if len(points) < 3:
         raise ValueError(f"need at least 3 points to fit, got {len(points)}")
     served = served_mask(points.attainment)
     cap = CapacityModel.fit(per_instance(points.features[served], points.instances[served]), points.resources[served],
                             prior, seed=seed)
-    ela = ElasticityModel.fit(points.features, points.instances, points.attainment, seed=seed, prior=prior)
+    input_set, _ = choose_input_set(points, prior, seed)
+    ela = ElasticityModel.fit(points.features, points.instances, points.attainment, seed=seed, prior=prior,
+                              input_set=input_set)
     return cap, ela
 
 

@@ -34,10 +34,11 @@ def window_usage(w: ModelWindow, instances: int, spec: ModelSpec, device: Device
     """(hbm, compute, bandwidth) per instance as fractions of the device (module doc)."""
     m = max(1, instances)
     attn = 4 * spec.layers * spec.heads * spec.head_dim
-    pf_tok = 2.0 * spec.matmul_params + attn * w.input_len_mean / 2.0
+    head = 2.0 * spec.vocab * spec.hidden  # a prefill runs the LM head on its last row only (ModelSpec.prefill_flops)
+    pf_tok = 2.0 * spec.matmul_params - head + attn * w.input_len_mean / 2.0
     ctx = w.input_len_mean + w.output_len_mean / 2.0
     dec_tok = 2.0 * spec.matmul_params + attn * ctx
-    compute = (w.input_token_rate * pf_tok + w.output_token_rate * dec_tok) / m / device.peak_flops
+    compute = (w.input_token_rate * pf_tok + w.request_rate * head + w.output_token_rate * dec_tok) / m / device.peak_flops
     per_inst_tokens = w.output_token_rate / m
     steps = per_inst_tokens / max(1.0, w.in_flight / m)
     bw = (steps * spec.weight_bytes + per_inst_tokens * spec.kv_bytes_per_token * ctx) / device.hbm_bw

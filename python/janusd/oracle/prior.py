@@ -6,11 +6,12 @@ reports its error beside the GPs'. Pure arithmetic, no fitting.
 Time of work on one device (hw/model_spec.py counts, hw/devices.py peaks): a piece of
 work takes max(FLOPs / peak FLOP/s, bytes / peak bandwidth), and every engine step adds
 the device's host time per step (DeviceSpec.step_time_floor: a fixed part, a part per
-decoder layer, a part per sequence in the step). Without that term the prior saw no
+decoder layer, a part per sequence in the step), and a prefill its host time per prompt
+token per layer (DeviceSpec.prefill_time_floor). Without those terms the prior saw no
 cost in a CPU step of a small model beyond its few FLOPs and predicted attainment ~1.0
 at any load (bench/RESULTS.md "oracle").
-- prefill of a mean prompt: t_pf = roofline(prefill_flops(L), prefill_bytes(L)), with
-  the causal attention term taken at E[L^2] = mean^2 + var;
+- prefill of a mean prompt: t_pf = prefill floor + roofline(prefill_flops(L),
+  prefill_bytes(L)), with the causal attention term taken at E[L^2] = mean^2 + var;
 - decode: the mean number of sequences decoding B solves B = (rate / m) * out_mean *
   t_step(B) (Little's law), t_step(B) = roofline of one step of B sequences at the mean
   context (iterated from B = 1; capped when it diverges: overload).
@@ -65,9 +66,9 @@ class RooflinePrior:
         """(seconds, FLOPs, bytes) of one mean prefill."""
         L, var = z.input_len_mean, z.input_len_var
         s = self.model
-        flops = 2.0 * s.matmul_params * L + 4 * s.layers * s.heads * s.head_dim * (L * L + var + L) / 2.0
+        flops = s.prefill_flops(L) + 4 * s.layers * s.heads * s.head_dim * var / 2.0  # causal pairs at E[L^2]
         nbytes = s.prefill_bytes(L)
-        return self._floor(1.0) + self._roof(flops, nbytes), flops, nbytes
+        return self.device.prefill_time_floor(s.layers, L) + self._roof(flops, nbytes), flops, nbytes
 
     def _ctx(self, z: LoadFeatures) -> float:
         return z.input_len_mean + z.output_len_mean / 2.0

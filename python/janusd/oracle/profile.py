@@ -1,16 +1,27 @@
 """`janus profile`: measure a model on the real engine, through real worker processes.
 
 For each instance count m = 1..k a real daemon (bench/daemon_proc.py) serves the model on
-m devices; each load point is an open-loop Poisson replay (trace/replay.py: the same
-client `janus replay` uses) at one rate and one length mix, measured by:
-- load features: the replay's requests seen through telemetry's windows (features.py);
-- per-token SLO attainment (trace/slo.py rules, failures and 503s are misses);
-- compute and bandwidth: FLOPs and bytes counted from the model config over the measured
-  time and step time, against the device spec's peaks (features.py, hw/);
+m devices; each load point is an open-loop replay (trace/replay.py: the same client
+`janus replay` uses) at one rate and one length mix, stratified (make_trace: the rate's
+request count and the mix's length quantiles in the measured window) so that repeats
+offer the same load. The load
+runs through a warm-up, the measured window and a cool-down (settle_seconds); only the
+window counts, so the figures are the steady state's, not an empty engine's start or a
+drain's tail (on the loaded afternoon of bench/RESULTS.md "oracle" a whole-run SmolLM2
+point read 0.8 attainment and a third of its compute at three times its capacity: the
+queue had not built up yet, and the drain stretched the wall). The window is measured by:
+- load features: the requests that arrived in it, seen through telemetry's windows
+  (features.py);
+- per-token SLO attainment of those requests (trace/slo.py rules, failures and 503s are
+  misses);
+- compute and bandwidth: the work the engine did in it and in the cool-down (arrivals go
+  on at the rate through both), FLOPs and bytes counted from the model config per token
+  that landed there, against the device spec's peaks (features.py, hw/);
 - HBM: weight pages plus the peak KV pages seen by polling the daemon's /metrics (the
   workers' xTensor pools) during the replay, over the device's memory.
 Rates follow knee.py (bracket, then crowd the knee), series (m, mix) taking turns so a
-short budget still covers every series; a series of m instances starts at m/2 times the
+short budget still covers every series; a point inside a series' knee bracket measures a
+KNEE_STRETCH times longer window (in_knee: the budget goes where attainment changes); a series of m instances starts at m/2 times the
 highest rate one instance served at knee.HIGH attainment with that mix. The budget bounds the whole run: a point starts
 only when the time left covers the longest point so far. Each load point (rate, mix, m)
 is measured `repeats` times back to back, each a fresh sample of the trace; the rows
@@ -31,9 +42,11 @@ import datetime
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +58,10 @@ from janusd.oracle.knee import HIGH, next_rate
 MIXES: dict[str, tuple[float, float]] = {"tiny": (32.0, 16.0), "short": (96.0, 32.0), "long": (384.0, 96.0)}  # mean in, out
 LENGTH_SIGMA = 0.5  # lognormal spread of lengths within a mix
 MODEL_NAME = "profiled"
-MIN_REQUESTS = 8
+MIN_REQUESTS = 16  # requests in a point's measured window, at least (point_seconds)
+SETTLE_FRACTION = 0.25  # warm-up and cool-down, each, as a fraction of the measured window ...
+SETTLE_MIN_S = 2.0  # ... and at least this long
+KNEE_STRETCH = 2.0  # a point inside a series' knee bracket measures this many times longer
 
 
 @dataclass
@@ -82,26 +98,67 @@ class Series:
 
 
 def point_seconds(rate: float, point_s: float) -> float:
-    """A point lasts point_s, longer at low rates so it holds about MIN_REQUESTS requests
-    (at most 3 x point_s): attainment over two or three requests is noise."""
+    """A point's measured window: point_s, longer at low rates so it holds about
+    MIN_REQUESTS requests (at most 3 x point_s): attainment over a few requests is noise."""
     return min(max(point_s, MIN_REQUESTS / rate), 3.0 * point_s)
 
 
-def make_trace(rate: float, seconds: float, mix: str, rng: np.random.Generator, ttft_ms: float, tpot_ms: float,
-               max_len: int) -> Any:
-    """Poisson arrivals at `rate` over `seconds`, lognormal lengths around the mix's means."""
+def settle_seconds(window_s: float) -> float:
+    """Warm-up before and cool-down after a measured window (each): the load runs through
+    both, so the window's requests meet a system already at its steady state and keep
+    meeting it until they end, instead of an empty engine first and a draining one last."""
+    return max(SETTLE_MIN_S, SETTLE_FRACTION * window_s)
+
+
+def in_knee(measured: list[tuple[float, float]], rate: float) -> bool:
+    """Whether `rate` lies between the highest measured rate served at knee.HIGH and the
+    lowest one that was not: where attainment changes, which a point measures longer
+    (KNEE_STRETCH)."""
+    ok = [r for r, a in measured if a >= HIGH]
+    bad = [r for r, a in measured if a < HIGH]
+    return bool(ok and bad) and max(ok) < rate < min(bad)
+
+
+def _segment(rate: float, t0: float, seconds: float, mean_in: float, mean_out: float, rng: np.random.Generator
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(arrivals, input lengths, output lengths) of one stratified stretch of a trace."""
+    from scipy.stats import norm
+
+    n = max(1, int(round(rate * seconds)))
+    quantiles = norm.ppf((np.arange(n) + 0.5) / n)
+
+    def lengths(mean: float) -> np.ndarray:
+        mu = math.log(mean) - LENGTH_SIGMA**2 / 2
+        return np.exp(mu + LENGTH_SIGMA * rng.permutation(quantiles))
+
+    return t0 + np.sort(rng.uniform(0.0, seconds, n)), lengths(mean_in), lengths(mean_out)
+
+
+def make_trace(rate: float, segments: Sequence[float], mix: str, rng: np.random.Generator, ttft_ms: float,
+               tpot_ms: float, max_len: int) -> Any:
+    """An open-loop trace at `rate` over back-to-back stretches of the given seconds (a
+    profile point: warm-up, measured window, cool-down), lognormal lengths around the mix's
+    means.
+
+    Each stretch is stratified, so that repeats of a load point offer the same load where
+    it is measured: round(rate * seconds) arrivals placed as a Poisson process given their
+    count (sorted uniforms; a Poisson count would spread a 16-request window's rate by
+    +-25%), and lengths at the lognormal's quantiles (i + 1/2) / n in a random order (the
+    window's mean and spread are the mix's, only their order varies). What is left between
+    repeats is the arrival pattern and the machine."""
     from janusd.trace.formats import Trace
 
-    n = max(2, int(rng.poisson(rate * seconds)))
-    arrivals = np.sort(rng.uniform(0.0, seconds, n))
     mean_in, mean_out = MIXES[mix]
-
-    def lengths(mean: float, hi: int) -> np.ndarray:
-        mu = math.log(mean) - LENGTH_SIGMA**2 / 2
-        return np.clip(np.round(rng.lognormal(mu, LENGTH_SIGMA, n)), 1, hi).astype(np.int64)
-
-    ins = lengths(mean_in, max_len // 2)
-    outs = lengths(mean_out, max_len // 4)
+    parts, t0 = [], 0.0
+    for seconds in segments:
+        if not seconds > 0:
+            raise ValueError(f"segments must be > 0 seconds, got {list(segments)}")
+        parts.append(_segment(rate, t0, seconds, mean_in, mean_out, rng))
+        t0 += seconds
+    arrivals, ins, outs = (np.concatenate(c) for c in zip(*parts, strict=True))
+    ins = np.clip(np.round(ins), 1, max_len // 2).astype(np.int64)
+    outs = np.clip(np.round(outs), 1, max_len // 4).astype(np.int64)
+    n = len(arrivals)
     return Trace.build(arrivals, ["profile"] * n, [MODEL_NAME] * n, ins, outs,
                        np.full(n, ttft_ms), np.full(n, tpot_ms))
 
@@ -152,7 +209,8 @@ async def _poll_pools(port: int, peak: dict[str, dict[str, float]], period_s: fl
             await asyncio.sleep(period_s)
 
 
-async def _measure(port: int, trace: Any, out_dir: Path, a: ProfileArgs) -> tuple[list[Any], dict[str, Any], dict]:
+async def _measure(port: int, trace: Any, out_dir: Path, a: ProfileArgs, span_s: float
+                   ) -> tuple[list[Any], dict[str, Any], dict]:
     import msgspec
 
     from janusd.trace.replay import ReplayConfig, replay
@@ -162,7 +220,7 @@ async def _measure(port: int, trace: Any, out_dir: Path, a: ProfileArgs) -> tupl
     poller = asyncio.create_task(_poll_pools(port, peak))
     try:
         cfg = ReplayConfig(url=f"http://127.0.0.1:{port}", ttft_slo_ms=a.ttft_slo_ms, tpot_slo_ms=a.tpot_slo_ms,
-                           timeout_s=a.point_s + 60.0, devices_poll_s=0.0)
+                           timeout_s=span_s + 60.0, devices_poll_s=0.0)
         summary = await replay(trace, cfg, out_dir)
     finally:
         poller.cancel()
@@ -206,7 +264,8 @@ def run(a: ProfileArgs) -> dict[str, Any]:
     from janusd.hw.devices import DEFAULT_FOR_KIND, device_spec
     from janusd.hw.model_spec import ModelSpec
     from janusd.oracle.dataset import Points, write_points
-    from janusd.oracle.features import features_from_results, hbm_fraction, token_attainment, usage_from_results
+    from janusd.oracle.features import (features_from_results, hbm_fraction, in_window, token_attainment,
+                                        usage_in_window)
     from janusd.oracle.noise import noise_floor
 
     t_start = time.monotonic()
@@ -235,71 +294,79 @@ def run(a: ProfileArgs) -> dict[str, Any]:
     def elapsed() -> float:
         return time.monotonic() - t_start
 
-    knees: dict[str, float] = {}  # mix -> the highest rate one instance served at HIGH attainment
-    for m in range(1, a.max_instances + 1):
-        share_end = t_start + a.budget_s * m / a.max_instances  # later m inherit what earlier ones left
-        if a.budget_s - elapsed() < 2 * max(longest_point, a.point_s):
-            break
-        run_dir = work / f"m{m}"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        proc, port = daemon_proc.start(daemon_config(a, run_dir, m), run_dir, a.torch_threads, {MODEL_NAME: m})
-        try:
-            _warm(port)
-            series = [Series(m, mix) for mix in a.mixes]
-            k = 0
-            while not all(s.done for s in series):
-                left = min(share_end, t_start + a.budget_s) - time.monotonic()
-                if left < max(longest_point, a.point_s):
-                    break
-                s = series[k % len(series)]
-                k += 1
-                if s.done:
-                    continue
-                # m instances start near m times one instance's knee (half of it: below the knee)
-                start = min(a.max_rate, max(a.start_rate, 0.5 * m * knees.get(s.mix, 0.0)))
-                rate = next_rate(s.measured, start, a.start_rate / 16, a.max_rate)
-                if rate is None:
-                    s.done = True
-                    continue
-                t0 = time.monotonic()
-                seconds = point_seconds(rate, a.point_s)
-                atts = []
-                for _ in range(a.repeats):  # one load point: the same setting, fresh samples
-                    trace = make_trace(rate, seconds, s.mix, rng, a.ttft_slo_ms, a.tpot_slo_ms, max_len)
-                    pdir = run_dir / f"p{len(rows_f) + dropped}"
-                    rows, summary, peak = _arun(_measure(port, trace, pdir, a))
-                    if not summary.get("valid", False):
-                        dropped += 1
-                        bar.set_postfix_str(f"m={m} {s.mix} {rate:.3g}/s dropped (client lag)")
+    try:
+        knees: dict[str, float] = {}  # mix -> the highest rate one instance served at HIGH attainment
+        for m in range(1, a.max_instances + 1):
+            share_end = t_start + a.budget_s * m / a.max_instances  # later m inherit what earlier ones left
+            if a.budget_s - elapsed() < 2 * max(longest_point, a.point_s):
+                break
+            run_dir = work / f"m{m}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            proc, port = daemon_proc.start(daemon_config(a, run_dir, m), run_dir, a.torch_threads, {MODEL_NAME: m})
+            try:
+                _warm(port)
+                series = [Series(m, mix) for mix in a.mixes]
+                k = 0
+                while not all(s.done for s in series):
+                    left = min(share_end, t_start + a.budget_s) - time.monotonic()
+                    if left < max(longest_point, a.point_s):
+                        break
+                    s = series[k % len(series)]
+                    k += 1
+                    if s.done:
                         continue
-                    att = token_attainment(rows)
-                    atts.append(att)
-                    span = seconds  # the schedule's span: arrivals fall uniformly in [0, seconds)
-                    wall = max(span, max(r.arrival_s + r.send_lag_ms / 1e3 + (r.token_times_s[-1] if r.token_times_s
-                                                                                 else 0.0) for r in rows))
-                    compute, bw = usage_from_results(rows, wall, m, spec, dev)
-                    devs = [peak.get(str(d), {}) for d in range(m)]
-                    hbm = float(np.mean([hbm_fraction(int(p.get("weight_pages", 0)), int(p.get("kv_pages", 0)),
-                                                      int(p.get("page_size", 2 * 2**20)), dev) for p in devs]))
-                    rows_f.append(features_from_results(rows, span, MODEL_NAME, t0=0.0).vector())
-                    rows_m.append(m)
-                    rows_r.append([hbm, compute, bw])
-                    rows_a.append(att)
-                    rows_p.append(next_point)
-                    bar.set_postfix_str(f"m={m} {s.mix} {rate:.3g}/s att={att:.2f} pts={len(rows_f)}")
-                    bar.n = min(int(elapsed()), int(a.budget_s))
-                    bar.refresh()
-                longest_point = max(longest_point, time.monotonic() - t0)
-                if not atts:
-                    continue
-                next_point += 1
-                att = float(np.mean(atts))  # the knee search follows the setting's mean
-                s.measured.append((rate, att))
-                if m == 1 and att >= HIGH:
-                    knees[s.mix] = max(knees.get(s.mix, 0.0), rate)
-        finally:
-            daemon_proc.stop(proc)
-    bar.close()
+                    # m instances start near m times one instance's knee (half of it: below the knee)
+                    start = min(a.max_rate, max(a.start_rate, 0.5 * m * knees.get(s.mix, 0.0)))
+                    rate = next_rate(s.measured, start, a.start_rate / 16, a.max_rate)
+                    if rate is None:
+                        s.done = True
+                        continue
+                    t0 = time.monotonic()
+                    base = point_seconds(rate, a.point_s)
+                    window = min(3.0 * a.point_s, base * KNEE_STRETCH) if in_knee(s.measured, rate) else base
+                    settle = settle_seconds(window)
+                    w0, w1 = settle, settle + window  # the measured window on the trace's time axis
+                    atts = []
+                    for _ in range(a.repeats):  # one load point: the same setting, fresh samples
+                        trace = make_trace(rate, (settle, window, settle), s.mix, rng, a.ttft_slo_ms, a.tpot_slo_ms,
+                                           max_len)
+                        pdir = run_dir / f"p{len(rows_f) + dropped}"
+                        rows, summary, peak = _arun(_measure(port, trace, pdir, a, w1 + settle))
+                        mine = in_window(rows, w0, w1)
+                        if not summary.get("valid", False) or not mine:
+                            dropped += 1
+                            bar.set_postfix_str(f"m={m} {s.mix} {rate:.3g}/s dropped (client lag)")
+                            continue
+                        att = token_attainment(mine)
+                        atts.append(att)
+                        # usage over the window and the cool-down: arrivals go on at the rate through both,
+                        # so both are steady, and more tokens make a steadier figure
+                        compute, bw = usage_in_window(rows, w0, w1 + settle, m, spec, dev)
+                        devs = [peak.get(str(d), {}) for d in range(m)]
+                        hbm = float(np.mean([hbm_fraction(int(p.get("weight_pages", 0)), int(p.get("kv_pages", 0)),
+                                                          int(p.get("page_size", 2 * 2**20)), dev) for p in devs]))
+                        rows_f.append(features_from_results(mine, window, MODEL_NAME, t0=w0).vector())
+                        rows_m.append(m)
+                        rows_r.append([hbm, compute, bw])
+                        rows_a.append(att)
+                        rows_p.append(next_point)
+                        bar.set_postfix_str(f"m={m} {s.mix} {rate:.3g}/s att={att:.2f} pts={len(rows_f)}")
+                        bar.n = min(int(elapsed()), int(a.budget_s))
+                        bar.refresh()
+                    longest_point = max(longest_point, time.monotonic() - t0)
+                    if not atts:
+                        continue
+                    next_point += 1
+                    att = float(np.mean(atts))  # the knee search follows the setting's mean
+                    s.measured.append((rate, att))
+                    if m == 1 and att >= HIGH:
+                        knees[s.mix] = max(knees.get(s.mix, 0.0), rate)
+            finally:
+                daemon_proc.stop(proc)
+    finally:
+        bar.close()
+        if not a.keep_dir:  # the per-point results are only for a kept run
+            shutil.rmtree(work, ignore_errors=True)
     n = len(rows_f)
     header = {
         "model": a.spec, "model_spec": spec.identity(), "device": msgspec.to_builtins(dev),
@@ -308,7 +375,8 @@ def run(a: ProfileArgs) -> dict[str, Any]:
         "notes": {"engine_device": a.device, "mixes": {k: MIXES[k] for k in a.mixes}, "point_s": a.point_s,
                   "budget_s": a.budget_s, "max_instances": a.max_instances, "dropped_points": dropped,
                   "length_sigma": LENGTH_SIGMA, "dtype": a.dtype, "memory_mib": a.memory_mib,
-                  "min_requests": MIN_REQUESTS, "repeats": a.repeats, "load_avg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)]},
+                  "min_requests": MIN_REQUESTS, "repeats": a.repeats, "settle_fraction": SETTLE_FRACTION,
+                  "settle_min_s": SETTLE_MIN_S, "knee_stretch": KNEE_STRETCH, "trace": "stratified", "load_avg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)]},
     }
     pts = Points(header, np.array(rows_f, dtype=np.float64).reshape(n, 7), np.array(rows_m, dtype=np.int64),
                  np.array(rows_r, dtype=np.float64).reshape(n, 3), np.clip(np.array(rows_a, dtype=np.float64), 0, 1),

@@ -3,7 +3,8 @@
   NAME.json  {"format": "janusd-oracle-model", "version": 2, "model": name,
               "model_spec": hw ModelSpec identity, "device": device name,
               "info": {"points", "fitted_at", "heldout": eval figures, ...},
-              "kernels": {"capacity": [3 kernel strings], "elasticity": kernel string}}
+              "kernels": {"capacity": [3 kernel strings], "elasticity": kernel string},
+              "elasticity_inputs": one of elasticity.py INPUT_SETS ("full" when absent)}
   NAME.npz   the training points (dataset.py's arrays: features, instances, resources,
              attainment, point_id) and per GP its hyperparameters and input scaler:
              cap0_theta, cap0_x_mean, cap0_x_std, ... cap2_*, ela_theta, ela_x_mean, ela_x_std
@@ -69,7 +70,8 @@ def save(directory: str | os.PathLike[str], model: str, points: Points, cap: Cap
     header = {"format": FORMAT, "version": VERSION, "model": model, "model_spec": model_spec, "device": device,
               "info": info, "points": len(points), "capacity_base": "prior" if cap.prior is not None else "none",  # both GPs use the prior or neither
               "kernels": {"capacity": [gp.to_state()[0]["kernel"] for gp in cap.gps],
-                          "elasticity": ela.gp.to_state()[0]["kernel"]}}
+                          "elasticity": ela.gp.to_state()[0]["kernel"]},
+              "elasticity_inputs": ela.input_set}
     _atomic(stem.with_suffix(".json"), (json.dumps(header, indent=1, sort_keys=True) + "\n").encode())
     return stem.with_suffix(".json")
 
@@ -123,14 +125,15 @@ def load(directory: str | os.PathLike[str], model: str, model_spec: dict[str, An
                                        "x_mean": arrays[f"cap{k}_x_mean"], "x_std": arrays[f"cap{k}_x_std"],
                                        "trend": True})
                for k in range(3)]
-        ex = ElasticityModel.inputs(points.features, points.instances, cap_prior)
+        input_set = header.get("elasticity_inputs", "full")
+        ex = ElasticityModel.inputs(points.features, points.instances, cap_prior, input_set)
         ela = GPRegressor.from_state({"x": ex, "y": to_logit(points.attainment), "theta": arrays["ela_theta"],
                                       "x_mean": arrays["ela_x_mean"], "x_std": arrays["ela_x_std"], "trend": True})
     except KeyError as e:
         raise StoreError(f"{npath}: missing array {e.args[0]!r}") from None
     except (ValueError, np.linalg.LinAlgError) as e:
         raise StoreError(f"{npath}: inconsistent: {e}") from None
-    return points, CapacityModel(gps, cap_prior), ElasticityModel(ela, cap_prior), header
+    return points, CapacityModel(gps, cap_prior), ElasticityModel(ela, cap_prior, input_set), header
 
 
 def load_into(oracle: Any, directory: str | os.PathLike[str], model: str, model_spec: dict[str, Any],
