@@ -12,6 +12,7 @@ import pytest
 
 from janusd.bench import cli as bench_cli
 from janusd.bench import dispatch_replay as dr
+from janusd.bench import replay_trace as rt
 from janusd.config import DispatchConfig, parse_config
 from janusd.trace.results import RequestResult
 
@@ -73,7 +74,7 @@ def test_capacity_counts_completions_after_the_warmup():
 
 
 def test_synth_params_scale_rate_and_bursts_with_compression():
-    p = dr.synth_params(10.0, 30.0, **KW)
+    p = rt.synth_params(10.0, 30.0, **KW)
     assert p.hours * 3600 == pytest.approx(120.0)
     assert p.rate == pytest.approx(2.5)  # 2.5 req/s over 120 s compressed 4x = 10 req/s over 30 s
     assert p.bursts_per_app_hour * p.hours == pytest.approx(1.0)
@@ -83,22 +84,22 @@ def test_synth_params_scale_rate_and_bursts_with_compression():
 @pytest.mark.parametrize("load", [0.7, 1.5])
 def test_trace_at_a_load_has_the_rate_the_model_and_the_slo(load):
     cap = 20.0
-    t = dr.make_trace(load * cap, 30.0, "llm", 500.0, 50.0, **KW)
+    t = rt.make_trace(load * cap, 30.0, "llm", 500.0, 50.0, **KW)
     assert t.models == ("llm",) and len(t.apps) > 1
     assert np.all(t.ttft_slo_ms == 500.0) and np.all(t.tpot_slo_ms == 50.0)
     assert 27.0 < t.duration_s <= 30.0 and t.arrival_s[0] == 0.0
     assert len(t) == pytest.approx(load * cap * 30.0, rel=0.2)
     assert t.input_tokens.max() <= 1024 and t.output_tokens.max() <= 256
-    again = dr.make_trace(load * cap, 30.0, "llm", 500.0, 50.0, **KW)
+    again = rt.make_trace(load * cap, 30.0, "llm", 500.0, 50.0, **KW)
     assert np.array_equal(t.arrival_s, again.arrival_s)  # seeded: every policy and run replays the same trace
 
 
 def test_the_trace_is_bursty():
-    t = dr.make_trace(30.0, 30.0, "llm", 500.0, 50.0, **{**KW, "bursts_per_app": 2.0})
-    calm = dr.make_trace(30.0, 30.0, "llm", 500.0, 50.0, **{**KW, "bursts_per_app": 0.0})
-    assert dr.peak_to_mean(t.arrival_s) > dr.peak_to_mean(calm.arrival_s)
-    assert dr.peak_to_mean([0.0, 1.0]) is None
-    assert dr.peak_to_mean([0.0, 0.1, 0.2, 3.9]) == pytest.approx((3 / 2.0) / (4 / 3.9))
+    t = rt.make_trace(30.0, 30.0, "llm", 500.0, 50.0, **{**KW, "bursts_per_app": 2.0})
+    calm = rt.make_trace(30.0, 30.0, "llm", 500.0, 50.0, **{**KW, "bursts_per_app": 0.0})
+    assert rt.peak_to_mean(t.arrival_s) > rt.peak_to_mean(calm.arrival_s)
+    assert rt.peak_to_mean([0.0, 1.0]) is None
+    assert rt.peak_to_mean([0.0, 0.1, 0.2, 3.9]) == pytest.approx((3 / 2.0) / (4 / 3.9))
 
 
 def _row(i, times, status="ok", http=200, error=None, expected=3):

@@ -35,7 +35,7 @@ Both are labelled `policy/peer` and `policy/guarded` when both are asked.
    instances complete, whatever the latency. The load generator shares the machine (as
    in the replays), so on a small box the figure includes the client's cost.
    `--capacity-rps R` skips the phase and uses R.
-2. Traces. For each load x of `--loads` (default 0.7 and 1.5), trace/synth.py (the code
+2. Traces (bench/replay_trace.py). For each load x of `--loads` (default 0.7 and 1.5), trace/synth.py (the code
    behind `janus trace synth`) makes `--apps` apps with its skewed, per-app length mix and
    its bursts: it synthesizes `--compress` x the run's duration at rate x * capacity /
    compress, with `--bursts-per-app` expected bursts per app over that span, and the
@@ -82,19 +82,15 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from janusd.bench import daemon_proc
 from janusd.bench.closed_loop import closed_loop, warmup
+from janusd.bench.replay_trace import make_trace, peak_to_mean
 from janusd.bench.replay_figures import (AGG_KEYS, PREFILL_ERROR, VERDICT_RANK, _fmt, _table, aggregate, compare,
                                          is_slo_rejection, metrics_delta, metrics_figures, rounded, run_figures,
                                          spread, verdicts)
 
-if TYPE_CHECKING:  # numpy and the trace modules load inside the functions (`janus --help` stays light)
-    import numpy as np
-
-    from janusd.trace.formats import Trace
-    from janusd.trace.synth import SynthParams
 
 POLICIES = ("lst_imh", "round_robin", "least_load")
 PLANS = ("global", "window")
@@ -207,53 +203,6 @@ def capacity_rps(done_s: Sequence[float], warmup_s: float, end_s: float) -> floa
     if not end_s > warmup_s >= 0:
         raise ValueError(f"need 0 <= warmup ({warmup_s}) < end ({end_s})")
     return sum(1 for t in done_s if warmup_s <= t < end_s) / (end_s - warmup_s)
-
-
-def synth_params(rate_rps: float, duration_s: float, *, apps: int, seed: int, compress: float,
-                 bursts_per_app: float, base_length: float, max_input: int, max_output: int) -> SynthParams:
-    """SynthParams for `compress` x duration_s seconds whose compression to duration_s has
-    mean rate rate_rps and about bursts_per_app bursts per app."""
-    from janusd.trace.synth import SynthParams
-
-    if not (rate_rps > 0 and duration_s > 0 and compress >= 1 and bursts_per_app >= 0):
-        raise ValueError("need rate > 0, duration > 0, compress >= 1, bursts_per_app >= 0")
-    span = duration_s * compress
-    return SynthParams(
-        apps=apps, hours=span / 3600.0, seed=seed, rate=rate_rps / compress,
-        bursts_per_app_hour=bursts_per_app * 3600.0 / span, base_length=base_length,
-        max_input=max_input, max_output=max_output,
-    )  # fmt: skip
-
-
-def make_trace(rate_rps: float, duration_s: float, model: str, ttft_slo_ms: float, tpot_slo_ms: float,
-               **kw: Any) -> Trace:
-    """The bursty trace of one load: synthesized, compressed to ~duration_s, every app on
-    `model`, every row with the given SLO. kw: the rest of synth_params'."""
-    import numpy as np
-
-    from janusd.trace.formats import Trace
-    from janusd.trace.synth import synthesize
-    from janusd.trace.transform import compress, remap_models
-
-    compress_by = kw.get("compress", 1.0)
-    t = synthesize(synth_params(rate_rps, duration_s, **kw))
-    if len(t) < 2:
-        raise ValueError(f"the trace at {rate_rps:.3g} req/s over {duration_s} s has {len(t)} requests")
-    t = remap_models(compress(t, factor=compress_by), [model])
-    n = len(t)
-    return Trace(t.arrival_s, t.app_id, t.model_id, t.input_tokens, t.output_tokens,
-                 np.full(n, float(ttft_slo_ms)), np.full(n, float(tpot_slo_ms)), t.apps, t.models)
-
-
-def peak_to_mean(arrival_s: Sequence[float] | np.ndarray, window_s: float = 2.0) -> float | None:
-    """Burstiness of the aggregate: the busiest window's rate over the mean rate."""
-    import numpy as np
-
-    a = np.asarray(arrival_s, dtype=np.float64)
-    if len(a) < 2 or a[-1] - a[0] < window_s:
-        return None
-    counts = np.bincount(((a - a[0]) // window_s).astype(np.int64))
-    return float(counts.max() / window_s / (len(a) / (a[-1] - a[0])))
 
 
 def daemon_config(*, run_dir: Path, cache: str, checkpoint: str, policy: str, plan: str | None,

@@ -1,0 +1,63 @@
+"""The bursty trace a dispatch-replay load runs (bench/dispatch_replay.py, step 2 of its
+doc): trace/synth.py's skewed, per-app length mix and bursts, synthesized over a longer
+span and compressed, so a burst's ramp and decay become sharper as when the paper
+compresses its day; every app mapped onto the one served model with the bench's SLO.
+numpy and the trace modules load inside the functions (`janus --help` stays light)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from janusd.trace.formats import Trace
+    from janusd.trace.synth import SynthParams
+
+
+def synth_params(rate_rps: float, duration_s: float, *, apps: int, seed: int, compress: float,
+                 bursts_per_app: float, base_length: float, max_input: int, max_output: int) -> SynthParams:
+    """SynthParams for `compress` x duration_s seconds whose compression to duration_s has
+    mean rate rate_rps and about bursts_per_app bursts per app."""
+    from janusd.trace.synth import SynthParams
+
+    if not (rate_rps > 0 and duration_s > 0 and compress >= 1 and bursts_per_app >= 0):
+        raise ValueError("need rate > 0, duration > 0, compress >= 1, bursts_per_app >= 0")
+    span = duration_s * compress
+    return SynthParams(
+        apps=apps, hours=span / 3600.0, seed=seed, rate=rate_rps / compress,
+        bursts_per_app_hour=bursts_per_app * 3600.0 / span, base_length=base_length,
+        max_input=max_input, max_output=max_output,
+    )  # fmt: skip
+
+
+def make_trace(rate_rps: float, duration_s: float, model: str, ttft_slo_ms: float, tpot_slo_ms: float,
+               **kw: Any) -> Trace:
+    """The bursty trace of one load: synthesized, compressed to ~duration_s, every app on
+    `model`, every row with the given SLO. kw: the rest of synth_params'."""
+    import numpy as np
+
+    from janusd.trace.formats import Trace
+    from janusd.trace.synth import synthesize
+    from janusd.trace.transform import compress, remap_models
+
+    compress_by = kw.get("compress", 1.0)
+    t = synthesize(synth_params(rate_rps, duration_s, **kw))
+    if len(t) < 2:
+        raise ValueError(f"the trace at {rate_rps:.3g} req/s over {duration_s} s has {len(t)} requests")
+    t = remap_models(compress(t, factor=compress_by), [model])
+    n = len(t)
+    return Trace(t.arrival_s, t.app_id, t.model_id, t.input_tokens, t.output_tokens,
+                 np.full(n, float(ttft_slo_ms)), np.full(n, float(tpot_slo_ms)), t.apps, t.models)
+
+
+def peak_to_mean(arrival_s: Sequence[float] | np.ndarray, window_s: float = 2.0) -> float | None:
+    """Burstiness of the aggregate: the busiest window's rate over the mean rate."""
+    import numpy as np
+
+    a = np.asarray(arrival_s, dtype=np.float64)
+    if len(a) < 2 or a[-1] - a[0] < window_s:
+        return None
+    counts = np.bincount(((a - a[0]) // window_s).astype(np.int64))
+    return float(counts.max() / window_s / (len(a) / (a[-1] - a[0])))
