@@ -139,6 +139,7 @@ class Controller:
         self._waking: dict[str, float] = {}  # woken model -> its restore s, while it waits for a free device
         self._rested_on: dict[str, list[int]] = {}  # resting model -> the devices it left
         cluster.on_arrival = self._arrival
+        cluster.figures = lambda: {"decisions": self.decisions, "rested": self.keep.rested, "woken": self.keep.woken}
 
     # --------------------------------------------------------------- inputs
     def _arrival(self, row: int, now: float) -> None:
