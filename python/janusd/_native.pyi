@@ -16,6 +16,7 @@ __all__ = [
     "XtSegment",
     "XtKv",
     "XtRange",
+    "SegmentLog",
 ]
 
 __version__: str
@@ -233,6 +234,9 @@ def xtensor_bench_churn(
 
 # ---- end xtensor ----
 
+# ---- sim (rust/janus-core/src/sim, rust/janus-py/src/sim.rs) ----
+
+@_final
 class SegmentLog:
     """A simulated device's step segments and the exact per-request on-time token count
     (rust/janus-core/src/sim/segments.rs; python/janusd/sim/worker.py)."""
