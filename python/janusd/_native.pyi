@@ -16,6 +16,7 @@ __all__ = [
     "XtSegment",
     "XtKv",
     "XtRange",
+    "SegmentLog",
 ]
 
 __version__: str
@@ -232,3 +233,22 @@ def xtensor_bench_churn(
     """Fragmentation statistics of a load/unload + KV grow/shrink churn."""
 
 # ---- end xtensor ----
+
+# ---- sim (rust/janus-core/src/sim, rust/janus-py/src/sim.rs) ----
+
+@_final
+class SegmentLog:
+    """A simulated device's step segments and the exact per-request on-time token count
+    (rust/janus-core/src/sim/segments.rs; python/janusd/sim/worker.py)."""
+
+    def __init__(self) -> None: ...
+    def __len__(self) -> int: ...
+    def push(self, start: int, t0: float, dt: float) -> None:
+        """A segment from step `start` at time `t0` of steps `dt` s long; ValueError when
+        `start` is before the last segment's."""
+    def trim(self, oldest: int) -> None:
+        """Forget segments wholly before step `oldest`."""
+    def tally(self, first: int, n_out: int, arrival: float, ttft: float, tpot: float,
+              keep_times: bool = False) -> tuple[int, float, float, list[float] | None]:
+        """(on-time tokens, first and last token s after arrival, every token's time after
+        arrival when keep_times); ValueError for n_out < 1 or steps outside the history."""

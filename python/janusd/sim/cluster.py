@@ -190,6 +190,7 @@ class Cluster:
         self._insts_now = 0  # instances holding device memory
         self._draining: dict[int, set[str]] = {}  # worker -> models draining there
         self.on_arrival: Callable[[int, float], None] | None = None  # (trace row, now): the controller's counts
+        self.figures: Callable[[], dict[str, int]] | None = None  # the controller's own counts, for the summary
         self._cols = _Columns(trace, [self.req_model[k] for k in request_model.tolist()])
 
     # ------------------------------------------------------------- devices

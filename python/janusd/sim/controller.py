@@ -23,8 +23,15 @@ when another instance of the model is Active (a fork), else H2D (h2d_bw, from th
 host copy every model is assumed to have); removal drains (Draining -> Unloaded once its
 requests are done). A migration places the new instance first and drains the old one
 when the new one is Active; so does a change of pool (an app turning elastic keeps its
-steady instance until an elastic one is Active, and back). Keep-alive (Warm/Cold of idle
-models) is not run: every steady model keeps at least its placed instance.
+steady instance until an elastic one is Active, and back).
+
+Keep-alive (sim/keepalive.py, policy/keepalive.residency): every slow period, before the
+placement, a model idle for warm_after_s goes Warm (its instances drain; it leaves the
+placement and the scaling until a request comes), for cold_after_s Cold; a request for a
+resting model wakes it at once on a free device, Active after the control overhead plus
+the restore path's time (H2D from Warm, the checkpoint from Cold), and it rejoins the
+plans as a steady item where it woke. Its requests are held meanwhile (the core's
+model_wait_timeout_s), as in the daemon.
 
 Modes (sim/policies.py): janus (both pools), steady-only (every app pinned steady),
 elastic-only (every app pinned elastic), prism (steady-only with every move loaded over
@@ -39,7 +46,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from janusd.hw.devices import DeviceSpec
-from janusd.lifecycle.states import InstanceState
+from janusd.lifecycle.states import InstanceState, holds_device_memory
 from janusd.oracle.oracle import Oracle
 from janusd.oracle.prior import RooflinePrior
 from janusd.oracle.types import LoadFeatures
@@ -47,6 +54,7 @@ from janusd.policy import classify, demand, placement, scaling
 from janusd.policy.policy_config import ControllerConfig
 from janusd.policy.snapshot import AppPool, Pool, Assignment, ElasticApp, PlacementSnapshot, ScalingState
 from janusd.sim.cluster import Cluster, Served
+from janusd.sim.keepalive import KeepAlive
 
 S = InstanceState
 MODES = ("janus", "steady-only", "elastic-only", "prism", "blitzscale")
@@ -127,7 +135,11 @@ class Controller:
         pin: dict[str, Pool] = {"steady-only": "steady", "prism": "steady", "elastic-only": "elastic",
                                 "blitzscale": "elastic"}
         self.pin: Pool | None = pin.get(mode)
+        self.keep = KeepAlive(cluster, cfg.keepalive)
+        self._waking: dict[str, float] = {}  # woken model -> its restore s, while it waits for a free device
+        self._rested_on: dict[str, list[int]] = {}  # resting model -> the devices it left
         cluster.on_arrival = self._arrival
+        cluster.figures = lambda: {"decisions": self.decisions, "rested": self.keep.rested, "woken": self.keep.woken}
 
     # --------------------------------------------------------------- inputs
     def _arrival(self, row: int, now: float) -> None:
@@ -139,6 +151,8 @@ class Controller:
             if len(lst) <= k:
                 lst.extend([0] * (k + 1 - len(lst)))
             lst[k] += 1
+        if name in self._waking or self.keep.resting(name) is not None:
+            self._wake(name, now)
 
     def _traffic(self, now: float) -> list:
         """Per app arrivals per second over the last traffic_window_s whole seconds. The
@@ -179,6 +193,8 @@ class Controller:
         self.c.at(now + self.p.slow_s, self._slow_tick)
 
     def _fast_tick(self, now: float) -> None:
+        for name in sorted(self._waking):
+            self._wake(name, now)
         self._retry_pending(now)
         self._finish_handovers(now)
         if self._classify(now) or now - self._placed_at >= self.p.recheck_s:
@@ -189,6 +205,8 @@ class Controller:
 
     def _slow_tick(self, now: float) -> None:
         self.st.migrations = 0
+        for name, _res in self.keep.tick(now, [a for a in self.apps if a not in self._waking]):
+            self._rest(name, now)
         self._place(now, consolidate=True)
         if self.c.busy:
             self.c.at(now + self.p.slow_s, self._slow_tick)
@@ -207,7 +225,7 @@ class Controller:
     # ------------------------------------------------------------- placement
     def _place(self, now: float, consolidate: bool) -> None:
         pools = self._pool_of()
-        steady = [a for a in self.apps if pools.get(a, "steady") == "steady"]
+        steady = [a for a in self.apps if pools.get(a, "steady") == "steady" and self._awake(a)]
         models = [demand.SteadyModel(model=a, load=self._load(a, now)) for a in steady]
         items = [i for d in demand.steady_items(models, self.oracle, self.cfg.demand) for i in d.items]
         elastic_devs = sorted({d for devs in self.st.elastic.values() for d in devs})
@@ -237,7 +255,7 @@ class Controller:
     # --------------------------------------------------------------- scaling
     def _fast(self, now: float) -> None:
         pools = self._pool_of()
-        elastic = [a for a in self.apps if pools.get(a) == "elastic"]
+        elastic = [a for a in self.apps if pools.get(a) == "elastic" and self._awake(a)]
         for a in list(self.st.elastic):
             if a not in elastic:  # back to steady: its elastic instances go
                 for d in self.st.elastic.pop(a):
@@ -340,6 +358,47 @@ class Controller:
                 del self._pending[(model, device)]
             else:
                 self._start(model, device, now, then_drain)
+
+    # ----------------------------------------------------------- keep-alive
+    def _awake(self, app: str) -> bool:
+        return self.keep.resting(app) is None and app not in self._waking
+
+    def _rest(self, model: str, now: float) -> None:
+        """Keep-alive sent `model` Warm or Cold: every instance goes, and the plans forget it."""
+        m = self.c.core.registry.models[model]
+        held = sorted(i.device for i in m.instances.values() if holds_device_memory(i.state))
+        for key in [k for k, a in self.st.steady.items() if k.split("#")[0] == model]:
+            self._stop(model, self.st.steady.pop(key).device, now)
+        for d in self.st.elastic.pop(model, []):
+            self._stop(model, d, now)
+        for d in sorted(self._handover.pop(model, set())):
+            self._stop(model, d, now)
+        for key in [k for k in self._pending if k[0] == model]:
+            del self._pending[key]
+        for d in held:
+            self._stop(model, d, now)
+        if held:  # (Warm -> Cold held nothing: where it rested stays known)
+            self._rested_on[model] = held
+
+    def _wake(self, model: str, now: float) -> None:
+        """A request for a resting model: restore it where it rested when its weights fit
+        there beside what that device holds now (the daemon restores the Warm instance in
+        place), else on a free device (or wait for one, retried every fast tick); it joins
+        the steady plan where it woke."""
+        if model not in self._waking:
+            self._waking[model] = self.keep.wake(model, now)
+        arch = self.c.served[model].arch
+        elastic = {d for devs in self.st.elastic.values() for d in devs}
+        home = [d for d in self._rested_on.get(model, []) if d not in elastic and d not in self.c._draining
+                and self.c.perf.weights_fit([*(a for n, a in self.c.residents(d).items() if n != model), arch])]
+        steady_devs = {a.device for a in self.st.steady.values()}
+        free = home or self._free_devices(steady_devs | set(self.c._draining))
+        if not free:
+            return
+        self._rested_on.pop(model, None)
+        d = free[0]
+        self.c.place(model, [d], now, self.p.control_overhead_s + self._waking.pop(model))
+        self.st.steady[model] = Assignment(key=model, device=d)
 
     def _stop(self, model: str, device: int, now: float) -> None:
         inst = self.c.core.registry.models[model].instances.get(device)

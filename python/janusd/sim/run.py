@@ -4,7 +4,7 @@ The summary's keys are the issue's (`janus sim` prints them as its last line):
 policy, requests, token_attainment, ttft_attainment, tpot_attainment, goodput_rps,
 device_hours, mean_app_attainment, worst_app_attainment, wall_s; plus what explains them
 (outcomes by kind, the worst app's name, simulated requests per wall second, devices,
-device kind). A run directory gets results.jsonl, devices.csv and summary.json
+device kind, the controller's counts: policy decisions, keep-alive rests and wake-ups). A run directory gets results.jsonl, devices.csv and summary.json
 (trace/results.py), so `janus report` reads a simulated run like a replayed one.
 """
 
@@ -60,6 +60,7 @@ def summary(cluster: Cluster, policy: str, wall_s: float) -> dict[str, Any]:
         "sim_end_s": cluster.now, "sim_requests_per_wall_s": n / wall_s if wall_s > 0 else float("inf"),
         "mean_app_attainment": s["app_mean_token_attainment"],
         "worst_app_attainment": s["app_worst_token_attainment"], "worst_app": worst_app(cluster),
+        "controller": cluster.figures() if cluster.figures is not None else {},
         "wall_s": wall_s,
     }
 

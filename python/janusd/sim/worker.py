@@ -26,18 +26,15 @@ rest in one delta at the end; the exact per-token accounting is the worker's `Ou
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
+from janusd._native import SegmentLog
 from janusd.sim.perfmodel import PerfModel
 from janusd.sim.specs import SimModel
-from janusd.trace.slo import EPS_S
 from janusd.wire import worker_msgs as wm
 
 
@@ -111,9 +108,7 @@ class SimWorker:
         self.event_at = math.inf
         self._prefilling: list[Seq] = []
         # history of segments: step index, start time, step time (for token times)
-        self._hist_s: list[int] = []
-        self._hist_t: list[float] = []
-        self._hist_dt: list[float] = []
+        self._segments = SegmentLog()
         self._finish: list[tuple[int, int]] = []  # heap of (last step, rid) of running sequences
         self._seqs: dict[int, Seq] = {}  # running ones by rid
         self.busy_s = 0.0
@@ -293,86 +288,20 @@ class SimWorker:
         self._prefilling = admitted
         self.busy = True
         self.seg_s0, self.seg_t0, self.seg_dt, self.seg_end = s, now, dt, s + steps
-        self._hist_s.append(s)
-        self._hist_t.append(now)
-        self._hist_dt.append(dt)
+        self._segments.push(s, now, dt)
         self.busy_s += steps * dt
         self.event_at = math.inf
         self._set_event(now + steps * dt)
-        if len(self._hist_s) > 8192:
-            self._trim()
-
-    def _trim(self) -> None:
-        oldest = min((q.s_first for q in self._seqs.values()), default=self.step)
-        i = max(0, bisect.bisect_right(self._hist_s, oldest) - 1)
-        del self._hist_s[:i], self._hist_t[:i], self._hist_dt[:i]
+        if len(self._segments) > 8192:
+            self._segments.trim(min((q.s_first for q in self._seqs.values()), default=self.step))
 
     # ----------------------------------------------------------- accounting
     def _outcome(self, seq: Seq) -> Outcome:
         """Tokens 1..n at the ends of steps s_first .. s_first + n - 1, counted on time per
-        segment in closed form (module doc); numpy when the request lived through many."""
-        hs = self._hist_s
-        first, last = seq.s_first, seq.s_first + seq.n_out - 1
-        j0 = bisect.bisect_right(hs, first) - 1
-        j1 = bisect.bisect_right(hs, last, lo=j0) - 1
-        if j1 - j0 >= 48 and not self.keep_times:
-            return self._outcome_np(seq, j0, j1)
-        ht, hd = self._hist_t, self._hist_dt
-        d0 = seq.arrival + seq.ttft_s - seq.tpot_s + EPS_S  # deadline of token k: d0 + k * tpot
-        on_time = 0
-        times: list[float] | None = [] if self.keep_times else None
-        t_first = t_last = 0.0
-        for j in range(j0, j1 + 1):
-            a = first if j == j0 else hs[j]
-            b = last if j == j1 else hs[j + 1] - 1
-            if a > b:
-                continue
-            dt = hd[j]
-            # step s ends at ht[j] + (s - hs[j] + 1) dt; token k is step first + k - 1
-            c = ht[j] + (first - hs[j]) * dt  # time of token k = c + k dt
-            ka, kb = a - first + 1, b - first + 1
-            if ka == 1:
-                t_first = c + dt
-            t_last = c + kb * dt
-            slope = dt - seq.tpot_s
-            room = d0 - c  # on time iff k * slope <= room
-            if slope > 0:
-                on_time += max(0, min(kb, math.floor(room / slope)) - ka + 1)
-            elif slope < 0:
-                on_time += max(0, kb - max(ka, math.ceil(room / slope)) + 1)
-            elif room >= 0:
-                on_time += kb - ka + 1
-            if times is not None:
-                times.extend(c + k * dt - seq.arrival for k in range(ka, kb + 1))
-        return Outcome(on_time, t_first - seq.arrival, t_last - seq.arrival, seq.n_out, times)
-
-    def _outcome_np(self, seq: Seq, j0: int, j1: int) -> Outcome:
-        """`_outcome` over the segments j0..j1 at once (same arithmetic, vectorised)."""
-        hs = np.asarray(self._hist_s[j0:j1 + 2], dtype=np.int64)
-        ht = np.asarray(self._hist_t[j0:j1 + 1])
-        dt = np.asarray(self._hist_dt[j0:j1 + 1])
-        first, last = seq.s_first, seq.s_first + seq.n_out - 1
-        s0 = hs[:-1] if len(hs) > j1 - j0 + 1 else hs
-        a = np.maximum(s0, first)
-        b = np.empty_like(a)
-        b[:-1] = hs[1:j1 - j0 + 1] - 1
-        b[-1] = last
-        b = np.minimum(b, last)
-        c = ht + (first - s0) * dt
-        ka = a - first + 1
-        kb = b - first + 1
-        slope = dt - seq.tpot_s
-        room = seq.arrival + seq.ttft_s - seq.tpot_s + EPS_S - c
-        with np.errstate(divide="ignore", invalid="ignore"):
-            q = room / slope
-            up = np.minimum(kb, np.floor(q)) - ka + 1
-            down = kb - np.maximum(ka, np.ceil(q)) + 1
-        flat = np.where(room >= 0, kb - ka + 1, 0)
-        n = np.where(slope > 0, up, np.where(slope < 0, down, flat))
-        n = np.where(a <= b, np.maximum(n, 0), 0)
-        t_first = float(c[0] + dt[0])
-        t_last = float(c[-1] + kb[-1] * dt[-1])
-        return Outcome(int(n.sum()), t_first - seq.arrival, t_last - seq.arrival, seq.n_out, None)
+        segment in closed form (module doc; rust/janus-core/src/sim/segments.rs)."""
+        on_time, first_s, last_s, times = self._segments.tally(seq.s_first, seq.n_out, seq.arrival, seq.ttft_s,
+                                                               seq.tpot_s, self.keep_times)
+        return Outcome(on_time, first_s, last_s, seq.n_out, times)
 
     # ---------------------------------------------------------------- views
     @property

@@ -4,6 +4,7 @@ use pyo3::prelude::*;
 
 mod dispatch;
 mod errors;
+mod sim;
 mod xtensor;
 
 #[pymodule]
@@ -11,5 +12,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     dispatch::register(m)?;
     xtensor::register(m)?;
+    sim::register(m)?;
     Ok(())
 }

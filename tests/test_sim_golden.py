@@ -1,0 +1,73 @@
+"""The simulator's figures for a seed, recorded before its hot paths moved (the per-request
+on-time count to Rust, the prior's m* search, request_slo's view of a run; 2026-12-03, code
+at 58c1791): a faster simulator must give the same run, request for request."""
+
+from __future__ import annotations
+
+import pytest
+
+from janusd.sim.run import simulate
+from janusd.sim.specs import resolve
+from sim_fixtures import poisson_trace
+from test_sim_controller import burst_trace
+
+RECORDED = {
+    "burst/janus": {
+        "on_time": 211885,
+        "ok": 1425,
+        "ttft_met": 1425,
+        "tpot_met": 1425,
+        "token_attainment": 0.9588163956087716,
+        "device_hours": 0.12264995815946543,
+        "sim_end_s": 90.60013112645477
+    },
+    "burst/static": {
+        "on_time": 183893,
+        "ok": 1243,
+        "ttft_met": 1241,
+        "tpot_met": 1243,
+        "token_attainment": 0.8321477378657471,
+        "device_hours": 0.14168720579633878,
+        "sim_end_s": 63.75924260835245
+    },
+    "poisson/janus": {
+        "on_time": 691114,
+        "ok": 2031,
+        "ttft_met": 1566,
+        "tpot_met": 1992,
+        "token_attainment": 0.5797386657137369,
+        "device_hours": 0.09959379837297352,
+        "sim_end_s": 120.0
+    },
+    "poisson/static": {
+        "on_time": 826217,
+        "ok": 2357,
+        "ttft_met": 1672,
+        "tpot_met": 2313,
+        "token_attainment": 0.6930693650685799,
+        "device_hours": 0.06971938524292084,
+        "sim_end_s": 83.66326229150502
+    }
+}
+
+
+def _trace(name: str):
+    if name == "burst":
+        return burst_trace(0), 8
+    return poisson_trace(3000, 60.0, {"a": "qwen3-8b", "b": "llama3-8b", "c": "qwen3-1.7b"}, seed=4, max_out=800), 3
+
+
+@pytest.mark.parametrize("key", sorted(RECORDED))
+def test_same_run_as_recorded(key):
+    name, policy = key.split("/")
+    tr, devices = _trace(name)
+    c, s = simulate(tr, resolve(tr.models), devices, policy)
+    r = c.outcome()
+    got = {"on_time": int(r.on_time.sum()), "ok": int(r.ok.sum()), "ttft_met": int(r.ttft_met.sum()),
+           "tpot_met": int(r.tpot_met.sum()), "token_attainment": s["token_attainment"],
+           "device_hours": s["device_hours"], "sim_end_s": s["sim_end_s"]}
+    want = RECORDED[key]
+    assert {k: got[k] for k in ("on_time", "ok", "ttft_met", "tpot_met")} == \
+        {k: want[k] for k in ("on_time", "ok", "ttft_met", "tpot_met")}
+    for k in ("token_attainment", "device_hours", "sim_end_s"):
+        assert got[k] == pytest.approx(want[k], rel=1e-12), k
