@@ -1,6 +1,8 @@
 """The simulator's figures for a seed, recorded before its hot paths moved (the per-request
 on-time count to Rust, the prior's m* search, request_slo's view of a run; 2026-12-03, code
-at 58c1791): a faster simulator must give the same run, request for request."""
+at 58c1791): a faster simulator must give the same run, request for request. A deliberate change of
+policy or prior changes these figures: re-record them in the same commit and say why
+(burst/janus's device-hours: the prior counts the LM head on the sampled row only, [O])."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ RECORDED = {
         "ttft_met": 1425,
         "tpot_met": 1425,
         "token_attainment": 0.9588163956087716,
-        "device_hours": 0.12264995815946543,
+        "device_hours": 0.11845894387334528,  # 0.12265 at 58c1791: the prior's prefill FLOPs changed ([O])
         "sim_end_s": 90.60013112645477
     },
     "burst/static": {
