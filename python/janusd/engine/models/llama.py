@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from janusd.engine.models.attention import AttnBatch, paged_attention
+from janusd.engine.models.linear import linear
 from janusd.engine.models.rope import RotaryTable, apply_rotary
 from janusd.engine.types import EngineError
 
@@ -90,7 +91,7 @@ class LlamaModel:
         t = input_ids.shape[0]
         for i, layer in enumerate(self.layers):
             x = rms_norm(h, layer.ln1, self.eps)
-            qkv = F.linear(x, layer.qkv_w, layer.qkv_b)
+            qkv = linear(x, layer.qkv_w, layer.qkv_b)
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = q.view(t, self.nq, self.hd)
             k = k.view(t, self.nkv, self.hd)
@@ -102,12 +103,12 @@ class LlamaModel:
             k = apply_rotary(k, cos, sin)
             kc, vc = kv[i] if kv is not None else (None, None)
             a = paged_attention(q, k, v.contiguous(), kc, vc, meta)
-            h = h + F.linear(a.view(t, self.q_size), layer.o_w)
+            h = h + linear(a.view(t, self.q_size), layer.o_w)
             x = rms_norm(h, layer.ln2, self.eps)
-            gu = F.linear(x, layer.gate_up_w)
-            h = h + F.linear(F.silu(gu[:, : self.inter]) * gu[:, self.inter :], layer.down_w)
+            gu = linear(x, layer.gate_up_w)
+            h = h + linear(F.silu(gu[:, : self.inter]) * gu[:, self.inter :], layer.down_w)
         return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [n, vocab] for the given rows of hidden states."""
-        return F.linear(rms_norm(hidden, self.norm, self.eps), self.lm_head).float()
+        return linear(rms_norm(hidden, self.norm, self.eps), self.lm_head).float()
