@@ -1,5 +1,5 @@
 """The policies' configuration (policy/policy_config.py): documented defaults, decoding
-from TOML the way config.py decodes its sections, clear errors for bad values."""
+from TOML the way janusd.config decodes its sections, clear errors for bad values."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Each policy gets only its own Struct (placement never sees the keep-alive window
 loop periods themselves (30 s slow, 0.5 s fast) are config.ControlConfig's and the
 policies never need them: every window below is in seconds and measured against the
 `now` the caller passes. Defaults are the documented operating point; `ControllerConfig`
-groups them for the daemon's `[control]` section (wired by config.py, not here).
+groups them for the daemon's `[control]` section (wired by config/sections.py, not here).
 
 Out-of-range values fail at construction (msgspec.convert from TOML raises a
 ValidationError naming the field); a cross-field rule (a hysteresis band upside down)

@@ -8,7 +8,7 @@ Shaped like vLLM v1's engine messages: `array_like=True` (positional, small fram
 closed tagged union per direction so an unknown message is a decode error, never code.
 
 Config sections (ModelConfig, EngineConfig) travel as the config Structs themselves:
-config.py sits below wire/ in the import order and is shared by both processes.
+config/ sits below wire/ in the import order and is shared by both processes.
 """
 
 from __future__ import annotations
