@@ -68,6 +68,9 @@ class LlamaModel:
         self.eps = float(arch.rms_norm_eps)
         n_pos = min(max_positions or arch.max_position_embeddings, arch.max_position_embeddings)
         self.rope = RotaryTable(self.hd, float(arch.rope_theta), arch.rope_scaling, n_pos, self.dtype, self.device)
+        # weights still being copied in (an overlapped restore, engine/restore.py Landing): the
+        # forward waits for each layer's group before it uses it; None once all are in
+        self.landing: Any = None
 
     @property
     def weight_bytes_per_token(self) -> int:
@@ -86,10 +89,15 @@ class LlamaModel:
         None for a cache-less forward (prefills only). Returns hidden states [T, hidden]."""
         if int(positions.max()) >= self.rope.max_positions:
             raise EngineError(f"position {int(positions.max())} exceeds the model's {self.rope.max_positions} positions")
+        landing = self.landing
+        if landing is not None:
+            landing.wait(0)
         h = F.embedding(input_ids, self.embed)
         cos, sin = self.rope.lookup(positions)
         t = input_ids.shape[0]
         for i, layer in enumerate(self.layers):
+            if landing is not None:
+                landing.wait(1 + i)
             x = rms_norm(h, layer.ln1, self.eps)
             qkv = linear(x, layer.qkv_w, layer.qkv_b)
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -111,4 +119,8 @@ class LlamaModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [n, vocab] for the given rows of hidden states."""
+        if self.landing is not None:
+            self.landing.wait(len(self.layers) + 1)
+            if self.landing.done:
+                self.landing = None
         return linear(rms_norm(hidden, self.norm, self.eps), self.lm_head).float()
