@@ -71,12 +71,16 @@ class Copier:
     """Chunked copies with several in flight: `streams` threads on cpu (torch's copy
     releases the GIL), async copies on one copy stream on cuda/npu. One per worker."""
 
-    def __init__(self, streams: int = 4, chunk_bytes: int = 64 << 20) -> None:
+    def __init__(self, streams: int = 4, chunk_bytes: int = 64 << 20, nice: int = 0) -> None:
+        """`nice`: how much nicer the threads of an overlapped restore run (copy_in_order;
+        devices.transfer_nice): the forward that waits for their bytes keeps its core."""
         if streams < 1 or chunk_bytes < 1:
             raise EngineError(f"copy streams ({streams}) and chunk size ({chunk_bytes}) must be positive")
         self.streams = streams
         self.chunk_bytes = chunk_bytes
+        self.nice = nice
         self._pool: ThreadPoolExecutor | None = None
+        self._landing_pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
     def _executor(self) -> ThreadPoolExecutor:
@@ -84,6 +88,20 @@ class Copier:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix="janusd-copy")
             return self._pool
+
+    def _landing_executor(self) -> ThreadPoolExecutor:
+        """Threads of overlapped restores: niced by `nice`, which cannot be undone without
+        privileges, hence apart from the plain copies' threads."""
+        if self.nice <= 0:
+            return self._executor()
+        from janusd.lifecycle.transfer import lower_priority
+
+        with self._lock:
+            if self._landing_pool is None:
+                self._landing_pool = ThreadPoolExecutor(
+                    self.streams, thread_name_prefix="janusd-landing",
+                    initializer=lambda: lower_priority([threading.get_native_id()], self.nice))
+            return self._landing_pool
 
     def span_bytes(self, n: int) -> int:
         """The chunk for an n-byte copy: `chunk_bytes`, but small copies are cut into one
@@ -158,7 +176,7 @@ class Copier:
         if dst.device.type != "cpu" or src.device.type != "cpu":
             raise EngineError("an overlapped restore runs on cpu devices only")
         landing = Landing([len(_cut(g, LANDING_SPAN)) for g in groups])
-        pool = self._executor()
+        pool = self._landing_executor()
         for i, g in enumerate(groups):
             for a, b in _cut(g, LANDING_SPAN):
                 pool.submit(landing.run, i, lambda a=a, b=b: dst[a:b].copy_(src[a:b]))
@@ -166,9 +184,10 @@ class Copier:
 
     def close(self) -> None:
         with self._lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False)
-                self._pool = None
+            for pool in (self._pool, self._landing_pool):
+                if pool is not None:
+                    pool.shutdown(wait=False)
+            self._pool = self._landing_pool = None
 
 
 def _cut(ranges: list[tuple[int, int]], most: int) -> list[tuple[int, int]]:
