@@ -33,14 +33,13 @@ def _greedy(de: DeviceEngine) -> list[int]:
 
 
 class HeldCopier(Copier):
-    """A Copier whose copy threads start only when `go` is set (a slow copy, made certain)."""
+    """A Copier whose overlapped copies start only when `go` is set (a slow copy, made certain)."""
 
     def __init__(self) -> None:
         super().__init__(streams=2, chunk_bytes=64 << 10)
         self.go = threading.Event()
-        self._pool = ThreadPoolExecutor(2)
-        for _ in range(2):
-            self._pool.submit(self.go.wait)
+        self._landing_pool = ThreadPoolExecutor(1)
+        self._landing_pool.submit(self.go.wait)
 
 
 @pytest.mark.parametrize("spec", ["demo:llama-tiny", "demo:qwen2-tiny", "demo:qwen3-tiny"])

@@ -71,14 +71,11 @@ class Copier:
     """Chunked copies with several in flight: `streams` threads on cpu (torch's copy
     releases the GIL), async copies on one copy stream on cuda/npu. One per worker."""
 
-    def __init__(self, streams: int = 4, chunk_bytes: int = 64 << 20, nice: int = 0) -> None:
-        """`nice`: how much nicer the threads of an overlapped restore run (copy_in_order;
-        devices.transfer_nice): the forward that waits for their bytes keeps its core."""
+    def __init__(self, streams: int = 4, chunk_bytes: int = 64 << 20) -> None:
         if streams < 1 or chunk_bytes < 1:
             raise EngineError(f"copy streams ({streams}) and chunk size ({chunk_bytes}) must be positive")
         self.streams = streams
         self.chunk_bytes = chunk_bytes
-        self.nice = nice
         self._pool: ThreadPoolExecutor | None = None
         self._landing_pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
@@ -90,17 +87,16 @@ class Copier:
             return self._pool
 
     def _landing_executor(self) -> ThreadPoolExecutor:
-        """Threads of overlapped restores: niced by `nice`, which cannot be undone without
-        privileges, hence apart from the plain copies' threads."""
-        if self.nice <= 0:
-            return self._executor()
-        from janusd.lifecycle.transfer import lower_priority
-
+        """ONE thread for overlapped restores (copy_in_order): the forward runs on the
+        worker's own thread(s) meanwhile, and one memcpy thread already moves bytes at the
+        machine's copy bandwidth when it is quiet (2 GiB: one memcpy 0.143 s, four threads
+        0.153 s; bench/RESULTS.md "restore"), so more threads would only take the forward's
+        core. Not niced: the
+        forward waits for these bytes, so they are on the request's critical path (niced,
+        other processes' work starved them: a 0.5 GB copy took 0.25 s instead of 0.05 s)."""
         with self._lock:
             if self._landing_pool is None:
-                self._landing_pool = ThreadPoolExecutor(
-                    self.streams, thread_name_prefix="janusd-landing",
-                    initializer=lambda: lower_priority([threading.get_native_id()], self.nice))
+                self._landing_pool = ThreadPoolExecutor(1, thread_name_prefix="janusd-landing")
             return self._landing_pool
 
     def span_bytes(self, n: int) -> int:

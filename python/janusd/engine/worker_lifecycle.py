@@ -130,7 +130,7 @@ class Lifecycle:
         self.pd = pd
         self.send = send
         self.drop_requests = drop_requests
-        self.copier = Copier(nice=pd.thread_nice)
+        self.copier = Copier()
         self.busy: set[str] = set()  # models with a SetState in progress
         # Cold models' tokenizers, by model: (image dir, Tokenizer); see _keep_tokenizer
         self.tokenizers: dict[str, tuple[Path, Any]] = {}
@@ -147,7 +147,7 @@ class Lifecycle:
         lc = msg.lifecycle
         if (self.copier.streams, self.copier.chunk_bytes) != (lc.copy_streams, lc.copy_chunk_mib << 20):
             self.copier.close()
-            self.copier = Copier(lc.copy_streams, lc.copy_chunk_mib << 20, self.pd.thread_nice)
+            self.copier = Copier(lc.copy_streams, lc.copy_chunk_mib << 20)
         active = name in self.de.models
         if msg.target == "active":
             if active:
