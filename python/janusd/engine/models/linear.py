@@ -11,6 +11,12 @@ by the instruction set, not the vendor. Both read the weights where they are (th
 segment's views): oneDNN keeps no copy of them between calls (a weight changed in
 place is seen by the next call; tests/test_engine_linear.py).
 
+oneDNN's cost: the first product of each new (rows, weight shape) builds a kernel (~5 ms
+here under load, then kept in oneDNN's primitive cache, 1024 entries by default), so a
+prompt length a worker has not seen yet pays it once per matrix shape (4 per layer kind
+plus the LM head); the ~30 ms a 9-token SmolLM2 prefill saves still outweighs it on that
+first prefill.
+
 The two libraries round differently (float32 sums in another order: ~1e-5 relative), so
 logits differ in the last bits from MKL's; greedy outputs were identical on the tests'
 and SmolLM2's prompts (tests/test_engine_linear.py, test_engine_hf_parity.py).
