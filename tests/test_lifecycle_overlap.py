@@ -153,3 +153,19 @@ def test_leaving_active_while_bytes_land_waits_for_them() -> None:
         copier.close()
     finally:
         de.pool.close()
+
+
+def test_rotary_tables_are_built_once_per_setting_and_equal_a_fresh_build() -> None:
+    """Every restore used to rebuild the cos/sin table (10-13 ms for 8192 positions): now
+    models with the same rotary settings share one, which equals a table built afresh."""
+    from janusd.engine.models import rope
+
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}
+    a = rope.RotaryTable(16, 10000.0, llama3, 128, torch.float32, torch.device("cpu"))
+    b = rope.RotaryTable(16, 10000.0, dict(reversed(list(llama3.items()))), 128, torch.float32, torch.device("cpu"))
+    assert a.cos is b.cos and a.sin is b.sin
+    fresh = rope._cos_sin.__wrapped__(16, 10000.0, llama3, 128, torch.float32, "cpu")
+    assert torch.equal(a.cos, fresh[0]) and torch.equal(a.sin, fresh[1])
+    c = rope.RotaryTable(16, 10000.0, llama3, 256, torch.float32, torch.device("cpu"))
+    assert c.cos.shape == (256, 16) and torch.equal(c.cos[:128], a.cos)
