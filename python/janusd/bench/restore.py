@@ -151,7 +151,9 @@ def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> tuple[
         # H2D: the Copier into a new segment vs one plain copy (one memcpy on one core) of the
         # same bytes into the same resident pages, measured in turns (ABBA order) so both
         # sides see the same moments of a shared machine; small sizes get more turns
-        memcpy, h2d_s, ok = [], [], []
+        memcpy: list[float] = []
+        h2d_s: list[float] = []
+        ok: list[bool] = []
         for r in range(_turns(n, args.repeats)):
             seg = fresh(n)
             dst = seg.tensor()[:n]

@@ -74,9 +74,10 @@ class RotaryTable:
             key = json.dumps(scaling or None, sort_keys=True)
         except TypeError:  # settings JSON cannot hold: build this one apart
             key = None
-        build = _cos_sin if key is not None else _cos_sin.__wrapped__
-        self.cos, self.sin = build(head_dim, float(theta), key if key is not None else scaling, max_positions, dtype,
-                                   str(device))
+        if key is not None:
+            self.cos, self.sin = _cos_sin(head_dim, float(theta), key, max_positions, dtype, str(device))
+        else:
+            self.cos, self.sin = _cos_sin.__wrapped__(head_dim, float(theta), scaling, max_positions, dtype, str(device))
         self.max_positions = max_positions
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -170,9 +170,10 @@ def landing_groups(plan: WeightPlan, num_layers: int) -> list[list[tuple[int, in
         groups[g].append((slot.offset, slot.offset + math.prod(slot.shape) * elt))
     # an alignment gap (< ALIGN bytes) goes with the range before it, not as a piece of its own
     taken = sorted((a, b, g) for g, rs in enumerate(groups) for a, b in rs)
-    for g in groups:
-        g.clear()
-    rest, at = [], 0
+    for rs in groups:
+        rs.clear()
+    rest: list[tuple[int, int]] = []
+    at = 0
     for k, (a, b, g) in enumerate(taken):
         if a > at:
             rest.append((at, a))
