@@ -227,10 +227,15 @@ class DeviceEngine:
             with self._lock:
                 self._building.discard(name)
             raise
-        if later:
-            assert host.buf is not None
-            me.model.landing = copier.copy_in_order(later[0], host.buf,
-                                                    landing_groups(host.plan, host.checkpoint.arch.num_hidden_layers))
+        if later and host.buf is not None:
+            try:
+                me.model.landing = copier.copy_in_order(
+                    later[0], host.buf, landing_groups(host.plan, host.checkpoint.arch.num_hidden_layers))
+            except BaseException:  # nothing started: free what was built, as a failed build does
+                self.release(me, None, keep_host=False)
+                with self._lock:
+                    self._building.discard(name)
+                raise
             phases["prepare"] = phases.get("prepare", 0.0) + marks["prepare"]
             phases["restore"] = time.perf_counter() - t0 - marks["prepare"]
             return me
