@@ -21,6 +21,9 @@ MODELS = """
 [engine]
 kv_wait_timeout_s = 0.0
 
+[lifecycle]
+overlap_restore = true
+
 [[models]]
 name = "demo-llama"
 checkpoint = "demo:llama-tiny"
