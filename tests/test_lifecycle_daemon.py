@@ -1,6 +1,7 @@
 """Active / Warm / Cold through a real daemon (issue [L]): start states from config,
 `ctl state` round trips with identical greedy outputs and per-phase timings, requests
-for a Warm or Cold model held and served (scale to zero), an out-of-memory wake-up that
+for a Warm or Cold model held and served (scale to zero; a Warm one's restore overlapped
+with the request's prefill), an out-of-memory wake-up that
 rolls back, freeing back to the pool's baseline with the worker's RSS flat, a co-located
 model's stream undisturbed, D2D fork, and the metrics. One daemon for the module; tests
 run in file order (each leaves the instances as the next expects)."""
@@ -19,6 +20,9 @@ from janusd.wire import admin_msgs as am
 MODELS = """
 [engine]
 kv_wait_timeout_s = 0.0
+
+[lifecycle]
+overlap_restore = true
 
 [[models]]
 name = "demo-llama"
@@ -114,6 +118,23 @@ def test_warm_and_cold_round_trips_give_identical_outputs(daemon):
     _, _, text = daemon.http("GET", "/metrics")
     assert 'janusd_lifecycle_phase_seconds_count{model="demo-llama",op="activate",phase="transfer"} 2.0' in text
     assert 'janusd_lifecycle_ops_total{model="demo-llama",op="deactivate",outcome="ok"} 2.0' in text
+
+
+def test_request_waking_a_warm_model_overlaps_the_copy_and_gives_the_same_output(daemon):
+    """lifecycle.overlap_restore (on by default): the waking request's prefill runs while
+    the weights land layer by layer; its output is the Active instance's."""
+    status, ref = complete(daemon, "demo-llama")
+    assert status == 200 and ref
+    ctl_ok(daemon, am.StateReq("demo-llama", 0, "warm"))
+    assert {states(daemon)[("demo-llama", d)] for d in (0, 1)} == {"warm"}
+    assert complete(daemon, "demo-llama") == (200, ref)
+    s = states(daemon)
+    assert "active" in (s[("demo-llama", 0)], s[("demo-llama", 1)])
+    _, _, text = daemon.http("GET", "/metrics")
+    # the wake's H2D answered before its copy ended: a restore phase, no transfer phase
+    assert 'janusd_lifecycle_phase_seconds_count{model="demo-llama",op="activate",phase="restore"} 3.0' in text
+    assert 'janusd_lifecycle_phase_seconds_count{model="demo-llama",op="activate",phase="transfer"} 2.0' in text
+    assert complete(daemon, "demo-llama") == (200, ref)
 
 
 def test_request_for_a_cold_model_is_held_and_served(daemon):

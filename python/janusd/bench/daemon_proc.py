@@ -71,7 +71,8 @@ def stream_completion(port: int, model: str, prompt: str, max_tokens: int,
                       on_token: Any = None) -> tuple[list[float], str, int]:
     """One greedy streamed completion (ignore_eos): the arrival time of each token event
     (s after sending), the whole text and the prompt's token count. `on_token(n)` is
-    called as the n-th token event arrives; an HTTP or stream error raises RuntimeError."""
+    called as the n-th token event arrives (returning True stops reading: the connection
+    closes and the daemon cancels the request); an HTTP or stream error raises RuntimeError."""
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
@@ -93,7 +94,7 @@ def stream_completion(port: int, model: str, prompt: str, max_tokens: int,
             if ev.get("choices"):
                 times.append(time.perf_counter() - t0)
                 text.append(ev["choices"][0]["text"])
-                if on_token is not None:
-                    on_token(len(times))
+                if on_token is not None and on_token(len(times)):
+                    break  # the caller has what it needs: closing the connection cancels the request
     conn.close()
     return times, "".join(text), prompt_tokens

@@ -8,8 +8,9 @@ each `*_fresh_pages_*` figure is the same operation on pages given back to the O
 a pool without a resident zone has them after a model went Cold (the kernel zeroes every
 4 KiB page on first touch):
 - H2D: a weight segment filled from a host copy by engine/restore.Copier (chunks, several
-  in flight), against one plain copy of the same bytes into resident memory
-  (`h2d_vs_memcpy` = memcpy time / restore time);
+  in flight), against one plain copy of the same bytes into the same resident pages, the
+  two timed in turns (ABBA), 3 to 15 turns by size, medians (`h2d_vs_memcpy` = memcpy
+  time / restore time);
 - D2D: engine/worker_lifecycle.pull_segment (match the pieces, chunked batch read over
   Mooncake, sampled checksums) from a peer process into a new segment, against a raw
   Mooncake read of the same bytes from the same peer into the same kind of segment
@@ -23,8 +24,9 @@ default) on two cpu devices:
   transfer and first-token phases: everything but moving bytes and the first token;
 - `source_tpot_p99_increase_pct`: the p99 inter-token gap of a stream on the source
   device over the tokens that arrived while forks to the other device ran, against the
-  same stream's gaps before (`devices.transfer_nice` and `lifecycle.fork_bandwidth_mib_s`
-  from --transfer-nice / --fork-bandwidth-mib-s);
+  same stream's gaps in the quiet stretches before each fork and after the last
+  (`devices.transfer_nice` and `lifecycle.fork_bandwidth_mib_s` from --transfer-nice /
+  --fork-bandwidth-mib-s);
 - `warm_first_token_s` / `cold_first_token_s`: a request to the model while its only
   instances are Warm / Cold, sent to the first streamed token (the request wakes one);
 - `cold_rss_after_mib`: the worker's RSS once the model is Cold on its device, and
@@ -62,7 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-mib", type=int, default=64, help="chunk size")
     p.add_argument("--checkpoint", default="builtin:smollm2-135m-instruct", help="model for the daemon part")
     p.add_argument("--no-daemon", action="store_true", help="synthetic segments only")
-    p.add_argument("--forks", type=int, default=3, help="forks during the source stream")
+    p.add_argument("--forks", type=int, default=6, help="forks during the source stream")
+    p.add_argument("--tpot-quiet-tokens", type=int, default=60,
+                   help="tokens the source streams with no fork before each fork and after the last")
     p.add_argument("--cache-dir", default=None, help="checkpoint cache dir (default: the config default)")
     p.add_argument("--torch-threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--transfer-nice", type=int, default=None, help="devices.transfer_nice (default: the config's)")
@@ -79,6 +83,12 @@ def _median(xs: list[float]) -> float:
 def _p99(xs: list[float]) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(0.99 * len(s)))] if s else float("nan")
+
+
+def _turns(nbytes: int, repeats: int) -> int:
+    """Timed turns for a copy of nbytes: `repeats`, more for small copies (a 64 MiB copy
+    takes ~4 ms, where one scheduling hiccup moves a median of 3), at most 15."""
+    return max(repeats, min(15, repeats * (1 << 30) // max(nbytes, 1)))
 
 
 def _fill(t: torch.Tensor) -> None:
@@ -138,27 +148,36 @@ def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> tuple[
         row: dict[str, Any] = {"mib": n >> 20}
         host = torch.empty(n, dtype=torch.uint8)
         _fill(host)
-        # H2D: the Copier into a new segment vs one plain copy into resident memory
-        seg = fresh(n)
-        dst = seg.tensor()[:n]
-        dst.copy_(host)
-        memcpy = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            dst.copy_(host)
-            memcpy.append(time.perf_counter() - t0)
-        del dst
-        drop(seg)
-        ok = []
+        # H2D: the Copier into a new segment vs one plain copy (one memcpy on one core) of the
+        # same bytes into the same resident pages, measured in turns (ABBA order) so both
+        # sides see the same moments of a shared machine; small sizes get more turns
+        memcpy: list[float] = []
+        h2d_s: list[float] = []
+        ok: list[bool] = []
+        for r in range(_turns(n, args.repeats)):
+            seg = fresh(n)
+            dst = seg.tensor()[:n]
+            if r == 0:
+                dst.copy_(host)  # warm-up
+            for side in (("memcpy", "h2d") if r % 2 == 0 else ("h2d", "memcpy")):
+                t0 = time.perf_counter()
+                if side == "memcpy":
+                    dst.copy_(host)
+                else:
+                    copier.copy(dst, host)
+                (memcpy if side == "memcpy" else h2d_s).append(time.perf_counter() - t0)
+            dst.zero_()
+            copier.copy(dst, host)
+            ok.append(torch.equal(dst[n - (1 << 20):], host[n - (1 << 20):]) and torch.equal(dst[: 1 << 20], host[: 1 << 20]))
+            del dst
+            drop(seg)
 
         def h2d(seg: Any) -> None:
             copier.copy(seg.tensor()[:n], host)
-            ok.append(torch.equal(seg.tensor()[n - (1 << 20): n], host[n - (1 << 20):]))
 
-        h2d_s = [timed(h2d, False, n) for _ in range(args.repeats)]
         fresh_h2d = [timed(h2d, True, n) for _ in range(args.fresh_repeats)]
-        row.update(memcpy_s=_median(memcpy), h2d_s=_median(h2d_s), h2d_vs_memcpy=_median(memcpy) / _median(h2d_s),
-                   h2d_fresh_pages_s=_median(fresh_h2d),
+        row.update(turns=len(h2d_s), memcpy_s=_median(memcpy), h2d_s=_median(h2d_s),
+                   h2d_vs_memcpy=_median(memcpy) / _median(h2d_s), h2d_fresh_pages_s=_median(fresh_h2d),
                    h2d_fresh_pages_vs_memcpy=_median(memcpy) / _median(fresh_h2d), h2d_bytes_ok=all(ok))
         # Cold: the image file read into a new segment vs a sequential read() of the same file
         path = work / f"image-{n >> 20}.bin"
@@ -245,7 +264,7 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
             + (f"transfer_nice = {args.transfer_nice}\n" if args.transfer_nice is not None else "")
             + (f"[lifecycle]\nfork_bandwidth_mib_s = {args.fork_bandwidth_mib_s}\n"
                if args.fork_bandwidth_mib_s is not None else "")
-            + f'[[models]]\nname = "m"\ncheckpoint = "{args.checkpoint}"\nkv_cache_mib = 256\n'
+            + f'[[models]]\nname = "m"\ncheckpoint = "{args.checkpoint}"\nkv_cache_mib = 256\nmax_model_len = 4096\n'
             f"ttft_slo_ms = 600000.0\ntpot_slo_ms = 600000.0\ndevices = [0, 1]\ncold_devices = [1]\n")
     proc, port = daemon_proc.start(text, run_dir, args.torch_threads, {"m": 1})
     from janusd.config import DevicesConfig, LifecycleConfig
@@ -270,38 +289,63 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
             phases.append(r["phases"])
         out["control_overhead_ms"] = round(_median(overhead) * 1e3, 2)
         out["warm_restore_phases_s"] = phases[-1]
-        # source TPOT p99 before vs during forks 0 -> 1 (device 1 back to Cold after each):
-        # "during" = the gaps of tokens that arrived while a fork ran
-        n_before, n_total = 80, 80 + 150 * args.forks
-        started = threading.Event()
+        # source TPOT p99 without vs during forks 0 -> 1 (device 1 back to Cold after each):
+        # "during" = the gaps of tokens that arrived while a fork ran, "quiet" = the gaps that
+        # lay wholly in the `--tpot-quiet-tokens` before each fork and after the last one. A p99
+        # needs hundreds of gaps on each side (over ~160, one slow token decided it), and
+        # interleaving keeps both sides at the same context lengths (a decode's KV gather grows
+        # with it) and the same moments of a shared machine
+        quiet_n = args.tpot_quiet_tokens
+        n_total = min(20 + (quiet_n + 400) * args.forks + quiet_n, 4000)
+        seen = [0]
+        cv = threading.Condition()
+        stop = threading.Event()
         t_send: list[float] = []
 
-        def on_token(i: int) -> None:
-            if i == n_before:
-                started.set()
+        def on_token(i: int) -> bool:
+            with cv:
+                seen[0] = i
+                cv.notify_all()
+            return stop.is_set()
 
         res: dict[str, list[float]] = {}
 
         def source_stream() -> None:
             t_send.append(time.perf_counter())
-            res["t"] = _stream(port, "m", n_total, on_token)
+            try:
+                res["t"] = _stream(port, "m", n_total, on_token)
+            finally:
+                with cv:
+                    cv.notify_all()
+
+        def tokens(k: int) -> tuple[float, float]:
+            """Wait until k more tokens arrived; the (start, end) of the wait, stream time."""
+            with cv:
+                t0, target = time.perf_counter() - t_send[0], seen[0] + k
+                if not cv.wait_for(lambda: seen[0] >= target or not th.is_alive(), 600) or seen[0] < target:
+                    raise RuntimeError("the source stream ended before the forks did: raise its length")
+            return t0, time.perf_counter() - t_send[0]
 
         th = threading.Thread(target=source_stream)
         th.start()
-        started.wait(600)
-        fork_rows, windows = [], []
+        while not t_send:
+            time.sleep(0.001)
+        tokens(20)  # warm-up
+        fork_rows, windows, quiet = [], [], []
         for _ in range(args.forks):
+            quiet.append(tokens(quiet_n))
             t0 = time.perf_counter() - t_send[0]
             fork_rows.append(_ctl(sock, am.ForkReq("m", 0, 1)))
             windows.append((t0, time.perf_counter() - t_send[0]))
             _ctl(sock, am.StateReq("m", 1, "cold"))
+        quiet.append(tokens(quiet_n))
+        stop.set()
         th.join(600)
         times = res["t"]
         gaps = [(b, b - a) for a, b in zip(times, times[1:])]
-        before = [g for _, g in gaps[5:n_before - 1]]
+        before = [g for t, g in gaps if any(a <= t - g and t <= b for a, b in quiet)]
         during = [g for t, g in gaps if any(a <= t <= b for a, b in windows)]
-        if times[-1] < windows[-1][1]:
-            raise RuntimeError("the source stream ended before the forks did: raise its length")
+        out["source_tokens_quiet"] = len(before)
         out["source_tpot_p99_before_ms"] = round(_p99(before) * 1e3, 2)
         out["source_tpot_p99_during_ms"] = round(_p99(during) * 1e3, 2)
         out["source_tokens_during_forks"] = len(during)

@@ -191,6 +191,9 @@ class LifecycleConfig(_Section):
     # a model that goes Cold keeps its tokenizer on that worker (tens of MB, no weights):
     # building it again from the image holds the GIL for 0.2-0.4 s (SmolLM2), most of a Cold start
     cold_keeps_tokenizer: bool = True
+    # a request that wakes a Warm instance starts its prefill while the weights are still
+    # copied in (cpu devices: layer by layer as each lands); false: after the whole copy
+    overlap_restore: bool = True
 
 
 class OracleConfig(_Section):

@@ -24,8 +24,8 @@ import torch
 
 from janusd.engine.kv_cache import PagedKVCache
 from janusd.engine.models.llama import LlamaModel
-from janusd.engine.models.weights import materialize, plan_weights
-from janusd.engine.restore import Copier, HostCopy, host_buffer, plain_view, sync_device, trim_heap
+from janusd.engine.models.weights import landing_groups, materialize, plan_weights
+from janusd.engine.restore import Copier, HostCopy, host_buffer, plain_view, sync_device, trim_heap, wait_landed
 from janusd.engine.runner import ModelEngine, torch_dtype
 from janusd.engine.types import EngineError, StepOutput
 
@@ -188,13 +188,17 @@ class DeviceEngine:
         return HostCopy(model_cfg.name, model_cfg, engine_cfg, ck, plan, buf, pinned)
 
     def restore_model(self, host: HostCopy, copier: Copier, phases: dict[str, float], model_cfg: Any = None,
-                      engine_cfg: Any = None) -> ModelEngine:
+                      engine_cfg: Any = None, overlap: bool = False) -> ModelEngine:
         """Warm -> Active by H2D: a fresh segment, the host bytes copied in chunks, the views
         rebuilt at the plan's offsets. `phases` gets prepare / transfer / restore seconds.
         `model_cfg` / `engine_cfg`: what this activation asked for (SetState's), else the
         host copy's: the weights are the same, but an elastic P/D instance may come back
         in another engine role than the one its copy was made in (policy/roles.py).
-        Run like build_model (off the stepping thread), then register()."""
+        Run like build_model (off the stepping thread), then register().
+
+        `overlap` (cpu, from a host buffer): return once the model is built and the copy has
+        started, layer by layer in the forward's order; the forward waits for each layer's
+        bytes (restore.Copier.copy_in_order). No `transfer` phase then: it runs on."""
         name = host.name
         with self._lock:
             if name in self.models or name in self._building:
@@ -202,12 +206,16 @@ class DeviceEngine:
             self._building.add(name)
         t0 = time.perf_counter()
         marks = {"prepare": 0.0, "transfer": 0.0}
+        overlap = overlap and host.buf is not None and self.device.type == "cpu"
+        later: list[torch.Tensor] = []  # an overlapped copy starts once nothing of the build can fail
 
         def fill(seg: Any) -> dict[str, torch.Tensor]:
             t1 = time.perf_counter()
             marks["prepare"] = t1 - t0
             dst = seg.tensor()[: host.nbytes]
-            if host.buf is not None:
+            if overlap:
+                later.append(dst)
+            elif host.buf is not None:
                 marks["transfer"] = copier.copy(dst, host.buf)
             elif host.file is not None:
                 marks["transfer"] = copier.read_file(dst, host.file)
@@ -223,6 +231,18 @@ class DeviceEngine:
             with self._lock:
                 self._building.discard(name)
             raise
+        if later and host.buf is not None:
+            try:
+                me.model.landing = copier.copy_in_order(
+                    later[0], host.buf, landing_groups(host.plan, host.checkpoint.arch.num_hidden_layers))
+            except BaseException:  # nothing started: free what was built, as a failed build does
+                self.release(me, None, keep_host=False)
+                with self._lock:
+                    self._building.discard(name)
+                raise
+            phases["prepare"] = phases.get("prepare", 0.0) + marks["prepare"]
+            phases["restore"] = time.perf_counter() - t0 - marks["prepare"]
+            return me
         phases["prepare"] = phases.get("prepare", 0.0) + marks["prepare"]
         phases["transfer"] = phases.get("transfer", 0.0) + marks["transfer"]
         phases["restore"] = time.perf_counter() - marks.get("after", t0)
@@ -251,6 +271,7 @@ class DeviceEngine:
         this VM, several times slower than memcpy; `janus bench restore`)."""
         name = me.name
         pl: Placement = me.placement  # type: ignore[attr-defined]
+        wait_landed(me.model)  # an overlapped restore's copy may still be writing the segment
         sync_device(me.device)  # no kernel of this model may still touch the memory
         host = None
         seconds = 0.0

@@ -222,6 +222,12 @@ class Lifecycle:
             self.pd.ensure()  # the global region registered with Mooncake (once per worker)
         except Exception as e:
             return wm.ErrorReply(msg.seq, f"cannot serve a fork: the transfer engine failed: {e}", "internal")
+        landing = me.model.landing  # restored overlapped and still landing: publish whole bytes only
+        if landing is not None:
+            try:
+                landing.wait_all()
+            except Exception as e:
+                return wm.ErrorReply(msg.seq, f"cannot serve a fork: {e}", "internal")
         pl = me.placement
         n = pl.plan.total_bytes
         blocks = sample_blocks(n, msg.verify_blocks, msg.verify_block_bytes)
@@ -300,7 +306,10 @@ class Lifecycle:
         return HostCopy(msg.model.name, msg.model, msg.engine, ck, plan, None, file=ck.root / "weights.bin")
 
     def _leave(self, msg: wm.SetState, me: Any) -> Done:
+        from janusd.engine.restore import wait_landed
+
         t0 = time.perf_counter()
+        wait_landed(me.model)  # restored overlapped: every byte in before any is copied out
         keep = msg.target == "warm"
         if not keep:  # the last chance to keep a converted image of what leaves the device
             pl = me.placement
@@ -357,8 +366,9 @@ class Lifecycle:
                 fallback = f"{type(e).__name__}: {e}"
                 _log(f"fork of {name} failed, falling back to {'H2D' if host else 'a cold start'}: {fallback}")
                 phases.clear()
-        if me is None and host is not None:
-            me = self.de.restore_model(host, self.copier, phases, msg.model, msg.engine)  # SetState's role
+        if me is None and host is not None:  # SetState's role; a waking request (no probe) may start while the bytes land
+            me = self.de.restore_model(host, self.copier, phases, msg.model, msg.engine,
+                                       overlap=msg.lifecycle.overlap_restore and not msg.probe)
             path = "h2d"
         if me is None:  # Cold: the converted image, else the checkpoint read into a host copy; then H2D
             from janusd.engine.checkpoint.base import CheckpointError

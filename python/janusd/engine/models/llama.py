@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from janusd.engine.models.attention import AttnBatch, paged_attention
+from janusd.engine.models.linear import linear
 from janusd.engine.models.rope import RotaryTable, apply_rotary
 from janusd.engine.types import EngineError
 
@@ -67,6 +68,9 @@ class LlamaModel:
         self.eps = float(arch.rms_norm_eps)
         n_pos = min(max_positions or arch.max_position_embeddings, arch.max_position_embeddings)
         self.rope = RotaryTable(self.hd, float(arch.rope_theta), arch.rope_scaling, n_pos, self.dtype, self.device)
+        # weights still being copied in (an overlapped restore, engine/restore.py Landing): the
+        # forward waits for each layer's group before it uses it; None once all are in
+        self.landing: Any = None
 
     @property
     def weight_bytes_per_token(self) -> int:
@@ -85,12 +89,17 @@ class LlamaModel:
         None for a cache-less forward (prefills only). Returns hidden states [T, hidden]."""
         if int(positions.max()) >= self.rope.max_positions:
             raise EngineError(f"position {int(positions.max())} exceeds the model's {self.rope.max_positions} positions")
+        landing = self.landing
+        if landing is not None:
+            landing.wait(0)
         h = F.embedding(input_ids, self.embed)
         cos, sin = self.rope.lookup(positions)
         t = input_ids.shape[0]
         for i, layer in enumerate(self.layers):
+            if landing is not None:
+                landing.wait(1 + i)
             x = rms_norm(h, layer.ln1, self.eps)
-            qkv = F.linear(x, layer.qkv_w, layer.qkv_b)
+            qkv = linear(x, layer.qkv_w, layer.qkv_b)
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = q.view(t, self.nq, self.hd)
             k = k.view(t, self.nkv, self.hd)
@@ -102,12 +111,16 @@ class LlamaModel:
             k = apply_rotary(k, cos, sin)
             kc, vc = kv[i] if kv is not None else (None, None)
             a = paged_attention(q, k, v.contiguous(), kc, vc, meta)
-            h = h + F.linear(a.view(t, self.q_size), layer.o_w)
+            h = h + linear(a.view(t, self.q_size), layer.o_w)
             x = rms_norm(h, layer.ln2, self.eps)
-            gu = F.linear(x, layer.gate_up_w)
-            h = h + F.linear(F.silu(gu[:, : self.inter]) * gu[:, self.inter :], layer.down_w)
+            gu = linear(x, layer.gate_up_w)
+            h = h + linear(F.silu(gu[:, : self.inter]) * gu[:, self.inter :], layer.down_w)
         return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [n, vocab] for the given rows of hidden states."""
-        return F.linear(rms_norm(hidden, self.norm, self.eps), self.lm_head).float()
+        if self.landing is not None:
+            self.landing.wait(len(self.layers) + 1)
+            if self.landing.done:
+                self.landing = None
+        return linear(rms_norm(hidden, self.norm, self.eps), self.lm_head).float()

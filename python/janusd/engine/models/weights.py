@@ -148,3 +148,50 @@ def plain_buffer_view(total_bytes: int, device: torch.device | str = "cpu") -> C
         return buf[offset : offset + math.prod(shape) * elt].view(dtype).view(shape)
 
     return view
+
+
+def landing_groups(plan: WeightPlan, num_layers: int) -> list[list[tuple[int, int]]]:
+    """The segment's bytes as (start, end) ranges in the order the forward reads them:
+    group 0 the embedding, group 1 + i layer i, the last group everything else (the final
+    norm, an untied LM head, alignment gaps), so that together they cover [0, total_bytes).
+    An overlapped restore copies them in this order and the forward waits for group k
+    only before it uses it (restore.Copier.copy_in_order, LlamaModel.forward)."""
+    elt = torch.empty((), dtype=plan.dtype).element_size()
+    groups: list[list[tuple[int, int]]] = [[] for _ in range(num_layers + 2)]
+    for name, slot in plan.slots.items():
+        if slot.parent is not None:
+            continue  # inside its fused parent's bytes
+        if name == "model.embed_tokens.weight":
+            g = 0
+        elif name.startswith("model.layers."):
+            g = 1 + int(name.split(".")[2])
+        else:
+            continue
+        groups[g].append((slot.offset, slot.offset + math.prod(slot.shape) * elt))
+    # an alignment gap (< ALIGN bytes) goes with the range before it, not as a piece of its own
+    taken = sorted((a, b, g) for g, rs in enumerate(groups) for a, b in rs)
+    for rs in groups:
+        rs.clear()
+    rest: list[tuple[int, int]] = []
+    at = 0
+    for k, (a, b, g) in enumerate(taken):
+        if a > at:
+            rest.append((at, a))
+        nxt = taken[k + 1][0] if k + 1 < len(taken) else plan.total_bytes
+        end = nxt if 0 < nxt - b < ALIGN else b
+        groups[g].append((a, end))
+        at = max(at, end)
+    if at < plan.total_bytes:
+        rest.append((at, plan.total_bytes))
+    groups[-1] = rest
+    return [_merge(g) for g in groups]
+
+
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out

@@ -1,0 +1,42 @@
+"""The forward's matrix products: which library computes `x @ w.T + b` on cpu.
+
+Why not plain F.linear everywhere: for float32 on cpu torch calls MKL's sgemm, and on the
+project's AMD EPYC (Zen 4, AVX-512) MKL 2024.0 runs a product of a few rows (a short
+prefill, a small decode batch) far below the machine's speed: 9 rows x 30 gate/up
+matrices of SmolLM2 took 43 ms against 33 ms through oneDNN (torch's mkldnn
+inner product on the same dense, row-major weights, no reordered copy), 2 rows 26 vs 15
+ms; one row (a single sequence's decode, a gemv) is as fast either way, so it keeps MKL
+(`janus bench restore` / bench/RESULTS.md "restore", issue 14). oneDNN picks its kernels
+by the instruction set, not the vendor. Both read the weights where they are (the
+segment's views): oneDNN keeps no copy of them between calls (a weight changed in
+place is seen by the next call; tests/test_engine_linear.py).
+
+oneDNN's cost: the first product of each new (rows, weight shape) builds a kernel (~5 ms
+here under load, then kept in oneDNN's primitive cache, 1024 entries by default), so a
+prompt length a worker has not seen yet pays it once per matrix shape (4 per layer kind
+plus the LM head); the ~30 ms a 9-token SmolLM2 prefill saves still outweighs it on that
+first prefill.
+
+The two libraries round differently (float32 sums in another order: ~1e-5 relative), so
+logits differ in the last bits from MKL's; greedy outputs were identical on the tests'
+and SmolLM2's prompts (tests/test_engine_linear.py, test_engine_hf_parity.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+_ONEDNN = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+
+
+def onednn_available() -> bool:
+    return _ONEDNN is not None
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x [rows, in] @ w[out, in].T (+ b): oneDNN for 2+ float32 rows on cpu, else F.linear."""
+    if (_ONEDNN is not None and x.dim() == 2 and x.shape[0] > 1 and x.dtype == torch.float32
+            and w.dtype == torch.float32 and x.device.type == "cpu"):
+        return _ONEDNN(x, w, b, "none", [], "")
+    return F.linear(x, w, b)
