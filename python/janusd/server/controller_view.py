@@ -4,15 +4,30 @@ plans, pools, keep-alive decisions, operations in flight and recent ones)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from typing import Any, Protocol
 
-from janusd.policy.snapshot import AppCount
+from janusd.policy.snapshot import AppCount, RolePlan, ScalingPlan
+from janusd.server.controller_ops import ControllerHost, Done, Op
+from janusd.server.steady import SteadyExecutor
 
-if TYPE_CHECKING:
-    from janusd.server.controller import Controller
+
+class PlanSource(Protocol):
+    """What the view reads of server/controller.py's Controller (named here, not imported:
+    no import circle in server/)."""
+
+    host: ControllerHost
+    last_scaling: ScalingPlan | None
+    roles: dict[str, RolePlan]
+    steady: SteadyExecutor
+    last_pools: list[dict[str, Any]]
+    last_keepalive: list[dict[str, Any]]
+    in_flight: dict[tuple[str, int], tuple[Op, float]]
+    recent: deque[Done]
+    overruns: dict[str, int]
 
 
-def _roles_view(ctl: Controller, a: AppCount) -> dict[str, Any]:
+def _roles_view(ctl: PlanSource, a: AppCount) -> dict[str, Any]:
     """A P/D app's split and each instance's role and state now (`ctl plan`)."""
     m = ctl.host.core.registry.models.get(a.app)
     if m is None or not m.pd:
@@ -25,7 +40,7 @@ def _roles_view(ctl: Controller, a: AppCount) -> dict[str, Any]:
                      for o in (plan.held if plan else ())]}
 
 
-def plan_view(ctl: Controller, now: float) -> dict[str, Any]:
+def plan_view(ctl: PlanSource, now: float) -> dict[str, Any]:
     """`janus ctl plan`: elastic counts with m* and the budget, keep-alive decisions,
     operations in flight and recent ones with their timings and reasons."""
     sp = ctl.last_scaling
