@@ -64,7 +64,8 @@ from janusd.server.controller_ops import serving as _serving
 from janusd.server.controller_roles import measured_prefill_share, meet_roles
 from janusd.server.controller_traffic import ArrivalHistory
 from janusd.server.controller_view import plan_view
-from janusd.server.steady import SteadyExecutor, placed_by_controller
+from janusd.server.steady import SteadyExecutor
+from janusd.server.steady_snapshot import placed_by_controller
 
 __all__ = ["Controller", "ControllerHost", "Op", "Predictor"]
 

@@ -14,7 +14,8 @@ from janusd.core.registry import Model
 from janusd.core.requests import Request
 from janusd.lifecycle.states import RESTORABLE
 from janusd.server.controller_ops import Op, serving
-from janusd.server.steady import SteadyExecutor, pool_devices
+from janusd.server.steady import SteadyExecutor
+from janusd.server.steady_snapshot import pool_devices
 
 InFlight = Mapping[tuple[str, int], tuple[Op, float]]
 

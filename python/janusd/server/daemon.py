@@ -42,7 +42,7 @@ from janusd.server.openai_types import Parsed
 from janusd.server.controller import Controller
 from janusd.server.oracle_refit import OracleRefit
 from janusd.server.restart_policy import RestartBudget
-from janusd.server.steady import added_placement, first_placement
+from janusd.server.steady_start import added_placement, first_placement
 from janusd.server.workers import Liveness, WorkerError, WorkerHandle
 from janusd.telemetry import Telemetry
 from janusd.wire import worker_msgs as wm
