@@ -57,6 +57,7 @@ from janusd.policy.demand import elastic_demand
 from janusd.policy.keepalive import residency
 from janusd.policy.scaling import scale
 from janusd.policy.snapshot import AppCount, AppPool, AppTraffic, ElasticApp, RolePlan, ScalingPlan, ScalingState
+from janusd.server.controller_counts import meet_count
 from janusd.server.controller_extras import free_elastic_devices, meet_extras, prune_extras
 from janusd.server.controller_keepalive import activity, keepalive_ops
 from janusd.server.controller_ops import ControllerHost, Done, Op, Predictor
@@ -78,8 +79,8 @@ def _log(msg: str, level: int = logging.INFO) -> None:
 
 class Controller:
     """The two loops, their state between ticks and the operations in flight; the plans'
-    helpers live beside it (controller_traffic, controller_roles, controller_extras,
-    controller_keepalive) and `ctl plan`'s view in controller_view."""
+    helpers live beside it (controller_traffic, controller_counts, controller_roles,
+    controller_extras, controller_keepalive) and `ctl plan`'s view in controller_view."""
 
     def __init__(self, host: ControllerHost, clock: Callable[[], float] = time.monotonic,
                  on_op: Callable[[str, str], None] = lambda op, outcome: None,
@@ -208,7 +209,8 @@ class Controller:
             elif models[a.app].pd:
                 ops += self._meet_roles(models[a.app], a, why)
             else:
-                ops += self._meet(models[a.app], max(1, a.count), why)
+                ops += meet_count(models[a.app], max(1, a.count), why, self.in_flight,
+                                  self.host.core.requests.on_device, self.steady)
         return ops
 
     def _prefill_share(self, m: Model, load: LoadFeatures) -> float:
@@ -220,35 +222,6 @@ class Controller:
         the role plan is kept for `ctl plan`."""
         plan, ops = meet_roles(m, count, reason, self.in_flight, self.host.core.requests.on_device)
         self.roles[m.name] = plan
-        return ops
-
-    def _meet(self, m: Model, count: int, reason: str) -> list[Op]:
-        """Operations that bring model `m` to `count` serving instances, none of them on an
-        instance with an operation in flight."""
-        insts = sorted(m.instances.values(), key=lambda i: i.device)
-        pending = {d: op.target for (name, d), (op, _) in self.in_flight.items() if name == m.name}
-        free = [i for i in insts if i.device not in pending]
-        # an operation in flight counts as done: its instance is (about to be) where it goes
-        serving = sum(1 for i in insts if pending.get(i.device, "active" if _serving(i) else "") == "active")
-        ops: list[Op] = []
-        if serving < count:
-            # Warm before Cold (less to move), then the lowest device
-            for i in sorted((i for i in free if i.state in RESTORABLE), key=lambda i: (i.state is S.COLD, i.device)):
-                if serving >= count:
-                    break
-                ops.append(Op(m.name, i.device, "active", f"scale out: {reason}"))
-                serving += 1
-        elif serving > count:
-            busy = self.host.core.requests.on_device
-            active = [i for i in free if i.state is S.ACTIVE]
-            steady = self.steady.managed_devices()
-            # one on a device the steady pool took goes first, then the one with the least
-            # work in flight (its drain is shortest)
-            for i in sorted(active, key=lambda i: (i.device not in steady, len(busy(i.device)), -i.device)):
-                if serving <= max(count, 1):  # never below one Active instance
-                    break
-                ops.append(Op(m.name, i.device, "warm", f"scale in: {reason}"))
-                serving -= 1
         return ops
 
     def plan_slow(self, now: float) -> list[Op]:
