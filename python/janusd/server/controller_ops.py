@@ -1,8 +1,7 @@
 """The controller's vocabulary, apart from its loops: the operations a plan asks for, a
 finished one as `ctl plan` shows it, what the controller needs of the daemon, and how
 an instance counts toward a model's instances. Its own module so that the plan helpers
-(server/controller_roles.py, controller_extras.py, controller_view.py) share it without
-importing the controller."""
+(server/controller_*.py) share it without importing the controller."""
 
 from __future__ import annotations
 
