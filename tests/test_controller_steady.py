@@ -20,7 +20,7 @@ from janusd.lifecycle.states import InstanceState
 from janusd.oracle.types import LoadFeatures, ResourceEstimate
 from janusd.policy.policy_config import PlacementConfig
 from janusd.server.controller import Controller
-from janusd.server.steady import placement_snapshot
+from janusd.server.steady_snapshot import placement_snapshot
 
 from core_fakes import Rig
 from test_controller import PerTwoRps

@@ -9,7 +9,7 @@ import asyncio
 
 from janusd.config import ControlConfig, DevicesConfig, JanusConfig, ModelConfig
 from janusd.policy.pinned import place
-from janusd.server.steady import added_placement
+from janusd.server.steady_start import added_placement
 
 from core_fakes import Rig
 from test_controller_steady import FixedCapacity

@@ -129,7 +129,7 @@ class ControlConfig(_Section):
     # at once per device while the steady placement executes its moves
     max_transfers_per_device: PositiveInt = 1
     # models without `devices` start where the steady placement packs them (the oracle
-    # reads their checkpoints for their priors before they load: server/steady.py);
+    # reads their checkpoints for their priors before they load: server/steady_start.py);
     # false = round robin over the devices, repacked by the slow loop
     place_at_start: bool = True
     # the policies' own settings (policy/policy_config.py), each section its own table

@@ -3,8 +3,9 @@
 A Model exists independently of its instances: it owns its config (SLOs, checkpoint,
 roles) and the facts learnt from its instances (context length). An Instance is a model
 on a device; its `state` (lifecycle/states.py) is the single record of whether it
-serves. The registry only stores; core/serving.py changes states (so the Dispatcher and
-the telemetry follow every change) and server/model_ops.py talks to workers.
+serves. The registry only stores; ServingCore changes states (core/instance_moves.py, so
+the Dispatcher and the telemetry follow every change) and server/model_ops.py talks to
+workers.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 An instance is a model on a device (a device group later, with tensor parallelism). Its
 state is the only record of whether it serves: Dispatcher membership, /v1/models,
 `janus ctl instances` and /metrics are all derived from it (core/registry.py owns the
-instances; core/serving.py is the one place that changes a state). Pure: the daemon and
-the simulator share it.
+instances; ServingCore.set_state, in core/instance_moves.py, is the one place that changes
+a state). Pure: the daemon and the simulator share it.
 
 Resting states (PAPER.md §8):
 - Active: weights in a device weight segment, routable.

@@ -27,16 +27,20 @@ Order of a plan's moves:
    least `min_phi_gain`.
 Only optional moves count against `migrations_left`; each is feasible when it is made,
 so the plan may be executed in order and stopped anywhere.
+Step 1's batch search is policy/placement_batch.py's; steps 2 and 3 are
+policy/placement_optional.py's; this module holds the planner, its forced moves and
+the result.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from janusd.policy.bins import FIT_EPS, TIE_EPS, Bins, fits, phi, worst_dim
+from janusd.policy.bins import Bins, fits, phi, worst_dim
+from janusd.policy.placement_batch import best_packing
+from janusd.policy.placement_optional import OptionalMoves
 from janusd.policy.policy_config import PlacementConfig
 from janusd.policy.snapshot import (
     Assignment,
@@ -47,27 +51,6 @@ from janusd.policy.snapshot import (
     SteadyItem,
     Unplaced,
 )
-
-# Size orders tried for a batch of new instances: largest first by each measure.
-_ORDERS: tuple[tuple[str, Callable[[np.ndarray], float]], ...] = (
-    ("max", lambda v: float(v.max())),
-    ("sum", lambda v: float(v.sum())),
-    ("hbm", lambda v: float(v[0])),
-    ("compute", lambda v: float(v[1])),
-    ("bandwidth", lambda v: float(v[2])),
-)
-
-
-# Choice rules tried for a batch: PAPER.md's least Phi change, and best fit (fullest device).
-_RULES = ("phi", "fill")
-# After the plain size orders, a batch short of the lower bound tries up to _RESTARTS
-# pairs of size orders perturbed by +-_NOISE (fixed seed: the plan stays a function of
-# the snapshot), fewer for large batches (_RESTART_ITEMS items placed in all). On random
-# instances this lifts the exact-optimum match from 98.4% to 99.9% (bench/RESULTS.md).
-_RESTARTS = 16
-_RESTART_ITEMS = 4000
-_NOISE = 0.2
-_SEED = 0
 
 
 class PlacementError(ValueError):
@@ -93,8 +76,9 @@ def _check(snap: PlacementSnapshot) -> None:
         raise PlacementError("pool: device ids must be >= 0")
 
 
-class _Planner:
-    """The working state of one plan() call."""
+class _Planner(OptionalMoves):
+    """The working state of one plan() call; its optional moves are
+    policy/placement_optional.py's, its batch search policy/placement_batch.py's."""
 
     def __init__(self, snap: PlacementSnapshot, cfg: PlacementConfig, migrations_left: int) -> None:
         self.cfg = cfg
@@ -117,12 +101,8 @@ class _Planner:
     def dev(self, i: int) -> int:
         return int(self.bins.ids[i])
 
-    def _optional(self, key: str, i: int, j: int, reason: str, bins_freed: int, phi_gain: float) -> None:
-        """Record an optional migration from bin i to bin j (already applied to the bins)."""
-        self.moves.append(Move(kind="migrate", key=key, model=self.items[key].model, src=self.dev(i), dst=self.dev(j),
-                               reason=reason, forced=False, bins_freed=bins_freed, phi_gain=round(phi_gain, 9)))
-        self.left -= 1
-        self.taken += 1
+    def managed_on(self, i: int) -> list[str]:
+        return sorted(k for k in self.bins.keys[i] if self.items[k].pinned_device is None)
 
     def _leave(self, key: str, v: np.ndarray, why: str) -> None:
         i = self.where.pop(key)
@@ -199,32 +179,7 @@ class _Planner:
             (k,) = keys
             self.place_one(k, why.get(k), src.get(k))
             return
-        trials: list[tuple[str, str, list[str]]] = []
-        for rule in _RULES:
-            for order_name, size in _ORDERS:
-                trials.append((rule, f"{order_name} order", sorted(keys, key=lambda k: (-size(self.vec[k]), k))))
-        bound = self._lower_bound(keys)
-        best: tuple[tuple[int, int, float, int], str, dict[str, int]] | None = None
-        n = 0
-        rng = random.Random(_SEED)
-        restarts = min(_RESTARTS, _RESTART_ITEMS // len(keys))
-        while n < len(trials) + 2 * restarts:
-            if n < len(trials):
-                rule, how, order = trials[n]
-            else:  # perturbed size orders, from a fixed seed: deterministic
-                rule = _RULES[n % 2]
-                _, size = _ORDERS[(n // 2) % 2]
-                noise = {k: rng.uniform(1.0 - _NOISE, 1.0 + _NOISE) for k in sorted(keys)}
-                how = f"perturbed {_ORDERS[(n // 2) % 2][0]} order"
-                order = sorted(keys, key=lambda k: (-size(self.vec[k]) * noise[k], k))
-            score, placed = self._trial(rule, order, n)
-            if best is None or score < best[0]:
-                best = (score, f"{how}, {rule} rule", placed)
-            n += 1
-            if best[0][0] == 0 and best[0][1] <= bound:
-                break  # as few devices as any packing can have: optimal
-        assert best is not None
-        _, how, placed = best
+        how, placed, n = best_packing(self.bins, self.vec, keys)
         for k in keys:
             kind = "migrate" if k in src else "place"
             i = placed.get(k)
@@ -239,26 +194,6 @@ class _Planner:
                                    src=src.get(k), dst=self.dev(i), forced=True, phi_gain=round(gain, 9),
                                    reason=f"{why.get(k, 'new')}; placed with {len(keys) - 1} others at "
                                           f"once (best of {n} packings: {how})"))
-
-    def _trial(self, rule: str, order: list[str], n: int) -> tuple[tuple[int, int, float, int], dict[str, int]]:
-        """One packing of a batch onto a copy of the bins: greedy in `order`, then the
-        devices it opened emptied where possible. Score: missing, devices, Phi, n."""
-        trial = self.bins.copy()
-        fresh = ~trial.open()
-        placed: dict[str, int] = {}
-        for k in order:
-            i = trial.best(self.vec[k], rule=rule)
-            if i is not None:
-                trial.add(i, k, self.vec[k])
-                placed[k] = i
-        self._eliminate(trial, placed, fresh)
-        used = trial.open()
-        return (len(order) - len(placed), int(used.sum()), float(phi(trial.load[used]).sum()), n), placed
-
-    def _lower_bound(self, keys: list[str]) -> int:
-        """No packing of the used devices' loads plus this batch has fewer devices."""
-        total = self.bins.load.sum(axis=0) + sum(self.vec[k] for k in keys)
-        return int(np.ceil(float(total.max()) - FIT_EPS))
 
     def place_one(self, k: str, why: str | None, src: int | None) -> None:
         """PAPER.md §4: the used device where Phi changes least; a new one if none fits."""
@@ -282,155 +217,6 @@ class _Planner:
         if src is not None:
             self.moves.append(Move(kind="remove", key=k, model=self.items[k].model, src=src, dst=None,
                                    reason=f"{why}; no device of the pool fits it", forced=True))
-
-    def _eliminate(self, trial: Bins, placed: dict[str, int], fresh: np.ndarray) -> None:
-        """Empty devices opened by this batch onto the other used devices while one can
-        be (fewest instances first): items of the batch are not placed yet, so this costs
-        no migration. Devices used before the batch are left alone."""
-        while True:
-            cand = np.flatnonzero(fresh & trial.open())
-            for i in sorted(map(int, cand), key=lambda i: (int(trial.count[i]), float(trial.load[i].sum()), i)):
-                dest = self._relocate(trial, i)
-                if dest is not None:
-                    placed.update(dest)
-                    break
-            else:
-                return
-
-    # -- optional moves ---------------------------------------------------------------
-    def managed_on(self, i: int) -> list[str]:
-        return sorted(k for k in self.bins.keys[i] if self.items[k].pinned_device is None)
-
-    def _relocate(self, b: Bins, i: int) -> dict[str, int] | None:
-        """Move every item of device i onto the other used devices of `b` (largest
-        first, each where Phi changes least), in place; when one fits nowhere, undo and
-        return None. Devices are never opened."""
-        keys = sorted(b.keys[i], key=lambda k: (-float(self.vec[k].max()), k))
-        excl = np.zeros(len(b.ids), dtype=bool)
-        excl[i] = True
-        done: list[tuple[str, int]] = []
-        for k in keys:
-            j = b.best(self.vec[k], exclude=excl, may_open=False)
-            if j is None:
-                for k2, j2 in reversed(done):
-                    b.remove(j2, k2, self.vec[k2])
-                    b.add(i, k2, self.vec[k2])
-                return None
-            b.remove(i, k, self.vec[k])
-            b.add(j, k, self.vec[k])
-            done.append((k, j))
-        return dict(done)
-
-    def _empty_plan(self, i: int) -> list[tuple[str, int]] | None:
-        """Where each instance of device i would go so that i ends empty (onto used
-        devices only), or None when one of them fits nowhere or a pinned one sits there."""
-        b = self.bins
-        keys = self.managed_on(i)
-        if not keys or len(keys) != b.count[i]:
-            return None
-        dest = self._relocate(b, i)
-        if dest is None:
-            return None
-        for k, j in dest.items():  # undo: the caller applies the plan as moves
-            b.remove(j, k, self.vec[k])
-            b.add(i, k, self.vec[k])
-        order = sorted(dest, key=lambda k: (-float(self.vec[k].max()), k))
-        return [(k, dest[k]) for k in order]
-
-    def _apply_empty(self, i: int, steps: list[tuple[str, int]], reason: str) -> None:
-        for n, (k, j) in enumerate(steps):
-            v = self.vec[k]
-            b = self.bins
-            gain = float(phi(b.load[i]) + phi(b.load[j]) - phi(b.load[i] - v) - phi(b.load[j] + v))
-            b.remove(i, k, v)
-            b.add(j, k, v)
-            self.where[k] = j
-            last = n == len(steps) - 1
-            self._optional(k, i, j, reason, bins_freed=int(last), phi_gain=gain)
-
-    def _best_balance(self, sources: Sequence[int] | None, min_gain: float) -> tuple[float, str, int, int] | None:
-        """The single move of a managed instance between used devices that lowers the
-        summed Phi most (at least min_gain): (gain, key, src, dst). `sources`: only
-        instances on these devices, or moves onto them."""
-        b = self.bins
-        used = b.open() & b.allowed
-        onto = used
-        if sources is not None:
-            onto = np.zeros(len(b.ids), dtype=bool)
-            onto[list(sources)] = True
-            onto &= used
-        best: tuple[float, str, int, int] | None = None
-        phis = phi(b.load)
-        for k, i in sorted(self.where.items()):
-            v = self.vec[k]
-            after = b.load + v
-            ok = (used if sources is None or i in sources else onto) & fits(after)
-            ok[i] = False
-            if not ok.any():
-                continue
-            src_gain = phis[i] - float(phi(b.load[i] - v))
-            gains = np.where(ok, src_gain + phis - phi(after), -np.inf)
-            top = float(gains.max())
-            j = int(np.flatnonzero(gains >= top - TIE_EPS)[0])
-            g = float(gains[j])
-            if g >= min_gain and (best is None or g > best[0] + TIE_EPS):
-                best = (g, k, i, j)
-        return best
-
-    def _apply_balance(self, move: tuple[float, str, int, int], reason: str) -> None:
-        g, k, i, j = move
-        v = self.vec[k]
-        self.bins.remove(i, k, v)
-        self.bins.add(j, k, v)
-        self.where[k] = j
-        self._optional(k, i, j, reason, bins_freed=int(self.bins.count[i] == 0), phi_gain=g)
-
-    def repack(self) -> None:
-        for i in sorted(self.touched):
-            if self.left <= 0:
-                return
-            b = self.bins
-            if b.count[i] == 0 or not b.allowed[i]:
-                continue
-            who = self.touched[i]
-            empty = self._empty_plan(i)
-            if empty is not None and len(empty) <= self.left:
-                self._apply_empty(i, empty, f"repack after {who}: the rest of device {self.dev(i)} fits on used devices")
-                continue
-            rise = float(phi(b.load[i])) - self.phi_before.get(i, 0.0)
-            if rise < self.cfg.repack_phi_threshold:
-                continue
-            for _ in range(min(self.cfg.repack_max_moves, self.left)):
-                m = self._best_balance([i], max(self.cfg.min_phi_gain, 1e-12))
-                if m is None:
-                    break
-                self._apply_balance(m, f"repack after {who}: Phi of device {self.dev(i)} rose by {rise:.3f}")
-
-    def consolidate(self) -> None:
-        while self.left > 0:
-            b = self.bins
-            order = sorted(map(int, np.flatnonzero(b.open() & b.allowed)),
-                           key=lambda i: (int(b.count[i]), float(b.load[i].sum()), i))
-            found: tuple[tuple[int, float, int], list[tuple[str, int]]] | None = None
-            for i in order:
-                if found is not None and b.count[i] > found[0][0]:
-                    break
-                if b.count[i] > self.left:
-                    break
-                empty = self._empty_plan(i)
-                if empty is None:
-                    continue
-                score = (len(empty), -float(phi(b.load[i])), i)
-                if found is None or score < found[0]:
-                    found = (score, empty)
-            if found is not None:
-                i = found[0][2]
-                self._apply_empty(i, found[1], f"consolidation: device {self.dev(i)} freed in {len(found[1])} moves")
-                continue
-            m = self._best_balance(None, max(self.cfg.min_phi_gain, 1e-12))
-            if m is None:
-                return
-            self._apply_balance(m, f"consolidation: summed Phi lowered by {m[0]:.3f}")
 
     # -- result ------------------------------------------------------------------
     def result(self) -> PlacementPlan:

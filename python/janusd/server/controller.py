@@ -38,6 +38,7 @@ m* falls, never moved by the placement (`self.extras`). A model with `devices` i
 among them as before. `janus ctl plan` shows what the loops decided and why.
 """
 
+
 from __future__ import annotations
 
 import asyncio
@@ -45,31 +46,29 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-import msgspec
-
-from janusd.config import JanusConfig
-from janusd.core.registry import Instance, Model
-from janusd.core.serving import ServingCore
-from janusd.lifecycle.states import COMING_UP, RESTORABLE, InstanceState
+from janusd.core.registry import Model
+from janusd.lifecycle.states import RESTORABLE, InstanceState
 from janusd.log import log
-from janusd.oracle.decode_estimate import DecodeStepEstimator
-from janusd.oracle.prefill_estimate import PrefillEstimator
-from janusd.oracle.types import CapacityPredictor, ElasticityPredictor, LoadFeatures
-from janusd.policy.classify import traffic_from_counts
+from janusd.oracle.types import LoadFeatures
 from janusd.policy.classify import classify as classify_apps
-from janusd.policy.demand import elastic_demand, prefill_share
+from janusd.policy.demand import elastic_demand
 from janusd.policy.keepalive import residency
-from janusd.policy.roles import plan_roles
 from janusd.policy.scaling import scale
-from janusd.policy.snapshot import (AppCount, AppPool, AppTraffic, ElasticApp, ModelActivity, RoleInstance, RolePlan,
-                                    ScalingPlan, ScalingState)
-from janusd.server.steady import SteadyExecutor, placed_by_controller
+from janusd.policy.snapshot import AppCount, AppPool, AppTraffic, ElasticApp, RolePlan, ScalingPlan, ScalingState
+from janusd.server.controller_counts import meet_count
+from janusd.server.controller_extras import free_elastic_devices, meet_extras, prune_extras
+from janusd.server.controller_keepalive import activity, keepalive_ops
+from janusd.server.controller_ops import ControllerHost, Done, Op, Predictor
+from janusd.server.controller_ops import serving as _serving
+from janusd.server.controller_roles import measured_prefill_share, meet_roles
+from janusd.server.controller_traffic import ArrivalHistory
+from janusd.server.controller_view import plan_view
+from janusd.server.steady import SteadyExecutor
+from janusd.server.steady_snapshot import placed_by_controller
 
-BUCKET_S = 1.0  # arrivals are bucketed per second for the classifier
-SHORT_BUCKETS = 5  # its short window: 5 s (a burst's 5-10x jump within seconds)
+__all__ = ["Controller", "ControllerHost", "Op", "Predictor"]
 
 S = InstanceState
 
@@ -78,62 +77,11 @@ def _log(msg: str, level: int = logging.INFO) -> None:
     log.log(level, msg)
 
 
-class Predictor(CapacityPredictor, ElasticityPredictor, Protocol):
-    """The oracle as the controller asks it: capacity vectors (steady) and m* (elastic)."""
-
-
-class ControllerHost(Protocol):
-    """What the controller needs of the daemon (server/daemon.py implements it)."""
-
-    core: ServingCore
-
-    @property
-    def cfg(self) -> JanusConfig: ...
-
-    def predictor(self) -> Predictor: ...
-
-    async def set_state(self, name: str, device: int, target: str, probe: bool = True,
-                        role: str | None = None) -> dict[str, Any]: ...
-
-    async def fork(self, name: str, src: int, dst: int) -> dict[str, Any]: ...
-
-
-@dataclass(frozen=True)
-class Op:
-    """One lifecycle operation a plan asks for, with the reason shown by `ctl plan`."""
-
-    model: str
-    device: int
-    target: str  # "active" | "warm" | "cold"
-    reason: str
-    role: str | None = None  # P/D: the engine role an activation comes up in (None: the instance's own)
-    reassign: bool = False  # P/D: an Active instance drains to Warm first, then comes up as `role`
-
-
-@dataclass
-class _Done:
-    op: Op
-    started: float
-    seconds: float
-    outcome: str  # "ok" or the error
-    phases: dict[str, float] = field(default_factory=dict)
-
-
-def _serving(i: Instance) -> bool:
-    """Active, or on its way there: counts toward a model's instances."""
-    return i.state is S.ACTIVE or i.state in COMING_UP
-
-
-def _role_state(i: Instance) -> str:
-    """An instance's state in policy/roles.py's words (RoleState)."""
-    if i.state in COMING_UP:
-        return "coming_up"
-    if i.state is S.UNLOADED:
-        return "failed" if i.error else "unloaded"
-    return i.state.value
-
-
 class Controller:
+    """The two loops, their state between ticks and the operations in flight; the plans'
+    helpers live beside it (controller_traffic, controller_counts, controller_roles,
+    controller_extras, controller_keepalive) and `ctl plan`'s view in controller_view."""
+
     def __init__(self, host: ControllerHost, clock: Callable[[], float] = time.monotonic,
                  on_op: Callable[[str, str], None] = lambda op, outcome: None,
                  on_elastic: Callable[[str, int, int, tuple[int, int] | None], None] =
@@ -154,14 +102,14 @@ class Controller:
         self.scaling_state = ScalingState()
         self.pools: tuple[AppPool, ...] = ()  # the classifier's state between ticks
         self.last_pools: list[dict[str, Any]] = []
-        self._arrivals: dict[str, deque[tuple[float, int]]] = {}  # model -> (t, arrivals so far)
+        self._arrivals = ArrivalHistory()  # the classifier's input: arrival counts sampled per fast tick
         self.last_scaling: ScalingPlan | None = None
         self.demands: dict[str, tuple[int, str]] = {}  # model -> (m*, reason) at the last fast tick
         self.roles: dict[str, RolePlan] = {}  # P/D model -> its role plan at the last fast tick
         self.residency: dict[str, tuple[str, float]] = {}  # model -> (residency, since)
         self.last_keepalive: list[dict[str, Any]] = []
         self.in_flight: dict[tuple[str, int], tuple[Op, float]] = {}
-        self.recent: deque[_Done] = deque(maxlen=50)
+        self.recent: deque[Done] = deque(maxlen=50)
         self.overruns = {"fast": 0, "slow": 0}
         self._tasks: set[asyncio.Task[Any]] = set()
         # model -> devices of its extra (elastic) replicas, for models the steady placement places
@@ -181,27 +129,10 @@ class Controller:
 
     # ------------------------------------------------------------------ plans
     def _traffic(self, m: Model, now: float) -> AppTraffic:
-        """Arrivals per BUCKET_S over the telemetry window, from samples of the model's
-        arrival counter taken at each fast tick (a bucket edge reads the latest sample
-        at or before it)."""
+        """The model's arrivals per second over the telemetry window (server/controller_traffic.py)."""
         window = self.host.cfg.control.window_s
         total = self.host.core.telemetry.model(m.name, now).arrivals_total
-        hist = self._arrivals.setdefault(m.name, deque())
-        hist.append((now, total))
-        while len(hist) > 2 and hist[1][0] <= now - window:
-            hist.popleft()
-        n = max(1, int(window // BUCKET_S))
-        edges = [now - (n - k) * BUCKET_S for k in range(n + 1)]
-        at: list[int] = []
-        j = 0
-        seen = list(hist)
-        for e in edges:
-            while j + 1 < len(seen) and seen[j + 1][0] <= e:
-                j += 1
-            at.append(seen[j][1] if seen[j][0] <= e else seen[0][1])
-        counts = [max(0, b - a) for a, b in zip(at, at[1:])]
-        pin = None if m.cfg.pool == "auto" else m.cfg.pool
-        return traffic_from_counts(m.name, counts, BUCKET_S, SHORT_BUCKETS, pin=pin)  # type: ignore[arg-type]
+        return self._arrivals.traffic(m, total, now, window)
 
     def _elastic(self, now: float) -> list[Model]:
         """The models in the elastic pool now (classified with hysteresis, pins obeyed)."""
@@ -217,7 +148,6 @@ class Controller:
                 _log(f"controller: {d.app} -> {d.pool} pool ({d.reason})")
         elastic = {d.app for d in c.decisions if d.pool == "elastic"}
         return [m for m in models if m.name in elastic]
-
     def plan_fast(self, now: float) -> list[Op]:
         """Elastic scaling: m* per elastic model with traffic, debounced and compressed to
         the budget (the devices the elastic models may use), then met with their own
@@ -230,8 +160,8 @@ class Controller:
         models: dict[str, Model] = {}
         devices: set[int] = set()
         self.demands = {}
-        self._prune_extras()
-        free = self._free_elastic_devices()
+        prune_extras(self.extras, self.host.core.registry.models, self.in_flight)
+        free = free_elastic_devices(self.host.cfg, self.steady, self.extras, self.host.core.registry.models.values())
         for m in self._elastic(now):
             w = tel.model(m.name, now)
             if w.request_rate <= 0.0 and w.in_flight == 0:
@@ -274,143 +204,24 @@ class Controller:
             self.on_elastic(a.app, a.demand, a.count, (a.prefill, a.decode) if models[a.app].pd else None)
             why = f"m*={a.demand} (debounced {a.debounced}, given {a.count}): {a.reason}"
             if placed_by_controller(self.host.cfg, models[a.app]):
-                ops += self._meet_extras(models[a.app], a.count, free, f"extra replicas {why}")
+                ops += meet_extras(models[a.app], a.count, free, f"extra replicas {why}", self.extras,
+                                   self.in_flight, self.host.core.requests.on_device)
             elif models[a.app].pd:
                 ops += self._meet_roles(models[a.app], a, why)
             else:
-                ops += self._meet(models[a.app], max(1, a.count), why)
+                ops += meet_count(models[a.app], max(1, a.count), why, self.in_flight,
+                                  self.host.core.requests.on_device, self.steady)
         return ops
 
-    # -- P/D: an elastic app's prefill / decode split ------------------------------
     def _prefill_share(self, m: Model, load: LoadFeatures) -> float:
-        """Prefill's part of the model's device time (demand.prefill_share) from the
-        per-token costs the core measures: seconds per prompt token of the model's
-        prefill fits at its mean prompt length (mean over its devices with samples; the
-        estimator's prior without any), and seconds of device time per output token of
-        its devices' decode fits at the sequences decoding there now (step time / n)."""
-        core = self.host.core
-        n_in = max(1.0, load.input_len_mean)
-        fits = [e for (name, _), e in core.dispatch.estimators.items() if name == m.name and e.n]
-        p = sum(e.estimate(int(n_in)) for e in fits) / len(fits) if fits else PrefillEstimator().estimate(int(n_in))
-        costs = []
-        for d in m.instances:
-            fit = core.guard.fit.get(d)
-            if fit is not None and fit.n:
-                n = max(1, core.guard.decoding.get(d, 0))
-                costs.append(fit.step_s(n) / n)
-        dec = sum(costs) / len(costs) if costs else DecodeStepEstimator().step_s(1)
-        return prefill_share(load, p / n_in, dec)
+        """P/D: prefill's part of the model's device time (server/controller_roles.py)."""
+        return measured_prefill_share(self.host.core, m, load)
 
     def _meet_roles(self, m: Model, count: AppCount, reason: str) -> list[Op]:
-        """Operations that bring a P/D model's instances to `count`'s prefill / decode
-        split (policy/roles.py; at least one instance, run mixed). An instance with an
-        operation in flight counts where it is going (coming up in the op's role, or
-        draining) and is not touched."""
-        if count.count < 1:
-            count = msgspec.structs.replace(count, count=1, prefill=0, decode=1)
-        on = self.host.core.requests.on_device
-        insts = []
-        for d, i in sorted(m.instances.items()):
-            flight = self.in_flight.get((m.name, d))
-            role, state = i.role, _role_state(i)
-            if flight is not None:
-                op = flight[0]
-                role, state = (op.role or i.role, "coming_up") if op.target == "active" else (i.role, "draining")
-            load = sum(1 for r in on(d) if r.model == m.name)  # its own requests there: the drain's length
-            insts.append(RoleInstance(device=d, role=role, state=state, load=load,  # type: ignore[arg-type]
-                                      busy=flight is not None))
-        plan = plan_roles(count, insts)
+        """P/D: operations toward `count`'s prefill / decode split (server/controller_roles.py);
+        the role plan is kept for `ctl plan`."""
+        plan, ops = meet_roles(m, count, reason, self.in_flight, self.host.core.requests.on_device)
         self.roles[m.name] = plan
-        ops: list[Op] = []
-        for o in plan.ops:
-            why = f"{o.reason}: {reason}"
-            if o.kind == "activate":
-                ops.append(Op(m.name, o.device, "active", f"scale out: {why}", role=o.role))
-            elif o.kind == "reassign":
-                ops.append(Op(m.name, o.device, "active", f"reassign: {why}", role=o.role, reassign=True))
-            elif o.kind == "deactivate":
-                ops.append(Op(m.name, o.device, "warm", f"scale in: {why}"))
-        return ops
-
-    # -- elastic replicas of models the steady placement places ----------------------
-    def _prune_extras(self) -> None:
-        """An extra replica that no longer serves (drained, failed, keep-alive) is no more."""
-        reg = self.host.core.registry.models
-        for name in list(self.extras):
-            m = reg.get(name)
-            keep = {d for d in self.extras[name] if m is not None and d in m.instances
-                    and (_serving(m.instances[d]) or (name, d) in self.in_flight)}
-            if keep:
-                self.extras[name] = keep
-            else:
-                del self.extras[name]
-
-    def _free_elastic_devices(self) -> list[int]:
-        """Pool devices with no steady item and no extra replica: where extra replicas may
-        go (a pinned model's devices are the operator's and stay out)."""
-        from janusd.server.steady import pool_devices
-
-        taken = set(self.steady.plan_devices()) | {d for ds in self.extras.values() for d in ds}
-        for m in self.host.core.registry.models.values():
-            taken.update(m.cfg.devices)
-            taken.update(d for d, i in m.instances.items() if _serving(i))  # whoever serves there
-        return [d for d in pool_devices(self.host.cfg) if d not in taken]
-
-    def _meet_extras(self, m: Model, count: int, free: list[int], reason: str) -> list[Op]:
-        """Bring a placed model to `count` extra replicas: new ones on free devices (one
-        where it rests Warm or Cold first, then the lowest id; taken from `free`), surplus
-        ones drained to Cold (the least busy first)."""
-        extras = self.extras.get(m.name, set())
-        pending = {d: op.target for (name, d), (op, _) in self.in_flight.items() if name == m.name}
-        have = sum(1 for d in extras if pending.get(d, "active") == "active")
-        ops: list[Op] = []
-        if have < count:
-            def rank(d: int) -> tuple[int, int]:
-                i = m.instances.get(d)
-                return (0 if i is not None and i.state in RESTORABLE else 1, d)
-
-            for d in sorted((d for d in free if (m.name, d) not in self.in_flight), key=rank):
-                if have >= count:
-                    break
-                free.remove(d)
-                ops.append(Op(m.name, d, "active", f"scale out: {reason}"))
-                have += 1
-        elif have > count:
-            busy = self.host.core.requests.on_device
-            for d in sorted((d for d in extras if d not in pending), key=lambda d: (len(busy(d)), -d)):
-                if have <= count:
-                    break
-                ops.append(Op(m.name, d, "cold", f"scale in: {reason}"))
-                have -= 1
-        return ops
-
-    def _meet(self, m: Model, count: int, reason: str) -> list[Op]:
-        """Operations that bring model `m` to `count` serving instances, none of them on an
-        instance with an operation in flight."""
-        insts = sorted(m.instances.values(), key=lambda i: i.device)
-        pending = {d: op.target for (name, d), (op, _) in self.in_flight.items() if name == m.name}
-        free = [i for i in insts if i.device not in pending]
-        # an operation in flight counts as done: its instance is (about to be) where it goes
-        serving = sum(1 for i in insts if pending.get(i.device, "active" if _serving(i) else "") == "active")
-        ops: list[Op] = []
-        if serving < count:
-            # Warm before Cold (less to move), then the lowest device
-            for i in sorted((i for i in free if i.state in RESTORABLE), key=lambda i: (i.state is S.COLD, i.device)):
-                if serving >= count:
-                    break
-                ops.append(Op(m.name, i.device, "active", f"scale out: {reason}"))
-                serving += 1
-        elif serving > count:
-            busy = self.host.core.requests.on_device
-            active = [i for i in free if i.state is S.ACTIVE]
-            steady = self.steady.managed_devices()
-            # one on a device the steady pool took goes first, then the one with the least
-            # work in flight (its drain is shortest)
-            for i in sorted(active, key=lambda i: (i.device not in steady, len(busy(i.device)), -i.device)):
-                if serving <= max(count, 1):  # never below one Active instance
-                    break
-                ops.append(Op(m.name, i.device, "warm", f"scale in: {reason}"))
-                serving -= 1
         return ops
 
     def plan_slow(self, now: float) -> list[Op]:
@@ -418,42 +229,14 @@ class Controller:
         request; Warm and Cold apply to every instance of the model. A P/D model only while
         it is in the elastic pool: its waking request brings back one mixed instance and
         only the fast loop splits it again, so a steady P/D model keeps its configured roles."""
-        cfg = self.host.cfg.control
-        tel = self.host.core.telemetry
-        acts: list[ModelActivity] = []
-        models: dict[str, Model] = {}
         elastic = {p.app for p in self.pools if p.pool == "elastic"}
-        for m in self.host.core.registry.models.values():
-            if not m.instances or (m.pd and m.name not in elastic):
-                continue
-            states = {i.state for i in m.instances.values()}
-            res = "active" if any(_serving(i) for i in m.instances.values()) else \
-                  "warm" if S.WARM in states else "cold" if S.COLD in states else None
-            if res is None:  # unloaded or failed: not the keep-alive's
-                continue
-            prev = self.residency.get(m.name)
-            since = prev[1] if prev is not None and prev[0] == res else now
-            self.residency[m.name] = (res, since)
-            w = tel.model(m.name, now)
-            acts.append(ModelActivity(model=m.name, residency=res, since=since, last_request_at=w.last_arrival_s,
-                                      in_flight=self.host.core.requests.count(m.name),
-                                      pinned=m.cfg.pool == "steady"))
-            models[m.name] = m
-        decisions = residency(acts, now, cfg.keepalive)
+        acts, models = activity(self.host.core.registry.models.values(), elastic, self.residency,
+                                self.host.core.telemetry, self.host.core.requests, now)
+        decisions = residency(acts, now, self.host.cfg.control.keepalive)
         self._plan_steady(now, {d.model for d in decisions if d.changed and d.residency != "active"})
         self.last_keepalive = [{"model": d.model, "residency": d.residency, "changed": d.changed, "reason": d.reason}
                                for d in decisions]
-        ops: list[Op] = []
-        for d in decisions:
-            if not d.changed or d.residency == "active":  # coming back is the waking request's
-                continue
-            m = models[d.model]
-            src = S.ACTIVE if d.residency == "warm" else S.WARM
-            for i in sorted(m.instances.values(), key=lambda i: i.device):
-                if (i.state is src or (d.residency == "cold" and i.state is S.ACTIVE)) \
-                        and (m.name, i.device) not in self.in_flight:
-                    ops.append(Op(m.name, i.device, d.residency, f"keep-alive: {d.reason}"))
-        return ops
+        return keepalive_ops(decisions, models, self.in_flight)
 
     def _plan_steady(self, now: float, resting: set[str]) -> None:
         """The steady placement's plan, when the controller places any model (its moves
@@ -519,7 +302,7 @@ class Controller:
             _log(f"controller: {op.model} on device {op.device} -> {op.target} failed: {e}", logging.WARNING)
         finally:
             self.in_flight.pop(key, None)
-        self.recent.append(_Done(op, t0, self.clock() - t0, outcome, phases))
+        self.recent.append(Done(op, t0, self.clock() - t0, outcome, phases))
         self.on_op(op.target, "ok" if outcome == "ok" else "failed")
 
     async def run(self) -> None:
@@ -553,39 +336,6 @@ class Controller:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # ------------------------------------------------------------------ views
-    def _roles_view(self, a: AppCount) -> dict[str, Any]:
-        """A P/D app's split and each instance's role and state now (`ctl plan`)."""
-        m = self.host.core.registry.models.get(a.app)
-        if m is None or not m.pd:
-            return {}
-        plan = self.roles.get(a.app)
-        return {"prefill": a.prefill, "decode": a.decode,
-                "instances": [{"device": i.device, "role": i.role, "state": i.state.value}
-                              for i in sorted(m.instances.values(), key=lambda i: i.device)],
-                "held": [{"device": o.device, "kind": o.kind, "role": o.role, "reason": o.reason}
-                         for o in (plan.held if plan else ())]}
-
     def view(self, now: float) -> dict[str, Any]:
-        """`janus ctl plan`: elastic counts with m* and the budget, keep-alive decisions,
-        operations in flight and recent ones with their timings and reasons."""
-        sp = self.last_scaling
-        return {
-            "managed": self.host.cfg.control.managed,
-            "elastic": {
-                "budget": sp.budget if sp else None,
-                "asked": sp.asked if sp else None,
-                "given": sp.given if sp else None,
-                "compressed": sp.compressed if sp else None,
-                "apps": [{"model": a.app, "demand": a.demand, "debounced": a.debounced, "count": a.count,
-                          "reason": a.reason} | self._roles_view(a) for a in (sp.apps if sp else ())],
-            },
-            "steady": self.steady.view(now),
-            "pools": self.last_pools,
-            "keepalive": self.last_keepalive,
-            "in_flight": [{"model": op.model, "device": op.device, "target": op.target, "role": op.role,
-                           "reason": op.reason, "for_s": round(now - t, 3)} for op, t in self.in_flight.values()],
-            "recent": [{"model": d.op.model, "device": d.op.device, "target": d.op.target, "role": d.op.role,
-                        "reason": d.op.reason, "seconds": round(d.seconds, 3), "outcome": d.outcome,
-                        "phases": {k: round(v, 4) for k, v in d.phases.items()}} for d in self.recent],
-            "overruns": dict(self.overruns),
-        }
+        """`janus ctl plan` (server/controller_view.py)."""
+        return plan_view(self, now)

@@ -14,6 +14,9 @@ which acts:
 A worker that dies is restarted (with back-off) and its models reloaded; its in-flight
 requests fail and every other model keeps serving. One task ticks the core: at the
 time the core asks for, or at once after any event that may change its plan.
+The request side (admit, tokenize, cancel) is server/daemon_requests.py's and the
+workers' events (tokens, deaths, restarts) server/worker_supervision.py's: parts of
+Daemon, each its own module; the clock is server/daemon_clock.py's.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import traceback
 from typing import Any
 
 from janusd.config import JanusConfig, ModelConfig, cache_dir, dump_config
-from janusd.core.requests import Failure, Refused, Request, no_instance, removed
+from janusd.core.requests import Failure
 from janusd.core.serving import Limits, Observers, ServingCore
 from janusd.log import log
 from janusd.server import model_ops, sdnotify
@@ -38,20 +41,16 @@ from janusd.server.api import start_http
 from janusd.server.metrics import Metrics
 from janusd.server.lifecycle_ops import LifecycleOps
 from janusd.server.model_ops import ConfigHolder, ModelOps
-from janusd.server.openai_types import Parsed
 from janusd.server.controller import Controller
+from janusd.server.daemon_clock import clock
+from janusd.server.daemon_requests import RequestFront
 from janusd.server.oracle_refit import OracleRefit
 from janusd.server.restart_policy import RestartBudget
-from janusd.server.steady import added_placement, first_placement
+from janusd.server.steady_start import added_placement, first_placement
+from janusd.server.worker_supervision import WorkerSupervision
 from janusd.server.workers import Liveness, WorkerError, WorkerHandle
 from janusd.telemetry import Telemetry
 from janusd.wire import worker_msgs as wm
-
-# The daemon's clock for request times (arrival, deadlines, per-token timestamps) and for
-# the core. Not loop.time(): uvloop's is cached per loop iteration at 1 ms resolution,
-# too coarse for per-token times; both read CLOCK_MONOTONIC.
-clock = time.monotonic
-
 
 def _check_port_free(host: str, port: int) -> None:
     """Bind the API address once before the workers start, so a busy port fails in
@@ -75,7 +74,10 @@ def _log(msg: str, level: int = logging.INFO) -> None:
     log.log(level, msg)
 
 
-class Daemon:
+class Daemon(RequestFront, WorkerSupervision):
+    """The whole daemon: its life cycle here; its request side (daemon_requests.py) and
+    its workers' events (worker_supervision.py) are its parts."""
+
     def __init__(self, cfg: JanusConfig, config_path: str | None = None,
                  server_overrides: dict[str, Any] | None = None) -> None:
         # `janus serve --host/--port`: re-applied to a reloaded file so SIGHUP compares like with like
@@ -269,130 +271,6 @@ class Daemon:
                 await asyncio.wait_for(self._tick_now.wait(), timeout)
             except asyncio.TimeoutError:
                 pass
-
-    # ---- requests (the API's side: server/api.py Frontend) ----
-    async def admit(self, p: Parsed, request_id: str = "") -> tuple[Request, asyncio.Queue[Any]]:
-        """Check, tokenize and queue a request; raises Refused for every refusal.
-
-        The request's clock (SLO deadlines, token times) starts here, before tokenizing."""
-        arrival = clock()
-        if self.state != "running":
-            if self.core.registry.model(p.model) is None:
-                self.core.begin_admission(p.model)  # raises the 404
-            raise Refused(Failure(503, "the server is shutting down", code="shutting_down"))
-        m = self.core.begin_admission(p.model)
-        try:
-            ids = p.prompt_ids if p.prompt_ids is not None else await self._tokenize(p, arrival)
-            events: asyncio.Queue[Any] = asyncio.Queue()
-            req = self.core.admit(m, ids, p.sampling, p.max_tokens_given, p.chat, p.ttft_ms, p.tpot_ms,
-                                  arrival, clock(), events.put_nowait, request_id=request_id)
-            self._idle.clear()
-            self.poke()
-            return req, events
-        finally:
-            self.core.end_admission(p.model)
-
-    async def _tokenize(self, p: Parsed, arrival: float) -> list[int]:
-        """On a worker with an Active instance of the model; waits (bounded) for one."""
-        limit = self.cfg.server.model_wait_timeout_s
-        while (dev := self.core.tokenizer_device(p.model)) is None:
-            if self.core.registry.model(p.model) is None:
-                raise Refused(removed(p.model))
-            waking = self.life.wake(p.model)  # scale to zero: a Warm or Cold instance comes up
-            if waking is not None:
-                self._tasks.add(waking)
-                waking.add_done_callback(self._tasks.discard)
-            left = arrival + limit - clock()
-            ev = self._serving_changed
-            try:
-                if left <= 0:
-                    raise asyncio.TimeoutError
-                await asyncio.wait_for(ev.wait(), left)
-            except asyncio.TimeoutError:
-                self.metrics.reject(p.model, "no_instance")
-                raise Refused(no_instance(p.model, limit)) from None
-        w = self.workers[dev]
-        try:
-            reply: wm.Tokenized = await w.call(lambda seq: wm.Tokenize(seq, p.model, p.prompt, p.messages), 30.0)
-        except WorkerError as e:
-            if e.kind == "bad_request":
-                raise Refused(Failure(400, str(e), "invalid_request_error",
-                                      param="messages" if p.chat else None)) from None
-            raise Refused(Failure(503, str(e), retry_after_s=1.0)) from None
-        except asyncio.TimeoutError:
-            raise Refused(Failure(503, "tokenization timed out", retry_after_s=1.0)) from None
-        return reply.token_ids
-
-    def _serving(self, model: str) -> None:
-        ev, self._serving_changed = self._serving_changed, asyncio.Event()
-        ev.set()  # wakes every admission waiting for an Active instance; they re-check
-
-    def _on_idle(self) -> None:
-        """The last in-flight request ended: a cheap moment to check every request is in
-        exactly one place (STYLE.md #9); a breach is logged, never fatal."""
-        self._idle.set()
-        try:
-            self.core.check_integrity()
-        except RuntimeError as e:
-            _log(f"integrity check failed: {e}", logging.ERROR)
-
-    def cancel(self, req: Request) -> None:
-        self.core.cancel(req, clock())
-        self.poke()
-
-    def _finished(self, req: Request, outcome: str) -> None:
-        self.metrics.observe(req, outcome)
-        self.poke()
-        if log.isEnabledFor(logging.DEBUG) or req.failed:
-            ttft = f"{req.ttft_s * 1e3:.0f} ms" if req.ttft_s is not None else "-"
-            why = f" ({req.failure.code or req.failure.type}: {req.failure.message})" if req.failure else ""
-            _log(f"request {req.request_id or req.rid} {req.model} {outcome}{why}: prompt {len(req.prompt_ids)}, "
-                 f"output {req.num_output_tokens} tokens, ttft {ttft}, device {req.device}",
-                 logging.INFO if req.failed else logging.DEBUG)
-
-    # ---- worker events (server/workers.py callbacks) ----
-    def _on_batch(self, w: WorkerHandle, batch: wm.StepBatch) -> None:
-        self.core.on_batch(w.device_index, batch, clock())
-
-    def _on_failed(self, w: WorkerHandle, f: wm.RequestFailed) -> None:
-        self.core.on_failed(w.device_index, f, clock())
-
-    def _on_kv(self, w: WorkerHandle, msg: wm.KVReady | wm.KVImported) -> None:
-        self.core.on_kv(w.device_index, msg, clock())
-
-    def _on_death(self, w: WorkerHandle) -> None:
-        dev = w.device_index
-        how = "hung" if w.hung else "died"
-        _log(f"worker for device {dev} (pid {w.pid}) {how}; failing its requests and restarting it", logging.WARNING)
-        self.core.on_worker_death(dev, clock(), code="worker_hung" if w.hung else "worker_died",
-                                  why=f"hung ({w.hung})" if w.hung else "died")
-        self.poke()
-        if self.state in ("running", "starting"):
-            self._spawn(self._restart(w), f"restart{dev}")
-
-    async def _restart(self, w: WorkerHandle) -> None:
-        """Restart a dead worker after its back-off; give the device up (failed) once its
-        restart budget is spent (server/restart_policy.py)."""
-        budget = self.restarts[w.device_index]
-        while self.state in ("running", "starting"):
-            delay = budget.on_death(time.monotonic())
-            if delay is None:
-                w.state = "failed"
-                _log(f"device {w.device_index} failed: its worker died {budget.budget + 1} times within "
-                     f"{budget.window_s:g} s; not restarting it (see the worker log above)")
-                self.core.on_device_failed(w.device_index, clock())
-                return
-            await asyncio.sleep(delay)
-            try:
-                await w.start(self.cfg.server.worker_ready_timeout_s)
-            except (WorkerError, OSError) as e:
-                _log(f"restarting worker {w.device_index} failed: {e}", logging.WARNING)
-                continue
-            w.restarts += 1
-            _log(f"worker for device {w.device_index} restarted (pid {w.pid}); reloading its models")
-            await self.ops.reload_device(w.device_index)
-            self.poke()
-            return
 
     # ---- config reload and admin operations (server/model_ops.py) ----
     async def reload(self) -> dict[str, Any]:

@@ -116,7 +116,7 @@ class ModelOps:
     # ---- a model ----
     async def add_and_load(self, cfgs: list[ModelConfig], all_models: list[ModelConfig], devices: int,
                            placement: dict[str, list[int]] | None = None) -> None:
-        """`placement`: the devices of each model (the start placement, server/steady.py);
+        """`placement`: the devices of each model (the start placement, server/steady_start.py);
         None: policy/pinned.py's (configured devices, else round robin)."""
         placement = placement or place(all_models, devices)
         insts = []
@@ -190,7 +190,7 @@ class ConfigHolder:
 
 async def reload(ops: ModelOps, holder: ConfigHolder, placer: Placer | None = None) -> dict[str, Any]:
     """SIGHUP: apply the file's [[models]]. `placer(new config, added)`: the devices of the
-    models it adds (the controller's packing, server/steady.py added_placement); None:
+    models it adds (the controller's packing, server/steady_start.py added_placement); None:
     policy/pinned.py's (configured devices, else round robin)."""
     try:
         new = load_config(holder.path)

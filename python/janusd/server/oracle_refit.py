@@ -160,7 +160,7 @@ class OracleRefit:
 
     def describe_now(self, models: Any) -> list[asyncio.Task[Any]]:
         """Start reading these models' checkpoints for their priors now rather than at the
-        first sample period: the start placement sizes them (server/steady.py). Returns
+        first sample period: the start placement sizes them (server/steady_start.py). Returns
         the tasks; step() finds the models described (or still busy) and goes on."""
         out: list[asyncio.Task[Any]] = []
         for cfg in models:

@@ -33,14 +33,8 @@ queued or running:
 The devices the plan uses are the steady pool's; the fast loop's elastic budget is what
 they leave (server/controller.py).
 
-At start (`first_placement`, with control.place_at_start), before any model loads, the
-oracle reads every model's checkpoint for its prior (bounded by
-server.worker_ready_timeout_s) and policy/start_placement.py packs the models without
-`devices` the way the first slow tick would (at zero load); those it cannot size or
-place are spread round robin over the pool, as policy/pinned.py does without it.
-Models a SIGHUP reload adds (`added_placement`) are placed the same way around what
-serves then: every model with a serving instance counts where it serves, at its load now,
-and is never moved by this (the next slow tick may); only the new ones are packed.
+The snapshot of step 1 is server/steady_snapshot.py's; where models without `devices`
+start, at daemon start and when a reload adds them, is server/steady_start.py's.
 """
 
 from __future__ import annotations
@@ -48,20 +42,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from janusd.config import JanusConfig, ModelConfig
-from janusd.core.registry import Model, Registry
+from janusd.config import JanusConfig
+from janusd.core.registry import Registry
 from janusd.lifecycle.states import COMING_UP, InstanceState
 from janusd.log import log
-from janusd.oracle.types import CapacityPredictor, LoadFeatures
-from janusd.policy.demand import SteadyModel, steady_items
-from janusd.policy.pinned import place
+from janusd.oracle.types import CapacityPredictor
 from janusd.policy.placement import plan as placement_plan
-from janusd.policy.snapshot import Assignment, Move, PlacementPlan, PlacementSnapshot, SteadyItem
-from janusd.policy.start_placement import NO_LOAD, start_placement
+from janusd.policy.snapshot import Move, PlacementPlan
+from janusd.server.steady_snapshot import placement_snapshot
 from janusd.telemetry.telemetry import Telemetry
 
 S = InstanceState
@@ -80,193 +72,6 @@ class SteadyHost(Protocol):
     async def set_state(self, name: str, device: int, target: str, probe: bool = True) -> dict[str, Any]: ...
 
     async def fork(self, name: str, src: int, dst: int) -> dict[str, Any]: ...
-
-
-def placed_by_controller(cfg: JanusConfig, m: Model) -> bool:
-    """A model the steady placement moves: managed mode, no `devices`, not P/D."""
-    return cfg.control.managed and not m.cfg.devices and not m.cfg.prefill_devices
-
-
-def pool_devices(cfg: JanusConfig) -> tuple[int, ...]:
-    """The devices the controller may place on: `control.pool_devices`, else all."""
-    n = cfg.devices.count
-    return tuple(sorted({d for d in cfg.control.pool_devices if d < n})) if cfg.control.pool_devices \
-        else tuple(range(n))
-
-
-async def _describe(cfg: JanusConfig, models: Sequence[ModelConfig],
-                    describe: Callable[[Sequence[ModelConfig]], list[asyncio.Task[Any]]]) -> None:
-    """Start the oracle's checkpoint reads of `models` and wait for them, bounded by
-    server.worker_ready_timeout_s (not cancelled on timeout: the oracle keeps them)."""
-    tasks = describe(models)
-    if tasks:
-        t0 = asyncio.get_running_loop().time()
-        _, late = await asyncio.wait(tasks, timeout=cfg.server.worker_ready_timeout_s)
-        if late:
-            _log(f"start placement: {len(late)} checkpoint read(s) not done after "
-                 f"{cfg.server.worker_ready_timeout_s:g} s; those models start round robin", logging.WARNING)
-        _log(f"start placement: the oracle read {len(tasks)} checkpoint(s) in "
-             f"{asyncio.get_running_loop().time() - t0:.2f} s", logging.DEBUG)
-
-
-def _pack(cfg: JanusConfig, managed: Sequence[ModelConfig], pinned: list[SteadyModel], elastic_devs: list[int],
-          pred: CapacityPredictor, out: dict[str, list[int]], spread: bool = True) -> None:
-    """`out[m]` for each managed model: packed by policy/start_placement.py around the
-    pinned ones; those it cannot size or place round robin over the pool (`spread`), else
-    left as `out` has them (policy/pinned.py's)."""
-    pool = pool_devices(cfg)
-    try:
-        res = start_placement([m.name for m in managed], pinned, pool, pred, cfg.control.demand,
-                              cfg.control.placement, elastic_devs)
-    except ValueError as e:  # a policy's refusal of odd input: logged, round robin as before
-        _log(f"start placement: {e}; models without devices start round robin", logging.ERROR)
-        res = None
-    k = 0
-    for m in managed:
-        if res is not None and m.name in res.placed:
-            out[m.name] = list(res.placed[m.name])
-        elif pool and spread:
-            out[m.name] = [pool[k % len(pool)]]
-            k += 1
-    if res is not None:
-        p = res.plan
-        _log("start placement: " + ", ".join(f"{n} -> {out[n]}" for n in sorted(m.name for m in managed))
-             + (f" ({p.bins_used} device(s), Phi {p.phi:.4f})" if p is not None else "")
-             + "".join(f"; {n}" for n in res.notes))
-
-
-def _configured(m: ModelConfig, pinned: list[SteadyModel], elastic_devs: list[int]) -> None:
-    """A pinned model's start devices: steady items there, or elastic devices."""
-    up = tuple(d for d in sorted(set(m.devices)) if m.start_state(d) == "active")
-    if m.pool == "elastic":
-        elastic_devs += up
-    elif up:
-        pinned.append(SteadyModel(model=m.name, load=NO_LOAD, devices=up))
-
-
-async def first_placement(cfg: JanusConfig, describe: Callable[[Sequence[ModelConfig]], list[asyncio.Task[Any]]],
-                          pred: CapacityPredictor) -> dict[str, list[int]]:
-    """The devices every configured model starts on (module doc, "At start"): pinned
-    models as configured; the controller's own packed when the oracle sizes them in time,
-    else round robin over the pool. `describe(models)` starts the oracle's checkpoint
-    reads (OracleRefit.describe_now) and returns their tasks."""
-    out = place(list(cfg.models), cfg.devices.count)
-    managed = [m for m in cfg.models if not m.devices and not m.prefill_devices]
-    if not (cfg.control.managed and cfg.control.place_at_start and managed):
-        return out
-    await _describe(cfg, cfg.models, describe)
-    pinned: list[SteadyModel] = []
-    elastic_devs: list[int] = []
-    for m in cfg.models:
-        if m.devices and not m.prefill_devices:
-            _configured(m, pinned, elastic_devs)
-    _pack(cfg, managed, pinned, elastic_devs, pred, out)
-    return out
-
-
-async def added_placement(cfg: JanusConfig, added: Sequence[ModelConfig], registry: Registry, telemetry: Telemetry,
-                          describe: Callable[[Sequence[ModelConfig]], list[asyncio.Task[Any]]],
-                          pred: CapacityPredictor, elastic: Iterable[str], now: float) -> dict[str, list[int]]:
-    """The devices of models a SIGHUP reload adds (`cfg`: the new config; module doc):
-    pinned ones as configured, the controller's own packed around what serves now (each
-    serving model at its current devices and load, elastic ones' devices taken last),
-    else round robin as policy/pinned.py spreads them."""
-    out = place(list(cfg.models), cfg.devices.count)
-    managed = [m for m in added if not m.devices and not m.prefill_devices]
-    if not (cfg.control.managed and cfg.control.place_at_start and managed):
-        return {m.name: out[m.name] for m in added}
-    await _describe(cfg, managed, describe)
-    pinned: list[SteadyModel] = []
-    elastic_devs: list[int] = []
-    hot = set(elastic)
-    for m in registry.models.values():
-        devs = tuple(_serving_devices(m))
-        if not devs:
-            continue
-        if m.name in hot or m.cfg.pool == "elastic" or m.cfg.prefill_devices:
-            elastic_devs += devs
-        else:
-            pinned.append(SteadyModel(model=m.name, load=LoadFeatures.from_window(telemetry.model(m.name, now)),
-                                      devices=devs))
-    for a in added:
-        if a.devices and not a.prefill_devices:
-            _configured(a, pinned, elastic_devs)
-    _pack(cfg, managed, pinned, elastic_devs, pred, out, spread=False)
-    return {m.name: out[m.name] for m in added}
-
-
-def _serving_devices(m: Model) -> list[int]:
-    return sorted(d for d, i in m.instances.items() if i.state is S.ACTIVE or i.state in COMING_UP)
-
-
-def placement_snapshot(cfg: JanusConfig, registry: Registry, telemetry: Telemetry, pred: CapacityPredictor,
-                       elastic: Iterable[str], last: dict[str, int], now: float,
-                       resting: Iterable[str] = (), extras: dict[str, set[int]] | None = None,
-                       ) -> tuple[PlacementSnapshot, list[str]]:
-    """The steady pool now (module doc, step 1) and the reasons for what was left out.
-    `elastic`: models the classifier has in the elastic pool; `last`: item key -> device
-    of the last plan; `resting`: models going Warm/Cold now (keep-alive): not placed;
-    `extras`: model -> devices of its elastic replicas (not the steady pool's: left out
-    of its current devices, counted as elastic devices)."""
-    extras = extras or {}
-    elastic, resting = set(elastic), set(resting)
-    notes: list[str] = []
-    models: list[SteadyModel] = []
-    serving: dict[str, list[int]] = {}
-    frozen: list[SteadyItem] = []
-    elastic_devs: set[int] = set()
-    for m in sorted(registry.models.values(), key=lambda m: m.name):
-        mine = extras.get(m.name, set())
-        elastic_devs.update(d for d in _serving_devices(m) if d in mine)
-        devs = [d for d in _serving_devices(m) if d not in mine]
-        if not devs or m.cfg.prefill_devices or m.name in resting:
-            continue
-        if not placed_by_controller(cfg, m):
-            if m.name in elastic:
-                elastic_devs.update(devs)
-                continue
-        load = LoadFeatures.from_window(telemetry.model(m.name, now))
-        try:
-            pred.capacity(m.name, load)
-        except KeyError as e:  # no prior yet (its spec is being read): it stays where it serves
-            notes.append(f"{m.name}: {e}; kept where it is")
-            frozen += [SteadyItem(key=f"{m.name}@{d}", model=m.name, vector=(0.0, 0.0, 0.0), pinned_device=d)
-                       for d in devs]
-            continue
-        if placed_by_controller(cfg, m):
-            models.append(SteadyModel(model=m.name, load=load))
-            serving[m.name] = devs
-        else:
-            models.append(SteadyModel(model=m.name, load=load, devices=tuple(devs)))
-    items = list(frozen)
-    current: list[Assignment] = []
-    for d in steady_items(models, pred, cfg.control.demand):
-        items += d.items
-        devs = list(serving.get(d.model, ()))
-        if not d.items:  # fits no device even split: left where it serves (noted), never drained for it
-            notes.append(f"{d.model}: {d.reason}; kept where it is")
-            continue
-        if not devs:
-            continue
-        keys = [it.key for it in d.items if it.pinned_device is None]
-        # a key keeps the device the last plan gave it, where the model still serves
-        mine: dict[str, int] = {}
-        for k in keys:
-            dv = last.get(k)
-            if dv is not None and dv in devs:
-                mine[k] = dv
-                devs.remove(dv)
-        for k in keys:
-            if k not in mine and devs:
-                mine[k] = devs.pop(0)
-        current += [Assignment(key=k, device=dv) for k, dv in mine.items()]
-        # serving beyond the items (fewer replicas wanted now): leavers, removed by the plan
-        current += [Assignment(key=f"{d.model}#surplus{dv}", device=dv) for dv in devs]
-    pool = pool_devices(cfg)
-    snap = PlacementSnapshot(pool=pool, items=tuple(sorted(items, key=lambda i: i.key)),
-                             current=tuple(sorted(current, key=lambda a: a.key)),
-                             elastic_devices=tuple(sorted(elastic_devs & set(pool))))
-    return snap, notes
 
 
 @dataclass

@@ -1,0 +1,62 @@
+"""Keep-alive executed (PAPER.md §8): each model's residency (its most-alive instance)
+for policy/keepalive.py, and its decisions turned into the controller's Warm / Cold
+operations. Apart from the controller's loops: the slow tick asks it between reading
+the models and planning the steady placement; coming back Active is the waking
+request's (server/lifecycle_ops.py), never this module's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from janusd.core.registry import Model
+from janusd.core.requests import RequestTable
+from janusd.lifecycle.states import InstanceState
+from janusd.policy.snapshot import ModelActivity, ResidencyDecision
+from janusd.server.controller_ops import Op, serving
+from janusd.telemetry.telemetry import Telemetry
+
+S = InstanceState
+
+
+def activity(models: Iterable[Model], elastic: set[str], since_by_model: dict[str, tuple[str, float]],
+             tel: Telemetry, requests: RequestTable, now: float) -> tuple[list[ModelActivity], dict[str, Model]]:
+    """Each model's residency, since when, and its last request, for policy/keepalive.py.
+    A P/D model only while it is in the elastic pool (`elastic`): its waking request
+    brings back one mixed instance and only the fast loop splits it again, so a steady
+    P/D model keeps its configured roles. `since_by_model` (model -> (residency, since))
+    is the controller's, updated here."""
+    acts: list[ModelActivity] = []
+    seen: dict[str, Model] = {}
+    for m in models:
+        if not m.instances or (m.pd and m.name not in elastic):
+            continue
+        states = {i.state for i in m.instances.values()}
+        res = "active" if any(serving(i) for i in m.instances.values()) else \
+              "warm" if S.WARM in states else "cold" if S.COLD in states else None
+        if res is None:  # unloaded or failed: not the keep-alive's
+            continue
+        prev = since_by_model.get(m.name)
+        since = prev[1] if prev is not None and prev[0] == res else now
+        since_by_model[m.name] = (res, since)
+        w = tel.model(m.name, now)
+        acts.append(ModelActivity(model=m.name, residency=res, since=since, last_request_at=w.last_arrival_s,
+                                  in_flight=requests.count(m.name),
+                                  pinned=m.cfg.pool == "steady"))
+        seen[m.name] = m
+    return acts, seen
+
+
+def keepalive_ops(decisions: Iterable[ResidencyDecision], models: Mapping[str, Model],
+                  in_flight: Mapping[tuple[str, int], object]) -> list[Op]:
+    """Warm and Cold apply to every instance of the model (none with an operation in flight)."""
+    ops: list[Op] = []
+    for d in decisions:
+        if not d.changed or d.residency == "active":  # coming back is the waking request's
+            continue
+        m = models[d.model]
+        src = S.ACTIVE if d.residency == "warm" else S.WARM
+        for i in sorted(m.instances.values(), key=lambda i: i.device):
+            if (i.state is src or (d.residency == "cold" and i.state is S.ACTIVE)) \
+                    and (m.name, i.device) not in in_flight:
+                ops.append(Op(m.name, i.device, d.residency, f"keep-alive: {d.reason}"))
+    return ops

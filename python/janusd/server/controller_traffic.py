@@ -1,0 +1,44 @@
+"""A model's arrivals per second over the telemetry window, for the classifier
+(policy/classify.py). Telemetry keeps a running arrival count, not a per-second series;
+the controller samples that count at each fast tick and this module turns the samples
+into bucket counts. Its own module: the only state the classifier's input needs between
+ticks, apart from the loops that sample it."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from janusd.core.registry import Model
+from janusd.policy.classify import traffic_from_counts
+from janusd.policy.snapshot import AppTraffic
+
+BUCKET_S = 1.0  # arrivals are bucketed per second for the classifier
+SHORT_BUCKETS = 5  # its short window: 5 s (a burst's 5-10x jump within seconds)
+
+
+class ArrivalHistory:
+    """Samples of each model's arrival counter, (t, arrivals so far), over the window."""
+
+    def __init__(self) -> None:
+        self._arrivals: dict[str, deque[tuple[float, int]]] = {}  # model -> (t, arrivals so far)
+
+    def traffic(self, m: Model, total: int, now: float, window: float) -> AppTraffic:
+        """Arrivals per BUCKET_S over the telemetry window, from samples of the model's
+        arrival counter taken at each fast tick (a bucket edge reads the latest sample
+        at or before it). `total`: the counter now."""
+        hist = self._arrivals.setdefault(m.name, deque())
+        hist.append((now, total))
+        while len(hist) > 2 and hist[1][0] <= now - window:
+            hist.popleft()
+        n = max(1, int(window // BUCKET_S))
+        edges = [now - (n - k) * BUCKET_S for k in range(n + 1)]
+        at: list[int] = []
+        j = 0
+        seen = list(hist)
+        for e in edges:
+            while j + 1 < len(seen) and seen[j + 1][0] <= e:
+                j += 1
+            at.append(seen[j][1] if seen[j][0] <= e else seen[0][1])
+        counts = [max(0, b - a) for a, b in zip(at, at[1:])]
+        pin = None if m.cfg.pool == "auto" else m.cfg.pool
+        return traffic_from_counts(m.name, counts, BUCKET_S, SHORT_BUCKETS, pin=pin)  # type: ignore[arg-type]

@@ -1,0 +1,132 @@
+"""Where models without `devices` start (server/steady.py's module doc, "At start"):
+at daemon start (`first_placement`, with control.place_at_start), before any model
+loads, the oracle reads every model's checkpoint for its prior (bounded by
+server.worker_ready_timeout_s) and policy/start_placement.py packs the models without
+`devices` the way the first slow tick would (at zero load); those it cannot size or
+place are spread round robin over the pool, as policy/pinned.py does without it.
+Models a SIGHUP reload adds (`added_placement`) are placed the same way around what
+serves then: every model with a serving instance counts where it serves, at its load now,
+and is never moved by this (the next slow tick may); only the new ones are packed.
+Apart from the executor: it runs once per start or reload, before any move exists."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from janusd.config import JanusConfig, ModelConfig
+from janusd.core.registry import Registry
+from janusd.log import log
+from janusd.oracle.types import CapacityPredictor, LoadFeatures
+from janusd.policy.demand import SteadyModel
+from janusd.policy.pinned import place
+from janusd.policy.start_placement import NO_LOAD, start_placement
+from janusd.server.steady_snapshot import pool_devices, serving_devices
+from janusd.telemetry.telemetry import Telemetry
+
+
+def _log(msg: str, level: int = logging.INFO) -> None:
+    log.log(level, msg)
+
+
+async def _describe(cfg: JanusConfig, models: Sequence[ModelConfig],
+                    describe: Callable[[Sequence[ModelConfig]], list[asyncio.Task[Any]]]) -> None:
+    """Start the oracle's checkpoint reads of `models` and wait for them, bounded by
+    server.worker_ready_timeout_s (not cancelled on timeout: the oracle keeps them)."""
+    tasks = describe(models)
+    if tasks:
+        t0 = asyncio.get_running_loop().time()
+        _, late = await asyncio.wait(tasks, timeout=cfg.server.worker_ready_timeout_s)
+        if late:
+            _log(f"start placement: {len(late)} checkpoint read(s) not done after "
+                 f"{cfg.server.worker_ready_timeout_s:g} s; those models start round robin", logging.WARNING)
+        _log(f"start placement: the oracle read {len(tasks)} checkpoint(s) in "
+             f"{asyncio.get_running_loop().time() - t0:.2f} s", logging.DEBUG)
+
+
+def _pack(cfg: JanusConfig, managed: Sequence[ModelConfig], pinned: list[SteadyModel], elastic_devs: list[int],
+          pred: CapacityPredictor, out: dict[str, list[int]], spread: bool = True) -> None:
+    """`out[m]` for each managed model: packed by policy/start_placement.py around the
+    pinned ones; those it cannot size or place round robin over the pool (`spread`), else
+    left as `out` has them (policy/pinned.py's)."""
+    pool = pool_devices(cfg)
+    try:
+        res = start_placement([m.name for m in managed], pinned, pool, pred, cfg.control.demand,
+                              cfg.control.placement, elastic_devs)
+    except ValueError as e:  # a policy's refusal of odd input: logged, round robin as before
+        _log(f"start placement: {e}; models without devices start round robin", logging.ERROR)
+        res = None
+    k = 0
+    for m in managed:
+        if res is not None and m.name in res.placed:
+            out[m.name] = list(res.placed[m.name])
+        elif pool and spread:
+            out[m.name] = [pool[k % len(pool)]]
+            k += 1
+    if res is not None:
+        p = res.plan
+        _log("start placement: " + ", ".join(f"{n} -> {out[n]}" for n in sorted(m.name for m in managed))
+             + (f" ({p.bins_used} device(s), Phi {p.phi:.4f})" if p is not None else "")
+             + "".join(f"; {n}" for n in res.notes))
+
+
+def _configured(m: ModelConfig, pinned: list[SteadyModel], elastic_devs: list[int]) -> None:
+    """A pinned model's start devices: steady items there, or elastic devices."""
+    up = tuple(d for d in sorted(set(m.devices)) if m.start_state(d) == "active")
+    if m.pool == "elastic":
+        elastic_devs += up
+    elif up:
+        pinned.append(SteadyModel(model=m.name, load=NO_LOAD, devices=up))
+
+
+async def first_placement(cfg: JanusConfig, describe: Callable[[Sequence[ModelConfig]], list[asyncio.Task[Any]]],
+                          pred: CapacityPredictor) -> dict[str, list[int]]:
+    """The devices every configured model starts on (module doc, "At start"): pinned
+    models as configured; the controller's own packed when the oracle sizes them in time,
+    else round robin over the pool. `describe(models)` starts the oracle's checkpoint
+    reads (OracleRefit.describe_now) and returns their tasks."""
+    out = place(list(cfg.models), cfg.devices.count)
+    managed = [m for m in cfg.models if not m.devices and not m.prefill_devices]
+    if not (cfg.control.managed and cfg.control.place_at_start and managed):
+        return out
+    await _describe(cfg, cfg.models, describe)
+    pinned: list[SteadyModel] = []
+    elastic_devs: list[int] = []
+    for m in cfg.models:
+        if m.devices and not m.prefill_devices:
+            _configured(m, pinned, elastic_devs)
+    _pack(cfg, managed, pinned, elastic_devs, pred, out)
+    return out
+
+
+async def added_placement(cfg: JanusConfig, added: Sequence[ModelConfig], registry: Registry, telemetry: Telemetry,
+                          describe: Callable[[Sequence[ModelConfig]], list[asyncio.Task[Any]]],
+                          pred: CapacityPredictor, elastic: Iterable[str], now: float) -> dict[str, list[int]]:
+    """The devices of models a SIGHUP reload adds (`cfg`: the new config; module doc):
+    pinned ones as configured, the controller's own packed around what serves now (each
+    serving model at its current devices and load, elastic ones' devices taken last),
+    else round robin as policy/pinned.py spreads them."""
+    out = place(list(cfg.models), cfg.devices.count)
+    managed = [m for m in added if not m.devices and not m.prefill_devices]
+    if not (cfg.control.managed and cfg.control.place_at_start and managed):
+        return {m.name: out[m.name] for m in added}
+    await _describe(cfg, managed, describe)
+    pinned: list[SteadyModel] = []
+    elastic_devs: list[int] = []
+    hot = set(elastic)
+    for m in registry.models.values():
+        devs = tuple(serving_devices(m))
+        if not devs:
+            continue
+        if m.name in hot or m.cfg.pool == "elastic" or m.cfg.prefill_devices:
+            elastic_devs += devs
+        else:
+            pinned.append(SteadyModel(model=m.name, load=LoadFeatures.from_window(telemetry.model(m.name, now)),
+                                      devices=devs))
+    for a in added:
+        if a.devices and not a.prefill_devices:
+            _configured(a, pinned, elastic_devs)
+    _pack(cfg, managed, pinned, elastic_devs, pred, out, spread=False)
+    return {m.name: out[m.name] for m in added}

@@ -1,0 +1,86 @@
+"""The daemon's side of its worker processes' events (server/workers.py's callbacks):
+tokens, request failures and KV messages go to the core with the daemon's clock; a
+dead or hung worker fails its requests and is restarted after its back-off, or its
+device is given up once the restart budget is spent (server/restart_policy.py). A part
+of server/daemon.py's Daemon (a mixin), apart from its life cycle: what happens
+between a worker's start and the daemon's stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from janusd.config import JanusConfig
+from janusd.core.serving import ServingCore
+from janusd.log import log
+from janusd.server.daemon_clock import clock
+from janusd.server.model_ops import ModelOps
+from janusd.server.restart_policy import RestartBudget
+from janusd.server.workers import WorkerError, WorkerHandle
+from janusd.wire import worker_msgs as wm
+
+
+def _log(msg: str, level: int = logging.INFO) -> None:
+    log.log(level, msg)
+
+
+class WorkerSupervision:
+    """What it uses of the Daemon (made in Daemon.__init__)."""
+
+    state: str
+    core: ServingCore
+    ops: ModelOps
+    restarts: dict[int, RestartBudget]
+
+    if TYPE_CHECKING:
+        @property
+        def cfg(self) -> JanusConfig: ...
+
+        def poke(self) -> None: ...
+
+        def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]: ...
+
+    def _on_batch(self, w: WorkerHandle, batch: wm.StepBatch) -> None:
+        self.core.on_batch(w.device_index, batch, clock())
+
+    def _on_failed(self, w: WorkerHandle, f: wm.RequestFailed) -> None:
+        self.core.on_failed(w.device_index, f, clock())
+
+    def _on_kv(self, w: WorkerHandle, msg: wm.KVReady | wm.KVImported) -> None:
+        self.core.on_kv(w.device_index, msg, clock())
+
+    def _on_death(self, w: WorkerHandle) -> None:
+        dev = w.device_index
+        how = "hung" if w.hung else "died"
+        _log(f"worker for device {dev} (pid {w.pid}) {how}; failing its requests and restarting it", logging.WARNING)
+        self.core.on_worker_death(dev, clock(), code="worker_hung" if w.hung else "worker_died",
+                                  why=f"hung ({w.hung})" if w.hung else "died")
+        self.poke()
+        if self.state in ("running", "starting"):
+            self._spawn(self._restart(w), f"restart{dev}")
+
+    async def _restart(self, w: WorkerHandle) -> None:
+        """Restart a dead worker after its back-off; give the device up (failed) once its
+        restart budget is spent (server/restart_policy.py)."""
+        budget = self.restarts[w.device_index]
+        while self.state in ("running", "starting"):
+            delay = budget.on_death(time.monotonic())
+            if delay is None:
+                w.state = "failed"
+                _log(f"device {w.device_index} failed: its worker died {budget.budget + 1} times within "
+                     f"{budget.window_s:g} s; not restarting it (see the worker log above)")
+                self.core.on_device_failed(w.device_index, clock())
+                return
+            await asyncio.sleep(delay)
+            try:
+                await w.start(self.cfg.server.worker_ready_timeout_s)
+            except (WorkerError, OSError) as e:
+                _log(f"restarting worker {w.device_index} failed: {e}", logging.WARNING)
+                continue
+            w.restarts += 1
+            _log(f"worker for device {w.device_index} restarted (pid {w.pid}); reloading its models")
+            await self.ops.reload_device(w.device_index)
+            self.poke()
+            return
