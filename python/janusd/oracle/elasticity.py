@@ -44,7 +44,6 @@ import numpy as np
 
 from janusd.oracle.gp import GPRegressor
 from janusd.oracle.inputs import elasticity_inputs, feature_matrix
-from janusd.oracle.prior import RooflinePrior
 from janusd.oracle.types import AttainmentEstimate, LoadFeatures, MinInstances
 
 
@@ -65,6 +64,10 @@ def to_logit(a: np.ndarray) -> np.ndarray:
 
 
 class RawAttainment(Protocol):
+    """A source of raw attainment per instance count. One that sets `monotone_in_m = True`
+    (its raw mean - margin * std never falls as m grows, std free of batch effects)
+    is searched count by count instead of over the grid: the roofline prior does."""
+
     def raw_attainment(self, load: LoadFeatures, instances: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
 
@@ -170,7 +173,7 @@ def min_instances(source: RawAttainment, load: LoadFeatures, target: float, marg
     `target` (module doc); m None with a reason when none does."""
     if not (0.0 <= target <= 1.0) or margin < 0 or limit < 1:
         raise ValueError(f"need 0 <= target <= 1, margin >= 0, limit >= 1 (got {target}, {margin}, {limit})")
-    if isinstance(source, RooflinePrior):
+    if getattr(source, "monotone_in_m", False):
         return _min_instances_monotone(source, load, target, margin, limit, name)
     mu, sd = source.raw_attainment(load, np.arange(1, grid(limit) + 1))
     mean, std, lb = monotone_curve(mu[:limit], sd[:limit], margin)

@@ -47,6 +47,10 @@ _B_CAP = 1e6
 
 
 class RooflinePrior:
+    # every term of the pressure falls as m grows and std is 0, so the raw attainment is
+    # non-decreasing in m: elasticity.min_instances may search single counts (module doc there)
+    monotone_in_m = True
+
     def __init__(self, model: ModelSpec, device: DeviceSpec, ttft_slo_s: float, tpot_slo_s: float) -> None:
         if not (ttft_slo_s > 0 and tpot_slo_s > 0):
             raise ValueError("SLOs must be > 0")
