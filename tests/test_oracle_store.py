@@ -77,6 +77,9 @@ def test_store_round_trips_predictions_exactly(tmp_path, fitted):
     assert np.array_equal(ela.predict_rows(probe, m)[0], ela2.predict_rows(probe, m)[0])
     assert np.array_equal(ela.predict_rows(probe, m)[1], ela2.predict_rows(probe, m)[1])
     assert header["elasticity_inputs"] == ela.input_set == ela2.input_set
+    # the bandwidth's step-rate mean (capacity.py) keeps its form and fitted factor exactly
+    assert cap.bw_form == cap2.bw_form == header["capacity_bw"]["form"] == "step-rate"
+    assert cap2.step_factor == cap.step_factor == header["capacity_bw"]["step_factor"]
     # the other input set (fit.choose_input_set picks one per fit) round-trips too, and a foreign one is refused
     other = "pressure" if ela.input_set == "full" else "full"
     ela_o = ElasticityModel.fit(p.features, p.instances, p.attainment, prior=PRIOR, input_set=other)

@@ -59,9 +59,11 @@ def evaluate(points: Points, k: int = 5, seed: int = 0, overheads: dict[str, flo
     cap_pred = np.empty((n, len(RESOURCE_DIMS)))
     prior = prior_of(points, overheads)
     chosen: list[str] = []
+    bw_forms: list[str] = []
     for test in folds(points.point_id, k, seed):
         cap, ela = fit_points(points.take(~test), seed=seed, prior=prior)
         chosen.append(ela.input_set)
+        bw_forms.append(cap.bw_form)
         held = points.take(test)
         att_pred[test] = monotone_predictions(ela, held)
         cap_pred[test] = predict_capacity(cap, per_instance(held.features, held.instances))
@@ -71,6 +73,7 @@ def evaluate(points: Points, k: int = 5, seed: int = 0, overheads: dict[str, flo
     figures |= noise_floor(points)
     figures["prior_device_overheads"] = {f: getattr(prior.device, f) for f in OVERHEAD_FIELDS}
     figures["elasticity_inputs"] = {name: chosen.count(name) for name in sorted(set(chosen))}  # folds per input set
+    figures["capacity_bw_mean"] = {name: bw_forms.count(name) for name in sorted(set(bw_forms))}  # folds per form
     figures["points"] = n
     figures["folds"] = min(k, len(np.unique(points.point_id)))
     arrays = {"attainment": points.attainment, "attainment_pred": att_pred, "attainment_prior": prior_att,

@@ -16,6 +16,10 @@ daemon's online refit, so the three report errors the same way. Pure.
   SELECT_ROWS rows, evenly thinned, so a 2,000-point online refit pays for a few small
   fits) and the one with the smaller mean held-out error wins ("full" on a tie, or with
   fewer than SELECT_MIN_POINTS load points).
+- With a prior, the Capacity GP's bandwidth mean is capacity.py's "step-rate" form (its
+  saturating steps per second). Choosing between it and "prior" per fit by 3 inner folds
+  (as the Elasticity inputs) was tried and not kept: on 7-10 load points the choice
+  flipped between folds and did no better than either form (bench/RESULTS.md "oracle").
 - Errors: attainment as absolute error in percentage points; capacity as relative error
   in percent, |pred - measured| / measured, over rows whose measured demand is at least
   REL_FLOOR of a device (below that a relative error measures noise, not the model).
@@ -61,11 +65,7 @@ def choose_input_set(points: Points, prior: Any | None, seed: int = 0) -> tuple[
     held-out absolute error in attainment points (empty when nothing was compared)."""
     if prior is None:
         return "full", {}
-    sub = points
-    if len(points) > SELECT_ROWS:
-        keep = np.zeros(len(points), dtype=bool)
-        keep[np.unique(np.linspace(0, len(points) - 1, SELECT_ROWS).round().astype(np.int64))] = True
-        sub = points.take(keep)
+    sub = _thinned(points)
     ids = np.unique(sub.point_id)
     if len(ids) < SELECT_MIN_POINTS:
         return "full", {}
@@ -87,14 +87,28 @@ def choose_input_set(points: Points, prior: Any | None, seed: int = 0) -> tuple[
     return best, scores
 
 
+def _fit_capacity(points: Points, prior: Any | None, seed: int, bw_form: str) -> CapacityModel:
+    served = served_mask(points.attainment)
+    return CapacityModel.fit(per_instance(points.features[served], points.instances[served]), points.resources[served],
+                             prior, seed=seed, bw_form=bw_form)
+
+
+def _thinned(points: Points) -> Points:
+    """At most SELECT_ROWS rows, evenly thinned (the selections' training sets)."""
+    if len(points) <= SELECT_ROWS:
+        return points
+    keep = np.zeros(len(points), dtype=bool)
+    keep[np.unique(np.linspace(0, len(points) - 1, SELECT_ROWS).round().astype(np.int64))] = True
+    return points.take(keep)
+
+
 def fit_points(points: Points, seed: int = 0, prior: Any | None = None) -> tuple[CapacityModel, ElasticityModel]:
-    """Both GPs on all of `points`; with a prior, the Capacity GP learns its correction and
-    the Elasticity GP's input set is chosen (choose_input_set)."""
+    """Both GPs on all of `points`; with a prior, the Capacity GP learns its correction
+    (bandwidth over the step-rate mean) and the Elasticity GP's input set is
+    chosen (choose_input_set)."""
     if len(points) < 3:
         raise ValueError(f"need at least 3 points to fit, got {len(points)}")
-    served = served_mask(points.attainment)
-    cap = CapacityModel.fit(per_instance(points.features[served], points.instances[served]), points.resources[served],
-                            prior, seed=seed)
+    cap = _fit_capacity(points, prior, seed, "prior" if prior is None else "step-rate")
     input_set, _ = choose_input_set(points, prior, seed)
     ela = ElasticityModel.fit(points.features, points.instances, points.attainment, seed=seed, prior=prior,
                               input_set=input_set)

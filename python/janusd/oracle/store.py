@@ -1,10 +1,11 @@
 """Fitted oracle models on disk, under the daemon's state directory: one pair per model.
 
-  NAME.json  {"format": "janusd-oracle-model", "version": 2, "model": name,
+  NAME.json  {"format": "janusd-oracle-model", "version": 3, "model": name,
               "model_spec": hw ModelSpec identity, "device": device name,
               "info": {"points", "fitted_at", "heldout": eval figures, ...},
               "kernels": {"capacity": [3 kernel strings], "elasticity": kernel string},
-              "elasticity_inputs": one of elasticity.py INPUT_SETS ("full" when absent)}
+              "elasticity_inputs": one of elasticity.py INPUT_SETS ("full" when absent),
+              "capacity_bw": {"form": one of capacity.py BW_FORMS, "step_factor": float}}
   NAME.npz   the training points (dataset.py's arrays: features, instances, resources,
              attainment, point_id) and per GP its hyperparameters and input scaler:
              cap0_theta, cap0_x_mean, cap0_x_std, ... cap2_*, ela_theta, ela_x_mean, ela_x_std
@@ -27,7 +28,7 @@ from urllib.parse import quote
 
 import numpy as np
 
-from janusd.oracle.capacity import CapacityModel
+from janusd.oracle.capacity import CapacityModel, check_bw_form, gp_trends
 from janusd.oracle.dataset import Points
 from janusd.oracle.elasticity import ElasticityModel, to_logit
 from janusd.oracle.fit import per_instance, served_mask
@@ -35,7 +36,7 @@ from janusd.oracle.gp import GPRegressor
 from janusd.oracle.inputs import capacity_inputs
 
 FORMAT = "janusd-oracle-model"
-VERSION = 2  # 2: the Capacity GPs have a linear mean (capacity.py); a version 1 fit is refused, then refitted
+VERSION = 3  # 2: the Capacity GPs have a linear mean; 3: the bandwidth mean form (capacity.py BW_FORMS). Older: refused, then refitted
 _POINT_ARRAYS = ("features", "instances", "resources", "attainment", "point_id")
 
 
@@ -71,7 +72,8 @@ def save(directory: str | os.PathLike[str], model: str, points: Points, cap: Cap
               "info": info, "points": len(points), "capacity_base": "prior" if cap.prior is not None else "none",  # both GPs use the prior or neither
               "kernels": {"capacity": [gp.to_state()[0]["kernel"] for gp in cap.gps],
                           "elasticity": ela.gp.to_state()[0]["kernel"]},
-              "elasticity_inputs": ela.input_set}
+              "elasticity_inputs": ela.input_set,
+              "capacity_bw": {"form": cap.bw_form, "step_factor": cap.step_factor}}
     _atomic(stem.with_suffix(".json"), (json.dumps(header, indent=1, sort_keys=True) + "\n").encode())
     return stem.with_suffix(".json")
 
@@ -120,11 +122,16 @@ def load(directory: str | os.PathLike[str], model: str, model_spec: dict[str, An
         per = per_instance(points.features[served], points.instances[served])
         cx = capacity_inputs(per)
         cap_prior = prior if base == "prior" else None
-        cy = CapacityModel.targets(per, points.resources[served], cap_prior)
+        bw = header.get("capacity_bw")
+        if not (isinstance(bw, dict) and isinstance(bw.get("step_factor"), int | float)):
+            raise ValueError(f"capacity_bw is {bw!r}, expected {{'form': ..., 'step_factor': number}}")
+        form, factor = bw.get("form"), float(bw["step_factor"])
+        check_bw_form(str(form), cap_prior)
+        cy = CapacityModel.targets(per, points.resources[served], cap_prior, str(form), factor)
         gps = [GPRegressor.from_state({"x": cx, "y": cy[:, k], "theta": arrays[f"cap{k}_theta"],
                                        "x_mean": arrays[f"cap{k}_x_mean"], "x_std": arrays[f"cap{k}_x_std"],
-                                       "trend": True})
-               for k in range(3)]
+                                       "trend": trend})
+               for k, trend in enumerate(gp_trends(str(form)))]
         input_set = header.get("elasticity_inputs", "full")
         ex = ElasticityModel.inputs(points.features, points.instances, cap_prior, input_set)
         ela = GPRegressor.from_state({"x": ex, "y": to_logit(points.attainment), "theta": arrays["ela_theta"],
@@ -133,7 +140,7 @@ def load(directory: str | os.PathLike[str], model: str, model_spec: dict[str, An
         raise StoreError(f"{npath}: missing array {e.args[0]!r}") from None
     except (ValueError, np.linalg.LinAlgError) as e:
         raise StoreError(f"{npath}: inconsistent: {e}") from None
-    return points, CapacityModel(gps, cap_prior), ElasticityModel(ela, cap_prior, input_set), header
+    return points, CapacityModel(gps, cap_prior, str(form), factor), ElasticityModel(ela, cap_prior, input_set), header
 
 
 def load_into(oracle: Any, directory: str | os.PathLike[str], model: str, model_spec: dict[str, Any],
