@@ -44,7 +44,7 @@ class DispatchCore:
         self._on_estimate_error = on_estimate_error
         self._version = 0  # bumped when membership or an estimator object changes
         # model -> ((EPOCH, _version), the ready instances' estimators, prefill members' ids)
-        self._cache: dict[str, tuple[tuple[int, int], tuple[PrefillEstimator, ...], tuple[int, ...]]] = {}
+        self._cache: dict[str, tuple[tuple[int, int], tuple[PrefillEstimator, ...], list[int]]] = {}
 
     # ---- instances ----
     def join(self, inst: Instance) -> None:
@@ -96,7 +96,7 @@ class DispatchCore:
             return PrefillEstimator().estimate(tokens)
         return sum(self.estimators[(i.model, i.device)].estimate(tokens) for i in ready) / len(ready)
 
-    def _model_cache(self, m: Model) -> tuple[tuple[int, int], tuple[PrefillEstimator, ...], tuple[int, ...]]:
+    def _model_cache(self, m: Model) -> tuple[tuple[int, int], tuple[PrefillEstimator, ...], list[int]]:
         key = (EPOCH.n, self._version)
         c = self._cache.get(m.name)
         if c is not None and c[0] == key:
@@ -105,7 +105,7 @@ class DispatchCore:
         mine = [i for i in insts if i.instance_id in self._members]
         ready = [i for i in mine if i.active] or mine
         prefill = tuple(i.instance_id for i in insts if i.takes_prefill and i.instance_id in self._members)
-        c = (key, tuple(self.estimators[(i.model, i.device)] for i in ready), prefill)
+        c = (key, tuple(self.estimators[(i.model, i.device)] for i in ready), list(prefill))
         self._cache[m.name] = c
         return c
 
@@ -124,9 +124,8 @@ class DispatchCore:
     def earliest_free(self, m: Model, now: float) -> float | None:
         """The least EPDT over m's instances that take prefill work (None: none in the
         Dispatcher): the early-refusal test's input."""
-        epdt = self.dispatcher.epdt
         ids = self._model_cache(m)[2]
-        return min([epdt(iid, now) for iid in ids]) if ids else None
+        return self.dispatcher.min_epdt(ids, now) if ids else None
 
     def submit(self, rid: int, model: str, arrival_s: float, deadline_s: float, est_s: float,
                value_tokens: int = 1) -> None:
