@@ -130,6 +130,8 @@ class Dispatcher:
         global plan deferred can be assigned."""
     def epdt(self, instance_id: int, now: float) -> float:
         """Estimated prefill done time of the work given to the instance's group (>= now)."""
+    def min_epdt(self, instance_ids: list[int], now: float) -> float | None:
+        """The least epdt() over the instances (None for none): one call per request."""
     def pending(self, model: str) -> int:
         """Queued requests of `model`."""
     def relaxed(self, model: str) -> int:

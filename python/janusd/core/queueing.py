@@ -92,14 +92,12 @@ class Queueing(CoreState):
         cfg = self.dispatch.cfg
         if cfg.admission != "reject_early" or cfg.requeue != "reject":
             return None
-        m = self.registry.models[req.model]
-        free = [self.dispatch.epdt(i, now) for i in m.instances.values() if i.takes_prefill]
-        earliest = min((f for f in free if f is not None), default=None)
+        earliest = self.dispatch.earliest_free(self.registry.models[req.model], now)
         return late_by(earliest, req.est_prefill_s, req.arrival + req.ttft_slo_s, now)
 
     def _submit(self, req: Request, now: float) -> None:
         m = self.registry.models[req.model]
-        req.est_prefill_s = self.dispatch.estimate(list(m.instances.values()), len(req.prompt_ids))
+        req.est_prefill_s = self.dispatch.estimate_model(m, len(req.prompt_ids))
         deadline = req.arrival + req.ttft_slo_s
         if req.held_since is not None:
             deadline = max(deadline, now + req.ttft_slo_s)

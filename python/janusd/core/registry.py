@@ -6,16 +6,38 @@ on a device; its `state` (lifecycle/states.py) is the single record of whether i
 serves. The registry only stores; ServingCore changes states (core/instance_moves.py, so
 the Dispatcher and the telemetry follow every change) and server/model_ops.py talks to
 workers.
+
+Admission asks, per request, which instances of the model are Active, whether the model
+serves and its context length: at 768 devices a model has ~13 instances and each of those
+walks them again. So a Model keeps those answers (`view()`) until the instances change:
+every write of an instance's `state`, `role`, `paired` or `max_model_len`, of a model's
+`cfg`, and every instance added or dropped bumps one counter (`EPOCH`), and a Model's
+view is rebuilt when the counter moved since it was made. The writes stay plain
+attribute writes (core/instance_moves.py is still the one place that changes states).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import msgspec
 
 from janusd.config import ModelConfig
 from janusd.lifecycle.states import InstanceState, takes_new_work
+
+
+class _Epoch:
+    """A counter of changes to what Model.view() reads (module doc)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+EPOCH = _Epoch()
+_WATCHED = frozenset({"state", "role", "paired", "max_model_len"})  # Instance fields a view reads
 
 
 @dataclass
@@ -39,6 +61,11 @@ class Instance:
     decoding: dict[int, int] = field(default_factory=dict)  # P/D decode: request -> tokens still to come
     paired: bool = True
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in _WATCHED:
+            EPOCH.n += 1
+
     @property
     def dispatched(self) -> bool:
         """Takes prefill work from the Dispatcher (every role but a P/D decode instance)."""
@@ -55,10 +82,39 @@ class Instance:
         return self.active and self.dispatched and self.paired
 
 
+class ModelView(NamedTuple):
+    """What admission reads of a model's instances, as of one EPOCH value."""
+
+    epoch: int
+    active: tuple[Instance, ...]  # takes new work, in instance order
+    prefill: tuple[Instance, ...]  # takes prefill work (takes_prefill), in instance order
+    max_model_len: int
+
+
 @dataclass
 class Model:
     cfg: ModelConfig
     instances: dict[int, Instance] = field(default_factory=dict)  # device -> instance
+    _view: ModelView | None = field(default=None, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name == "cfg":
+            EPOCH.n += 1
+
+    def view(self) -> ModelView:
+        """Active and prefill-taking instances and the context length, rebuilt only after a
+        change (module doc)."""
+        v = self._view
+        if v is not None and v.epoch == EPOCH.n:
+            return v
+        insts = list(self.instances.values())
+        active = tuple(i for i in insts if i.active)
+        lens = [i.max_model_len for i in active if i.max_model_len]
+        v = ModelView(EPOCH.n, active, tuple(i for i in insts if i.takes_prefill),
+                      min(lens) if lens else self.cfg.max_model_len)
+        object.__setattr__(self, "_view", v)
+        return v
 
     @property
     def name(self) -> str:
@@ -84,18 +140,17 @@ class Model:
 
     @property
     def active(self) -> list[Instance]:
-        return [i for i in self.instances.values() if i.active]
+        return list(self.view().active)
 
     @property
     def serving(self) -> bool:
         """Some instance takes new prefill work and can finish it (a mixed one, or a
         prefill one with an Active decode partner): queued requests can be dispatched."""
-        return any(i.takes_prefill for i in self.instances.values())
+        return bool(self.view().prefill)
 
     @property
     def max_model_len(self) -> int:
-        lens = [i.max_model_len for i in self.active if i.max_model_len]
-        return min(lens) if lens else self.cfg.max_model_len
+        return self.view().max_model_len
 
 
 class Registry:
@@ -121,6 +176,7 @@ class Registry:
         inst = Instance(self._next_id, model.name, device, role=model.role_on(device))
         self._next_id += 1
         model.instances[device] = inst
+        EPOCH.n += 1
         self.instances[inst.instance_id] = inst
         self._by_device.setdefault(device, {})[inst.instance_id] = inst
         return inst
@@ -138,10 +194,12 @@ class Registry:
         m = self.models.get(inst.model)
         if m is not None and m.instances.get(inst.device) is inst:
             del m.instances[inst.device]
+            EPOCH.n += 1
 
     def drop_model(self, name: str) -> Model | None:
         m = self.models.pop(name, None)
         if m is not None:
+            EPOCH.n += 1
             for inst in list(m.instances.values()):
                 self._unindex(inst)
         return m

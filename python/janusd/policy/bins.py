@@ -13,6 +13,8 @@ balanced" are the same number.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+
 import numpy as np
 
 from janusd.oracle.types import RESOURCE_DIMS
@@ -20,6 +22,7 @@ from janusd.oracle.types import RESOURCE_DIMS
 # Sums of vectors are compared with 1.0 + FIT_EPS: float rounding of a sum of fractions
 # (0.1 + 0.2 + 0.7) must not make an exact fill infeasible.
 FIT_EPS = 1e-9
+_NO_KEYS: frozenset[str] = frozenset()
 # Scores within TIE_EPS of the best are a tie (broken by the lower device id): float
 # rounding of mathematically equal Phi changes must not pick the device.
 TIE_EPS = 1e-12
@@ -50,35 +53,50 @@ class Bins:
     devices outside the pool appear only because pinned items sit on them. `count[i]`
     counts every item on device i, pinned ones included: a device is open (used) when
     it is positive.
+
+    The keys per device are copied on write: placement tries several packings on copies
+    of the same bins (placement_batch.py), and copying 768 sets per trial was a tenth of
+    the simulator's controller time; a copy shares every device's key set until one side
+    changes that device (`_own` holds the sets this Bins made itself since its last copy).
     """
 
     def __init__(self, devices: list[int], allowed: list[bool], reluctant: list[bool] | None = None) -> None:
         self.ids = np.asarray(devices, dtype=np.int64)
-        self.index = {d: i for i, d in enumerate(devices)}
+        self.index = dict(zip(devices, range(len(devices))))
         self.allowed = np.asarray(allowed, dtype=bool)
         # opened only when no other empty device fits (elastic instances hold them)
         self.reluctant = np.zeros(len(devices), dtype=bool) if reluctant is None else np.asarray(reluctant, dtype=bool)
         self.load = np.zeros((len(devices), 3))
         self.count = np.zeros(len(devices), dtype=np.int64)
-        self.keys: list[set[str]] = [set() for _ in devices]
+        self.keys: list[AbstractSet[str]] = [_NO_KEYS] * len(devices)
+        self._own: dict[int, set[str]] = {}  # device index -> its key set, made by this Bins
 
     def copy(self) -> Bins:
         other = Bins.__new__(Bins)
         other.ids, other.index, other.allowed, other.reluctant = self.ids, self.index, self.allowed, self.reluctant
         other.load = self.load.copy()
         other.count = self.count.copy()
-        other.keys = [set(k) for k in self.keys]
+        other.keys = list(self.keys)
+        other._own = {}
+        self._own = {}  # the sets are shared now: the next change of either side copies
         return other
+
+    def _keys_of(self, i: int) -> set[str]:
+        s = self._own.get(i)
+        if s is None:
+            s = self._own[i] = set(self.keys[i])
+            self.keys[i] = s
+        return s
 
     def add(self, i: int, key: str, v: np.ndarray) -> None:
         self.load[i] += v
         self.count[i] += 1
-        self.keys[i].add(key)
+        self._keys_of(i).add(key)
 
     def remove(self, i: int, key: str, v: np.ndarray) -> None:
         self.load[i] -= v
         self.count[i] -= 1
-        self.keys[i].discard(key)
+        self._keys_of(i).discard(key)
         if self.count[i] == 0:
             self.load[i] = 0.0  # no float residue on an empty device
 

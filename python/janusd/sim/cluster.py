@@ -125,6 +125,26 @@ class RunOutcome:
         return slo.Outcomes(self.on_time, self.total, self.ttft_met, self.tpot_met, self.e2e_met, self.ok)
 
 
+class _Outcomes:
+    """RunOutcome's columns as Python lists, filled in during the run."""
+
+    def __init__(self, n: int, total: list[int]) -> None:
+        self.on_time = [0] * n
+        self.total = total
+        self.ttft_met = [False] * n
+        self.tpot_met = [False] * n
+        self.e2e_met = [False] * n
+        self.ok = [False] * n
+        self.status = ["error"] * n
+        self.token_times: dict[int, list[float]] = {}
+
+    def arrays(self) -> RunOutcome:
+        return RunOutcome(np.array(self.on_time, np.int64), np.array(self.total, np.int64),
+                          np.array(self.ttft_met, bool), np.array(self.tpot_met, bool),
+                          np.array(self.e2e_met, bool), np.array(self.ok, bool), list(self.status),
+                          self.token_times)
+
+
 class _Columns:
     """The trace's per-request columns as Python lists (the event loop reads one value at
     a time; a numpy scalar costs several times a list item)."""
@@ -162,9 +182,9 @@ class Cluster:
         self.groups: dict[int, list[int]] = {}  # worker (leader device) -> its devices
         self.engine = engine
         n = len(trace.arrival_s)
-        self._res = RunOutcome(np.zeros(n, np.int64), trace.output_tokens.astype(np.int64).copy(),
-                               np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool),
-                               ["error"] * n)
+        # per request, as Python lists while the run fills them in (a numpy item write costs
+        # several times a list's); outcome() makes the arrays
+        self._res = _Outcomes(n, trace.output_tokens.astype(np.int64).tolist())
         self._index: dict[int, int] = {}  # core rid -> trace row
         self.refused = 0
         self.outcome_counts: dict[str, int] = {}
@@ -392,14 +412,14 @@ class Cluster:
             raise RuntimeError(f"request {req.rid} ended ok but its worker has no outcome")
         ttft, tpot = req.ttft_slo_s, req.tpot_slo_s
         n = o.tokens
-        r.total[i] = max(int(r.total[i]), n)
+        total = r.total[i] = max(r.total[i], n)
         r.on_time[i] = o.on_time
         r.ok[i] = True
         r.ttft_met[i] = o.first_s <= ttft + slo.EPS_S
-        complete = n >= self.trace.output_tokens[i]
+        complete = n >= self._cols.out[i]
         itl = (o.last_s - o.first_s) / (n - 1) if n > 1 else 0.0
         r.tpot_met[i] = complete and itl <= tpot + slo.EPS_S
-        r.e2e_met[i] = complete and o.on_time == r.total[i]
+        r.e2e_met[i] = complete and o.on_time == total
         r.status[i] = "ok"
         if o.token_times is not None:
             r.token_times[i] = o.token_times
@@ -413,7 +433,7 @@ class Cluster:
         return self._device_s / 3600.0
 
     def outcome(self) -> RunOutcome:
-        return self._res
+        return self._res.arrays()
 
     def result_rows(self) -> list[RequestResult]:
         """Per request, in the replayer's format (trace/results.py); token times only when

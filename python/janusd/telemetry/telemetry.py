@@ -177,14 +177,14 @@ class Telemetry:
         live = self._drop(rid)
         if live is None:
             return
-        w = self._models[live.model].window
-        w.add(t, _END, 1)
+        ch = self._models[live.model].window.at(t)  # one bucket for the five values
+        ch[_END].add(1)
         if ok:
-            w.add(t, _OUT, max(0, int(output_tokens)))
+            ch[_OUT].add(max(0, int(output_tokens)))
         else:
-            w.add(t, _FAIL, 1)
-        w.add(t, _ONTIME, max(0, int(on_time_tokens)))
-        w.add(t, _COUNTED, max(0, int(counted_tokens)))
+            ch[_FAIL].add(1)
+        ch[_ONTIME].add(max(0, int(on_time_tokens)))
+        ch[_COUNTED].add(max(0, int(counted_tokens)))
 
     def forget_model(self, model: str) -> None:
         """Drop a model's window and its in-flight requests; their late events are ignored."""

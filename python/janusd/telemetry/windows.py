@@ -165,11 +165,16 @@ class SlidingWindow:
 
     def add(self, t: float, channel: int, x: float) -> None:
         """Record value x on channel at time t (clamped to the newest bucket seen)."""
+        self.at(t)[channel].add(x)
+
+    def at(self, t: float) -> list[Moments]:
+        """The channels of the bucket that records values at time t (as `add` finds it):
+        several values of one event at one time advance the window once."""
         k = self._advance(t)
         b = self._buckets
         if not b or b[-1].index != k:
             b.append(_Bucket(k, self.channels))
-        b[-1].ch[channel].add(x)
+        return b[-1].ch
 
     def totals(self, now: float) -> list[Moments]:
         """Each channel merged over the window at `now` (evicts what has left it)."""

@@ -321,6 +321,10 @@ impl Dispatcher {
         self.inner.epdt(instance_id.0, now.0).map_err(dispatch_err)
     }
 
+    fn min_epdt(&self, instance_ids: Vec<i64>, now: Float) -> PyResult<Option<f64>> {
+        self.inner.min_epdt(&instance_ids, now.0).map_err(dispatch_err)
+    }
+
     fn pending(&self, model: &str) -> usize {
         self.inner.pending(model)
     }

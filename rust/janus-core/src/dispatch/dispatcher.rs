@@ -376,6 +376,20 @@ impl Dispatcher {
         Ok(self.load(self.instance(instance)?.group).epdt(now))
     }
 
+    /// The least EPDT over `instances` (None for none): the core's early-refusal test
+    /// asks it for every request over the model's instances, one call instead of one per
+    /// instance. The first of equal values, as a left-to-right `min` would give.
+    pub fn min_epdt(&self, instances: &[i64], now: f64) -> Result<Option<f64>, DispatchError> {
+        let mut best: Option<f64> = None;
+        for &i in instances {
+            let e = self.epdt(i, now)?;
+            if best.is_none_or(|b| e < b) {
+                best = Some(e);
+            }
+        }
+        Ok(best)
+    }
+
     /// Queued requests of `model` (0 for a model never seen).
     pub fn pending(&self, model: &str) -> usize {
         self.model_ids

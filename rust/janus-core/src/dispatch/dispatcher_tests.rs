@@ -51,6 +51,24 @@ fn epdt_tracks_work_given_minus_work_done() {
     );
 }
 
+#[test]
+fn min_epdt_is_the_least_epdt_of_the_instances() {
+    let mut d = disp_plan(Policy::LstImh, Requeue::Reject, 0.02, Plan::Window);
+    d.add_instance(7, "m", 7).unwrap();
+    d.add_instance(8, "m", 8).unwrap();
+    d.add_instance(9, "m", 7).unwrap(); // shares 7's group, so its EPDT
+    d.submit(1, "m", 0.0, 1.0, 0.1).unwrap();
+    d.submit(2, "m", 0.0, 1.0, 0.2).unwrap();
+    d.tick(0.0).unwrap();
+    let each: Vec<f64> = [7, 8, 9].iter().map(|&i| d.epdt(i, 0.0).unwrap()).collect();
+    let least = each.iter().cloned().fold(f64::INFINITY, f64::min);
+    assert_eq!(d.min_epdt(&[7, 8, 9], 0.0).unwrap(), Some(least));
+    assert_eq!(d.min_epdt(&[7, 9], 0.0).unwrap(), Some(each[0].min(each[2])));
+    assert_eq!(d.min_epdt(&[], 0.0).unwrap(), None);
+    assert!(d.min_epdt(&[7, 42], 0.0).is_err()); // an unknown instance, as epdt says
+    assert!(d.min_epdt(&[7], f64::NAN).is_err());
+}
+
 /// Instance 1 busy until 3, instance 2 idle at 0, a window wide enough for both; then
 /// A (4, 5), B (2, 6), C (2, 7) arrive.
 fn worked_example(plan: Plan) -> Vec<Assignment> {
