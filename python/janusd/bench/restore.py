@@ -28,7 +28,9 @@ what each step reads and each restore moves; the JSON's `dtype` says which) on t
   device over the tokens that arrived while forks to the other device ran, against the
   same stream's gaps in the quiet stretches before each fork and after the last
   (`devices.transfer_nice` and `lifecycle.fork_bandwidth_mib_s` from --transfer-nice /
-  --fork-bandwidth-mib-s);
+  --fork-bandwidth-mib-s); at least --forks forks, more (up to --max-forks) until
+  --min-during-tokens tokens arrived during them, so that the p99 is not one slow token
+  whatever a fork lasts;
 - `warm_first_token_s` / `cold_first_token_s`: a request to the model while its only
   instances are Warm / Cold, sent to the first streamed token (the request wakes one);
 - `cold_rss_after_mib`: the worker's RSS once the model is Cold on its device, and
@@ -69,7 +71,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the daemon part's model dtype (default bfloat16: SmolLM2's GGUF is 4-bit Q4_1, bf16 "
                         "rounds it by 0.13%% rms and halves the bytes each step reads and each restore moves)")
     p.add_argument("--no-daemon", action="store_true", help="synthetic segments only")
-    p.add_argument("--forks", type=int, default=6, help="forks during the source stream")
+    p.add_argument("--forks", type=int, default=6, help="forks during the source stream (at least)")
+    p.add_argument("--min-during-tokens", type=int, default=400,
+                   help="fork again (up to --max-forks) until this many source tokens arrived during forks: a p99 "
+                        "over fewer is one or two slow tokens (a bfloat16 fork is half as long as a float32 one)")
+    p.add_argument("--max-forks", type=int, default=20, help="the most forks --min-during-tokens may take")
     p.add_argument("--tpot-quiet-tokens", type=int, default=60,
                    help="tokens the source streams with no fork before each fork and after the last")
     p.add_argument("--cache-dir", default=None, help="checkpoint cache dir (default: the config default)")
@@ -302,7 +308,8 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
         # interleaving keeps both sides at the same context lengths (a decode's KV gather grows
         # with it) and the same moments of a shared machine
         quiet_n = args.tpot_quiet_tokens
-        n_total = min(20 + (quiet_n + 400) * args.forks + quiet_n, 4000)
+        max_forks = max(args.forks, args.max_forks)
+        n_total = min(20 + (quiet_n + 400) * max_forks + quiet_n, 4000)
         seen = [0]
         cv = threading.Condition()
         stop = threading.Event()
@@ -338,11 +345,13 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(0.001)
         tokens(20)  # warm-up
         fork_rows, windows, quiet = [], [], []
-        for _ in range(args.forks):
+        during_tokens = 0
+        while len(fork_rows) < args.forks or (during_tokens < args.min_during_tokens and len(fork_rows) < max_forks):
             quiet.append(tokens(quiet_n))
-            t0 = time.perf_counter() - t_send[0]
+            t0, seen0 = time.perf_counter() - t_send[0], seen[0]
             fork_rows.append(_ctl(sock, am.ForkReq("m", 0, 1)))
             windows.append((t0, time.perf_counter() - t_send[0]))
+            during_tokens += seen[0] - seen0
             _ctl(sock, am.StateReq("m", 1, "cold"))
         quiet.append(tokens(quiet_n))
         stop.set()
