@@ -197,7 +197,7 @@ def test_each_model_answers_like_janus_generate(daemon):
         args = ["--prompt", PROMPT, "--max-tokens", "12", "--temperature", "0.9", "--top-p", "0.95", "--seed", "1234"]
         out = subprocess.run(
             [sys.executable, "-m", "janusd.cli", "generate", "--model", cfg.model(m).checkpoint, *args,
-             "--cache-dir", str(SHARED_CACHE), "--threads", "1", "--json"],
+             "--dtype", cfg.model(m).dtype, "--cache-dir", str(SHARED_CACHE), "--threads", "1", "--json"],
             capture_output=True, text=True, timeout=240,
         )
         assert out.returncode == 0, out.stderr

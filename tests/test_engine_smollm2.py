@@ -39,10 +39,34 @@ def test_smollm2_answers_capital_of_france(dtype: str, checkpoint) -> None:
     if dtype == "float32":
         assert text == "The capital of France is Paris."
         assert outs[-1].finish_reason == "stop" and outs[-1].token_ids[-1] in me.eos_token_ids
-    else:
-        assert "Paris" in text
+    else:  # bf16 rounding may change later tokens of other prompts, not this short answer
+        assert text == "The capital of France is Paris."
     de.unload_model("smol")
     assert de.pool.stats().free_pages == de.pool.num_pages
+
+
+@pytest.mark.slow
+def test_bfloat16_batch_is_unchanged_by_what_its_kv_pages_held_before(checkpoint) -> None:
+    """KV pages come back from the pool holding the last tenant's bytes. A float32 model's
+    weights and KV, read as bfloat16, are NaN often; the batched decode pads the shorter
+    sequences, and a masked NaN slot once turned their rows into token 0 forever. The same
+    batch on fresh pages and on pages a float32 model used must give the same tokens."""
+    questions = ["What is the capital of France?", "Tell me a long story about the sea.", "Write a haiku about autumn.",
+                 "How many legs does a spider have?", "What is 12 plus 7?"]
+    de = DeviceEngine(memory_bytes=1024 << 20)
+
+    def run(dtype: str) -> dict[str, list[int]]:
+        me = de.load_model(ModelConfig(name=dtype, checkpoint=SPEC, dtype=dtype, kv_cache_mib=32, max_model_len=512),
+                           EngineConfig(), checkpoint=checkpoint)
+        prompts = {f"q{i}": _chat_prompt(me.tokenizer, q) for i, q in enumerate(questions)}
+        outs = me.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0))
+        de.unload_model(dtype)
+        return {rid: [t for o in os for t in o.token_ids] for rid, os in outs.items()}
+
+    fresh = run("bfloat16")
+    run("float32")
+    assert run("bfloat16") == fresh
+    assert fresh["q0"][:8] != [fresh["q0"][0]] + [0] * 7 and all(len(t) > 1 for t in fresh.values())
 
 
 def test_generate_cli_json_last_line(tmp_path) -> None:

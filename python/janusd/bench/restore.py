@@ -19,14 +19,18 @@ a pool without a resident zone has them after a model went Cold (the kernel zero
   flight), against a sequential read() of the same file into one 16 MiB buffer
   (`cold_vs_disk`); the file is in the page cache for all of them.
 Then through a real daemon serving the same small model (SmolLM2-135M-Instruct by
-default) on two cpu devices:
+default, in `--dtype`, bfloat16 unless given: its GGUF holds 4-bit Q4_1 matrices, which no
+16-bit float holds exactly; bf16 rounds them by 0.13% rms against Q4_1's own ~8% and halves
+what each step reads and each restore moves; the JSON's `dtype` says which) on two cpu devices:
 - `control_overhead_ms`: client-side time of `ctl state active` (Warm -> Active) minus the
   transfer and first-token phases: everything but moving bytes and the first token;
 - `source_tpot_p99_increase_pct`: the p99 inter-token gap of a stream on the source
   device over the tokens that arrived while forks to the other device ran, against the
   same stream's gaps in the quiet stretches before each fork and after the last
   (`devices.transfer_nice` and `lifecycle.fork_bandwidth_mib_s` from --transfer-nice /
-  --fork-bandwidth-mib-s);
+  --fork-bandwidth-mib-s); at least --forks forks, more (up to --max-forks) until
+  --min-during-tokens tokens arrived during them, so that the p99 is not one slow token
+  whatever a fork lasts;
 - `warm_first_token_s` / `cold_first_token_s`: a request to the model while its only
   instances are Warm / Cold, sent to the first streamed token (the request wakes one);
 - `cold_rss_after_mib`: the worker's RSS once the model is Cold on its device, and
@@ -63,8 +67,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--streams", type=int, default=4, help="chunked copies in flight")
     p.add_argument("--chunk-mib", type=int, default=64, help="chunk size")
     p.add_argument("--checkpoint", default="builtin:smollm2-135m-instruct", help="model for the daemon part")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16",
+                   help="the daemon part's model dtype (default bfloat16: SmolLM2's GGUF is 4-bit Q4_1, bf16 "
+                        "rounds it by 0.13%% rms and halves the bytes each step reads and each restore moves)")
     p.add_argument("--no-daemon", action="store_true", help="synthetic segments only")
-    p.add_argument("--forks", type=int, default=6, help="forks during the source stream")
+    p.add_argument("--forks", type=int, default=6, help="forks during the source stream (at least)")
+    p.add_argument("--min-during-tokens", type=int, default=400,
+                   help="fork again (up to --max-forks) until this many source tokens arrived during forks: a p99 "
+                        "over fewer is one or two slow tokens (a bfloat16 fork is half as long as a float32 one)")
+    p.add_argument("--max-forks", type=int, default=20, help="the most forks --min-during-tokens may take")
     p.add_argument("--tpot-quiet-tokens", type=int, default=60,
                    help="tokens the source streams with no fork before each fork and after the last")
     p.add_argument("--cache-dir", default=None, help="checkpoint cache dir (default: the config default)")
@@ -265,12 +276,13 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
             + (f"[lifecycle]\nfork_bandwidth_mib_s = {args.fork_bandwidth_mib_s}\n"
                if args.fork_bandwidth_mib_s is not None else "")
             + f'[[models]]\nname = "m"\ncheckpoint = "{args.checkpoint}"\nkv_cache_mib = 256\nmax_model_len = 4096\n'
+            f'dtype = "{args.dtype}"\n'
             f"ttft_slo_ms = 600000.0\ntpot_slo_ms = 600000.0\ndevices = [0, 1]\ncold_devices = [1]\n")
     proc, port = daemon_proc.start(text, run_dir, args.torch_threads, {"m": 1})
     from janusd.config import DevicesConfig, LifecycleConfig
 
     out: dict[str, Any] = {  # the settings in effect (the config's defaults unless given)
-        "resident_mib": args.resident_mib,
+        "dtype": args.dtype, "resident_mib": args.resident_mib,
         "transfer_nice": DevicesConfig().transfer_nice if args.transfer_nice is None else args.transfer_nice,
         "fork_bandwidth_mib_s": (LifecycleConfig().fork_bandwidth_mib_s if args.fork_bandwidth_mib_s is None
                                  else args.fork_bandwidth_mib_s)}
@@ -296,7 +308,8 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
         # interleaving keeps both sides at the same context lengths (a decode's KV gather grows
         # with it) and the same moments of a shared machine
         quiet_n = args.tpot_quiet_tokens
-        n_total = min(20 + (quiet_n + 400) * args.forks + quiet_n, 4000)
+        max_forks = max(args.forks, args.max_forks)
+        n_total = min(20 + (quiet_n + 400) * max_forks + quiet_n, 4000)
         seen = [0]
         cv = threading.Condition()
         stop = threading.Event()
@@ -332,11 +345,13 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(0.001)
         tokens(20)  # warm-up
         fork_rows, windows, quiet = [], [], []
-        for _ in range(args.forks):
+        during_tokens = 0
+        while len(fork_rows) < args.forks or (during_tokens < args.min_during_tokens and len(fork_rows) < max_forks):
             quiet.append(tokens(quiet_n))
-            t0 = time.perf_counter() - t_send[0]
+            t0, seen0 = time.perf_counter() - t_send[0], seen[0]
             fork_rows.append(_ctl(sock, am.ForkReq("m", 0, 1)))
             windows.append((t0, time.perf_counter() - t_send[0]))
+            during_tokens += seen[0] - seen0
             _ctl(sock, am.StateReq("m", 1, "cold"))
         quiet.append(tokens(quiet_n))
         stop.set()

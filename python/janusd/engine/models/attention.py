@@ -62,10 +62,16 @@ def build_attn_batch(decodes: list[tuple[list[int], int]], prefills: list[tuple[
         nb = (lmax + block_size - 1) // block_size
         tables = torch.tensor([t[:nb] + [t[0]] * (nb - len(t[:nb])) for t, _ in decodes], dtype=torch.long)
         pos = torch.arange(lmax)
-        batch.dec_blk = tables[:, pos // block_size].to(device)
-        batch.dec_off = (pos % block_size).expand(len(decodes), lmax).to(device)
         lens = torch.tensor([c for _, c in decodes])
         dmask = pos[None, :] < lens[:, None]
+        # A shorter sequence's padding reads its own position 0 (written by its prefill), not
+        # the unwritten slots past its length: those hold whatever the pool's page held
+        # before (another model's weights, another dtype's KV), and a NaN there poisons the
+        # row even masked (softmax weight 0 times NaN is NaN; seen as bfloat16 SmolLM2
+        # emitting token 0 on KV pages an fp32 model had used)
+        blk = tables[:, pos // block_size]
+        batch.dec_blk = torch.where(dmask, blk, blk[:, :1]).to(device)
+        batch.dec_off = torch.where(dmask, pos % block_size, 0).to(device)
         if window is not None:
             dmask &= pos[None, :] >= (lens[:, None] - window)
         batch.dec_mask = dmask.view(len(decodes), 1, 1, lmax).to(device)

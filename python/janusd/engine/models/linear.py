@@ -17,6 +17,12 @@ prompt length a worker has not seen yet pays it once per matrix shape (4 per lay
 plus the LM head); the ~30 ms a 9-token SmolLM2 prefill saves still outweighs it on that
 first prefill.
 
+bfloat16 needs no routing here: torch's F.linear already runs it on oneDNN (brgemm
+matmul, avx512_core_bf16 on this Zen 4, for one row and for many: ONEDNN_VERBOSE shows
+it), and `_linear_pointwise` on the same bf16 weights was no faster (SmolLM2's 30 layers
+plus the LM head, 9 rows: median 40.3 vs 41.1 ms; 1 row 31.0 vs 27.6 ms, min 26.2 vs 26.0,
+15 interleaved turns under load ~5; bench/RESULTS.md "restore", third pass).
+
 The two libraries round differently (float32 sums in another order: ~1e-5 relative), so
 logits differ in the last bits from MKL's; greedy outputs were identical on the tests'
 and SmolLM2's prompts (tests/test_engine_linear.py, test_engine_hf_parity.py).
