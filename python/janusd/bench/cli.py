@@ -22,6 +22,8 @@ BENCHES: dict[str, tuple[str, str]] = {
                   "steady placement vs the exact MILP optimum; controller decision times at 768 devices, 62 apps"),
     "restore": ("janusd.bench.restore", "H2D restore / D2D fork / Cold start vs memcpy, raw transfer and disk read; "
                 "control overhead, source TPOT during a fork, first token of a Warm or Cold model"),
+    "restore-device": ("janusd.bench.restore_device",
+                       "H2D restore and D2H on an accelerator vs raw copies of the same bytes; first token Warm/Cold"),
     "pd": ("janusd.bench.pd", "P/D handoff cost per request (token 1 to 2 gap vs mixed) and KV transfer bandwidth"),
     "xtensor": ("janusd.bench.xtensor", "xTensor map/unmap vs raw mmap, bookkeeping ns/op, churn fragmentation"),
 }

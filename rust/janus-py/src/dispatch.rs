@@ -79,7 +79,13 @@ fn floats_raw(obj: &Bound<'_, PyAny>) -> PyResult<Vec<f64>> {
                 return Err(PyErr::fetch(py));
             }
             if pyo3::ffi::PyFloat_CheckExact(item) != 0 {
-                pyo3::ffi::PyFloat_AS_DOUBLE(item)
+                // The macro reads the struct field; the stable ABI (abi3 builds, such as
+                // the one carried to a device machine with another Python) has only the call.
+                #[cfg(not(feature = "abi3"))]
+                let v = pyo3::ffi::PyFloat_AS_DOUBLE(item);
+                #[cfg(feature = "abi3")]
+                let v = pyo3::ffi::PyFloat_AsDouble(item);
+                v
             } else {
                 pyo3::ffi::Py_INCREF(item);
                 let v = pyo3::ffi::PyFloat_AsDouble(item);
