@@ -117,6 +117,7 @@ def _first_token(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.model_repeats):
             active.append(_timed(lambda: de.models["m"].generate(prompt, one), args.kind))
             host, _ = de.release(de.detach("m"), copier, keep_host=True)
+            assert host is not None  # keep_host: the D2H copy
             _sync(args.kind)
             t0 = time.perf_counter()
             de.register(de.restore_model(host, copier, {}))
@@ -130,7 +131,7 @@ def _first_token(args: argparse.Namespace) -> dict[str, Any]:
             same &= de.models["m"].generate(prompt, one)["r"][0].token_ids == ref
             _sync(args.kind)
             cold.append(time.perf_counter() - t0)
-        nbytes = de.models["m"].placement.plan.total_bytes
+        nbytes = de.models["m"].placement.plan.total_bytes  # type: ignore[attr-defined]
     finally:
         de.pool.close()
     return {"model": args.model, "weight_mib": round(nbytes / (1 << 20), 1), "same_tokens": same,
