@@ -29,6 +29,17 @@ def _tokenizer_file(tmp_root: Path) -> Path:
     return _TOKENIZER_CACHE[VOCAB]
 
 
+def cuda_available() -> bool:
+    """A CUDA driver (libcuda.so.1, what xTensor's VMM backend loads) and a device torch sees."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return torch.cuda.is_available()
+
+
 def tiny_config(arch: str, **over: Any) -> Any:
     import transformers as tf
 

@@ -6,25 +6,17 @@ CUDA driver and device (CI); run on a lent device machine (bench/RESULTS.md "cud
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import pytest
 import torch
 
 from daemon_harness import server_section, start_daemon
+from engine_fixtures import cuda_available
 from janusd.wire import admin_msgs as am
 
 
-def _have_cuda() -> bool:
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    return torch.cuda.is_available()
-
-
-pytestmark = pytest.mark.skipif(not _have_cuda(), reason="no CUDA driver (libcuda.so.1) / device here")
+pytestmark = pytest.mark.skipif(not cuda_available(), reason="no CUDA driver (libcuda.so.1) / device here")
 
 MODELS = """
 [[models]]

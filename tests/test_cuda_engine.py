@@ -1,34 +1,27 @@
 """The engine and the lifecycle on a CUDA device (xTensor's VMM backend underneath):
 the same greedy tokens as on the cpu, a Warm -> Active restore from a page-locked host
-copy with identical outputs, an out-of-memory restore that rolls back, cycles that free
+copy with identical outputs (the out-of-memory rollback runs on cuda in
+test_lifecycle_engine.py), cycles that free
 the device back to its baseline, and co-located models (one stream each) that match each
 alone. Skipped where there is no CUDA driver and device (CI); run on a lent device
 machine (bench/RESULTS.md "cuda")."""
 
 from __future__ import annotations
 
-import ctypes
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
+from engine_fixtures import cuda_available
 from janusd.config import EngineConfig, ModelConfig
 from janusd.engine.device_engine import DeviceEngine
 from janusd.engine.restore import Copier
-from janusd.engine.types import EngineError, SamplingParams
+from janusd.engine.types import SamplingParams
 
 
-def _have_cuda() -> bool:
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    return torch.cuda.is_available()
-
-
-pytestmark = pytest.mark.skipif(not _have_cuda(), reason="no CUDA driver (libcuda.so.1) / device here")
+pytestmark = pytest.mark.skipif(not cuda_available(), reason="no CUDA driver (libcuda.so.1) / device here")
 
 CACHE = Path(tempfile.gettempdir()) / "janusd-test-cache"
 MC = ModelConfig(name="m", checkpoint="demo:llama-tiny", kv_cache_mib=4)
@@ -77,21 +70,6 @@ def test_warm_restore_from_pinned_host_copy_is_identical(de):
     assert set(phases) == {"prepare", "transfer", "restore"} and phases["transfer"] > 0
     assert torch.equal(de.models["m"].placement.segment.tensor()[: host.nbytes].cpu(), host.buf)
     assert generate(de) == greedy and generate(de, seed=7) == seeded
-
-
-def test_out_of_memory_restore_rolls_back(de):
-    host, _ = de.release(de.detach("m"), Copier(1), keep_host=True)
-    filler = de.pool.alloc_weights("filler", de.pool.stats().free_pages * de.pool.page_size)
-    before = de.pool.stats()
-    with pytest.raises(EngineError, match="device memory"):
-        de.restore_model(host, Copier(1), {})
-    after = de.pool.stats()
-    assert (after.free_pages, after.pages_by_owner) == (before.free_pages, before.pages_by_owner)
-    assert "m" not in de.models and not de._building
-    del filler
-    de.pool.free("filler")
-    de.register(de.restore_model(host, Copier(1), {}))
-    assert len(generate(de)) == 12
 
 
 def test_cycles_free_the_device_back_to_baseline():

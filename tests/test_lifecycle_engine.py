@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine_fixtures import cuda_available
 from janusd.config import EngineConfig, ModelConfig
 from janusd.engine.device_engine import DeviceEngine
 from janusd.engine.restore import Copier
@@ -56,7 +57,18 @@ def test_warm_restore_is_identical_and_chunked(de):
     assert generate(de) == greedy and generate(de, seed=7) == seeded
 
 
-def test_out_of_memory_restore_rolls_back(de):
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not cuda_available(), reason="no CUDA driver (libcuda.so.1) / device here"))])
+def any_de(request):
+    """The `de` engine on each device kind there is (cuda on a lent GPU machine)."""
+    e = DeviceEngine(kind=request.param, memory_bytes=16 << 20)
+    e.load_model(MC, EC, CACHE)
+    yield e
+    e.pool.close()
+
+
+def test_out_of_memory_restore_rolls_back(any_de):
+    de = any_de
     host, _ = de.release(de.detach("m"), Copier(1), keep_host=True)
     filler = de.pool.alloc_weights("filler", de.pool.stats().free_pages * de.pool.page_size)
     before = de.pool.stats()
