@@ -23,7 +23,9 @@ when another instance of the model is Active (a fork), else H2D (h2d_bw, from th
 host copy every model is assumed to have); removal drains (Draining -> Unloaded once its
 requests are done). A migration places the new instance first and drains the old one
 when the new one is Active; so does a change of pool (an app turning elastic keeps its
-steady instance until an elastic one is Active, and back).
+steady instance until an elastic one is Active, and back). Moves only start instances;
+what stops them is one rule applied after every tick (_reconcile): an instance no plan
+wants goes once every instance its model's plans want is Active.
 
 Keep-alive (sim/keepalive.py, policy/keepalive.residency): every slow period, before the
 placement, a model idle for warm_after_s goes Warm (its instances drain; it leaves the
@@ -130,7 +132,7 @@ class Controller:
         self._names = cluster.req_model
         self.decisions = 0  # policy calls made (tests, the summary)
         self._placed_at = 0.0
-        self._pending: dict[tuple[str, int], int | None] = {}  # loads waiting for memory -> then drain
+        self._pending: set[tuple[str, int]] = set()  # loads waiting for memory (retried every fast tick)
         self._handover: dict[str, set[int]] = {}  # model -> devices serving it until its new pool does
         pin: dict[str, Pool] = {"steady-only": "steady", "prism": "steady", "elastic-only": "elastic",
                                 "blitzscale": "elastic"}
@@ -200,6 +202,7 @@ class Controller:
         if self._classify(now) or now - self._placed_at >= self.p.recheck_s:
             self._place(now, consolidate=False)
         self._fast(now)
+        self._reconcile(now)
         if self.c.busy:
             self.c.at(now + self.p.fast_s, self._fast_tick)
 
@@ -208,6 +211,7 @@ class Controller:
         for name, _res in self.keep.tick(now, [a for a in self.apps if a not in self._waking]):
             self._rest(name, now)
         self._place(now, consolidate=True)
+        self._reconcile(now)
         if self.c.busy:
             self.c.at(now + self.p.slow_s, self._slow_tick)
 
@@ -242,7 +246,7 @@ class Controller:
                 self._start(mv.model, mv.dst, now)
             elif mv.kind == "migrate" and mv.dst is not None and mv.src is not None:
                 self._evict_elastic(mv.dst, now, mv.model)
-                self._start(mv.model, mv.dst, now, then_drain=mv.src)
+                self._start(mv.model, mv.dst, now)
                 if not mv.forced:
                     self.st.migrations += 1
             elif mv.kind == "remove" and mv.src is not None:
@@ -307,7 +311,7 @@ class Controller:
                     self._stop(a, device, now)
 
     # ------------------------------------------------------------ lifecycle
-    def _start(self, model: str, device: int, now: float, then_drain: int | None = None) -> None:
+    def _start(self, model: str, device: int, now: float) -> None:
         """Load `model` on `device`, or, while the device's memory is held by instances
         still draining (their weights and the newcomer's would not fit), wait: retried at
         every fast tick while the plan still wants it there."""
@@ -321,17 +325,14 @@ class Controller:
         arch = self.c.served[model].arch
         held = [a for n, a in self.c.residents(device).items() if n != model]
         if inst.state is S.DRAINING or not self.c.perf.weights_fit([*held, arch]):
-            self._pending[(model, device)] = then_drain
+            self._pending.add((model, device))
             return
-        self._pending.pop((model, device), None)
+        self._pending.discard((model, device))
         dev = self.c.perf.device
         forks = [i for i in self.c.core.registry.models[model].instances.values() if i.state is S.ACTIVE]
         link = dev.d2d_bw if forks and self.mode != "prism" else dev.h2d_bw
         load_s = self.p.control_overhead_s + self.c.perf.load_s(arch, link)
         self.c.place(model, [device], now, load_s)
-        if then_drain is not None:
-            src = then_drain
-            self.c.at(now + load_s, lambda t: self._stop(model, src, t))
 
     def _hand_over(self, model: str, device: int, now: float) -> None:
         """An instance of a model changing pools: it serves until the model has an Active
@@ -351,13 +352,52 @@ class Controller:
                 del self._handover[model]
 
     def _retry_pending(self, now: float) -> None:
-        for (model, device), then_drain in sorted(self._pending.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        for model, device in sorted(self._pending, key=lambda k: (k[1], k[0])):
             wanted = device in self.st.elastic.get(model, ()) or any(
                 a.device == device and a.key.split("#")[0] == model for a in self.st.steady.values())
             if not wanted:
-                del self._pending[(model, device)]
+                self._pending.discard((model, device))
             else:
-                self._start(model, device, now, then_drain)
+                self._start(model, device, now)
+
+    def _planned(self) -> dict[str, set[int]]:
+        """Per model, the devices some plan wants it on now: the steady assignments, the
+        elastic workers, and instances handing over to a new pool."""
+        want: dict[str, set[int]] = {}
+        for a in self.st.steady.values():
+            want.setdefault(a.key.split("#")[0], set()).add(a.device)
+        for m, devs in self.st.elastic.items():
+            want.setdefault(m, set()).update(devs)
+        for m, devs in self._handover.items():
+            want.setdefault(m, set()).update(devs)
+        return want
+
+    def _reconcile(self, now: float) -> None:
+        """Stop the instances no plan wants. A Loading one goes at once; an Active one once
+        every instance its model's plans want is Active (make before break: the source of a
+        migration serves until its target does, however the plan changed meanwhile), or at
+        once when the plans want the model nowhere. Before this the moves themselves
+        stopped what they replaced, and a move that lost track (a migration target that
+        waited for memory while the plan changed, a move onto a device where the model
+        already served) left an instance serving unplanned for the rest of the run: 37 in
+        the 62-app day, holding KV pages and step time the placement had given to others
+        (bench/RESULTS.md "sim, fifth pass")."""
+        want = self._planned()
+        models = self.c.core.registry.models
+        ready: dict[str, bool] = {}
+        for inst in list(self.c.core.registry.instances.values()):
+            m = inst.model
+            if (inst.state is not S.ACTIVE and inst.state is not S.LOADING) or inst.device in want.get(m, ()):
+                continue
+            if inst.state is S.ACTIVE:
+                ok = ready.get(m)
+                if ok is None:
+                    insts = models[m].instances
+                    ok = ready[m] = all((i := insts.get(d)) is not None and i.state is S.ACTIVE
+                                        for d in want.get(m, ()))
+                if not ok:
+                    continue
+            self._stop(m, inst.device, now)
 
     # ----------------------------------------------------------- keep-alive
     def _awake(self, app: str) -> bool:
@@ -374,7 +414,7 @@ class Controller:
         for d in sorted(self._handover.pop(model, set())):
             self._stop(model, d, now)
         for key in [k for k in self._pending if k[0] == model]:
-            del self._pending[key]
+            self._pending.discard(key)
         for d in held:
             self._stop(model, d, now)
         if held:  # (Warm -> Cold held nothing: where it rested stays known)
