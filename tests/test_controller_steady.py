@@ -366,3 +366,40 @@ def test_a_placed_model_gets_extra_replicas_on_free_devices_and_gives_them_back(
     fast()  # the debounce: two low demands
     assert serving(rig, "hot") == [0] and ctl.extras == {}
     assert {rig.core.instance("hot", d).state for d in (2, 3)} == {S.COLD}
+
+
+def test_extra_replicas_go_when_their_model_leaves_the_elastic_pool():
+    """Extras are shrunk by elastic scaling only and the steady snapshot leaves their
+    devices out: a model that left the elastic pool (here its pin changes; the classifier's
+    hysteresis does the same for `auto`) must not keep them serving in no plan."""
+    import msgspec
+
+    rig = Rig(devices=4)
+    rig.core.add_model(ModelConfig(name="hot", checkpoint="demo:llama-tiny", pool="elastic"))
+    rig.activate("hot", 0)
+    managed(rig, "s", 1)
+    host = Host(rig, ControlConfig(managed=True), {"hot": (0.6, 0.6, 0.6), "s": (0.5, 0.5, 0.5)})
+    ctl = Controller(host, clock=lambda: rig.now)
+
+    def fast() -> list:
+        async def go() -> list:
+            ops = ctl.plan_fast(rig.now)
+            ctl.start(ops)
+            await asyncio.gather(*ctl._tasks)
+            return ops
+        return asyncio.run(go())
+
+    slow_tick(ctl, rig)
+    for _ in range(6):  # m* = 3: two extra replicas
+        rig.submit("hot", max_tokens=2)
+    fast()
+    assert ctl.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
+    m = rig.core.registry.models["hot"]
+    m.cfg = msgspec.structs.replace(m.cfg, pool="steady")
+    for _ in range(6):  # the same traffic: only the pool changed
+        rig.submit("hot", max_tokens=2)
+    ops = fast()
+    assert sorted((o.device, o.target) for o in ops) == [(2, "cold"), (3, "cold")]
+    assert all("back in the steady pool" in o.reason for o in ops)
+    assert serving(rig, "hot") == [0] and ctl.extras == {}
+    assert ctl.steady.plan is not None and 0 in ctl.steady.plan_devices()

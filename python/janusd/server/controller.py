@@ -162,7 +162,9 @@ class Controller:
         self.demands = {}
         prune_extras(self.extras, self.host.core.registry.models, self.in_flight)
         free = free_elastic_devices(self.host.cfg, self.steady, self.extras, self.host.core.registry.models.values())
-        for m in self._elastic(now):
+        elastic = self._elastic(now)
+        ops: list[Op] = self._extras_left_behind({m.name for m in elastic})
+        for m in elastic:
             w = tel.model(m.name, now)
             if w.request_rate <= 0.0 and w.in_flight == 0:
                 continue
@@ -193,13 +195,12 @@ class Controller:
                                    current=sum(1 for i in m.instances.values() if _serving(i))))
             devices.update(m.instances)
         if not apps:
-            return []
+            return ops
         # the steady pool has priority (PAPER.md §2): devices it took leave the elastic budget
         plan = scale(apps, len(devices - self.steady.managed_devices()), self.scaling_state, cfg.scaling)
         self.scaling_state, self.last_scaling = plan.state, plan
         for k, v in (("budget", plan.budget), ("asked", plan.asked), ("given", plan.given)):
             self.on_figure(f"elastic_{k}", v)
-        ops: list[Op] = []
         for a in plan.apps:
             self.on_elastic(a.app, a.demand, a.count, (a.prefill, a.decode) if models[a.app].pd else None)
             why = f"m*={a.demand} (debounced {a.debounced}, given {a.count}): {a.reason}"
@@ -211,6 +212,20 @@ class Controller:
             else:
                 ops += meet_count(models[a.app], max(1, a.count), why, self.in_flight,
                                   self.host.core.requests.on_device, self.steady)
+        return ops
+
+    def _extras_left_behind(self, elastic: set[str]) -> list[Op]:
+        """Extra replicas of models no longer in the elastic pool go Cold. Only elastic
+        scaling shrinks extras and the steady snapshot leaves their devices out
+        (steady_snapshot.py), so a model that went back to the steady pool kept them
+        serving, in no plan, for as long as its traffic kept keep-alive away."""
+        ops: list[Op] = []
+        models = self.host.core.registry.models
+        for name in sorted(self.extras):
+            m = models.get(name)
+            if m is not None and name not in elastic:
+                ops += meet_extras(m, 0, [], "scale in: back in the steady pool", self.extras, self.in_flight,
+                                   self.host.core.requests.on_device)
         return ops
 
     def _prefill_share(self, m: Model, load: LoadFeatures) -> float:
