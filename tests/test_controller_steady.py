@@ -328,10 +328,9 @@ def test_ctl_plan_prints_the_steady_placement(capsys):
     assert "migrate" in out
 
 
-def test_a_placed_model_gets_extra_replicas_on_free_devices_and_gives_them_back():
-    """A model without `devices` in the elastic pool: its steady instance stays where the
-    placement put it; m* beyond it are extra replicas forked onto the devices the steady
-    pool leaves, never moved by the placement, and drained to Cold when m* falls."""
+def _extras_rig():
+    """4 devices: `hot` pinned elastic with its steady instance on device 0, `s` placed on
+    device 1; `fast()` runs one fast tick and its operations."""
     rig = Rig(devices=4)
     rig.core.add_model(ModelConfig(name="hot", checkpoint="demo:llama-tiny", pool="elastic"))
     rig.activate("hot", 0)
@@ -347,6 +346,14 @@ def test_a_placed_model_gets_extra_replicas_on_free_devices_and_gives_them_back(
             return ops
         return asyncio.run(go())
 
+    return rig, host, ctl, fast
+
+
+def test_a_placed_model_gets_extra_replicas_on_free_devices_and_gives_them_back():
+    """A model without `devices` in the elastic pool: its steady instance stays where the
+    placement put it; m* beyond it are extra replicas forked onto the devices the steady
+    pool leaves, never moved by the placement, and drained to Cold when m* falls."""
+    rig, host, ctl, fast = _extras_rig()
     slow_tick(ctl, rig)
     assert ctl.steady.plan is not None and ctl.steady.plan_devices() == [0, 1]
     for _ in range(6):  # 6 rps: m* = 3, one steady instance besides: 2 extra replicas
@@ -374,21 +381,7 @@ def test_extra_replicas_go_when_their_model_leaves_the_elastic_pool():
     hysteresis does the same for `auto`) must not keep them serving in no plan."""
     import msgspec
 
-    rig = Rig(devices=4)
-    rig.core.add_model(ModelConfig(name="hot", checkpoint="demo:llama-tiny", pool="elastic"))
-    rig.activate("hot", 0)
-    managed(rig, "s", 1)
-    host = Host(rig, ControlConfig(managed=True), {"hot": (0.6, 0.6, 0.6), "s": (0.5, 0.5, 0.5)})
-    ctl = Controller(host, clock=lambda: rig.now)
-
-    def fast() -> list:
-        async def go() -> list:
-            ops = ctl.plan_fast(rig.now)
-            ctl.start(ops)
-            await asyncio.gather(*ctl._tasks)
-            return ops
-        return asyncio.run(go())
-
+    rig, host, ctl, fast = _extras_rig()
     slow_tick(ctl, rig)
     for _ in range(6):  # m* = 3: two extra replicas
         rig.submit("hot", max_tokens=2)
