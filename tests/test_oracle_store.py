@@ -10,7 +10,7 @@ import pytest
 
 from janusd.oracle import store
 from janusd.oracle.dataset import DatasetError, Points, read_points, write_points
-from janusd.oracle.elasticity import ElasticityModel
+from janusd.oracle.elasticity import INPUT_SETS, ElasticityModel
 from janusd.oracle.fit import fit_points
 from janusd.oracle.oracle import Oracle
 from janusd.oracle.prior import RooflinePrior
@@ -80,14 +80,27 @@ def test_store_round_trips_predictions_exactly(tmp_path, fitted):
     # the bandwidth's step-rate mean (capacity.py) keeps its form and fitted factor exactly
     assert cap.bw_form == cap2.bw_form == header["capacity_bw"]["form"] == "step-rate"
     assert cap2.step_factor == cap.step_factor == header["capacity_bw"]["step_factor"]
-    # the other input set (fit.choose_input_set picks one per fit) round-trips too, and a foreign one is refused
-    other = "pressure" if ela.input_set == "full" else "full"
-    ela_o = ElasticityModel.fit(p.features, p.instances, p.attainment, prior=PRIOR, input_set=other)
-    store.save(tmp_path, "demo/a:1", p, cap, ela_o, SPEC.identity(), "cpu", {})
-    ela_o2 = store.load(tmp_path, "demo/a:1", SPEC.identity(), PRIOR)[2]
-    assert ela_o2.input_set == other and np.array_equal(ela_o.predict_rows(probe, m)[0], ela_o2.predict_rows(probe, m)[0])
+    # every input set (fit.choose_input_set picks one per fit) round-trips, the calibrated one with its
+    # pressure link, and a foreign set or a broken link is refused
+    for other in INPUT_SETS:
+        ela_o = ElasticityModel.fit(p.features, p.instances, p.attainment, prior=PRIOR, input_set=other)
+        store.save(tmp_path, "demo/a:1", p, cap, ela_o, SPEC.identity(), "cpu", {})
+        ela_o2 = store.load(tmp_path, "demo/a:1", SPEC.identity(), PRIOR)[2]
+        assert ela_o2.input_set == other
+        for k in (0, 1):
+            assert np.array_equal(ela_o.predict_rows(probe, m)[k], ela_o2.predict_rows(probe, m)[k])
+        assert (ela_o2.link is None) == (other != "calibrated")
+        if ela_o2.link is not None:
+            assert ela_o2.link.to_state() == ela_o.link.to_state()
     jpath = tmp_path / "demo%2Fa%3A1.json"
     h = json.loads(jpath.read_text())
+    assert h["elasticity_inputs"] == "calibrated"
+    jpath.write_text(json.dumps({**h, "elasticity_link": {"knee": 1.0, "slope": -2.0}}))
+    with pytest.raises(store.StoreError, match="slope > 0"):
+        store.load(tmp_path, "demo/a:1", SPEC.identity(), PRIOR)
+    jpath.write_text(json.dumps({**h, "elasticity_link": None}))
+    with pytest.raises(store.StoreError, match="pressure link goes with the 'calibrated' input set"):
+        store.load(tmp_path, "demo/a:1", SPEC.identity(), PRIOR)
     jpath.write_text(json.dumps({**h, "elasticity_inputs": "everything"}))
     with pytest.raises(store.StoreError, match="unknown elasticity input set 'everything'"):
         store.load(tmp_path, "demo/a:1", SPEC.identity(), PRIOR)

@@ -27,6 +27,11 @@ Inputs (INPUT_SETS), chosen per fit by fit.py (held-out error over whole load po
   bench/RESULTS.md "oracle" it cut the held-out attainment P90 from 21-32 to 11-19 points;
   on the loaded afternoon's, where other processes' load moved the knee and the prior saw
   none of it, "full" was better. The data decides.
+- "calibrated": the same one input, but the GP's mean is pressure_link.py's logistic
+  curve of log pressure fitted by maximum likelihood (two numbers: where the measured
+  knee lies, how steep), and the GP models only what that curve leaves (in logit, zero
+  mean, no trend): far from the data the curve, not a straight line through clipped
+  logits, is what the model says (module doc there for why).
 
 The roofline prior's raw curve is non-decreasing in m already (prior.py: every term of
 its pressure falls as m grows; std 0) and each count is computed alone (no batch
@@ -44,12 +49,14 @@ import numpy as np
 
 from janusd.oracle.gp import GPRegressor
 from janusd.oracle.inputs import elasticity_inputs, feature_matrix
+from janusd.oracle.pressure_link import PressureLink
 from janusd.oracle.types import AttainmentEstimate, LoadFeatures, MinInstances
 
 
 LOGIT_EPS = 0.01
 GRID_MIN = 64
-INPUT_SETS = ("full", "pressure")
+INPUT_SETS = ("full", "pressure", "calibrated")
+_LOGIT_MAX = float(np.log(1.0 / LOGIT_EPS - 1.0))  # to_logit's range is +-_LOGIT_MAX
 
 
 def grid(m: int) -> int:
@@ -83,18 +90,22 @@ def check_input_set(input_set: str, prior: Any | None) -> None:
     """ValueError unless input_set is one of INPUT_SETS usable with (or without) a prior."""
     if input_set not in INPUT_SETS:
         raise ValueError(f"unknown elasticity input set {input_set!r} (known: {', '.join(INPUT_SETS)})")
-    if input_set == "pressure" and prior is None:
-        raise ValueError("the 'pressure' input set needs a prior")
+    if input_set != "full" and prior is None:
+        raise ValueError(f"the {input_set!r} input set needs a prior")
 
 
 class ElasticityModel:
     """The attainment GP on one of INPUT_SETS (module doc)."""
 
-    def __init__(self, gp: GPRegressor, prior: Any | None = None, input_set: str = "full") -> None:
+    def __init__(self, gp: GPRegressor, prior: Any | None = None, input_set: str = "full",
+                 link: PressureLink | None = None) -> None:
         check_input_set(input_set, prior)
+        if (link is None) != (input_set != "calibrated"):
+            raise ValueError("a pressure link goes with the 'calibrated' input set, and only with it")
         self.gp = gp
         self.prior = prior
         self.input_set = input_set
+        self.link = link
 
     @staticmethod
     def inputs(features: np.ndarray, instances: np.ndarray, prior: Any | None, input_set: str = "full") -> np.ndarray:
@@ -105,7 +116,16 @@ class ElasticityModel:
         f = np.atleast_2d(np.asarray(features, dtype=np.float64))
         f = np.broadcast_to(f, (len(x), f.shape[1])) if len(f) == 1 else f
         rho = pressure_column(prior, f, np.asarray(instances).reshape(-1))
-        return rho if input_set == "pressure" else np.hstack([x, rho])
+        return np.hstack([x, rho]) if input_set == "full" else rho
+
+    @staticmethod
+    def gp_target(x: np.ndarray, attainment: np.ndarray, link: PressureLink | None) -> np.ndarray:
+        """What the GP learns: logit attainment, less the link's logit (clipped to the same
+        range) under "calibrated"."""
+        y = to_logit(attainment)
+        if link is None:
+            return y
+        return y - np.clip(link.logit(x[:, 0]), -_LOGIT_MAX, _LOGIT_MAX)
 
     @classmethod
     def fit(cls, features: np.ndarray, instances: np.ndarray, attainment: np.ndarray, seed: int = 0,
@@ -115,12 +135,17 @@ class ElasticityModel:
         if a.shape != (len(features),) or np.any((a < 0) | (a > 1)):
             raise ValueError("attainment must be (n,) values in [0, 1]")
         x = cls.inputs(features, instances, prior, input_set)
-        return cls(GPRegressor.fit(x, to_logit(a), seed=seed, trend=True), prior, input_set)
+        link = PressureLink.fit(x[:, 0], a) if input_set == "calibrated" else None
+        gp = GPRegressor.fit(x, cls.gp_target(x, a, link), seed=seed, trend=link is None)
+        return cls(gp, prior, input_set, link)
 
     def predict_rows(self, features: np.ndarray, instances: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Raw (not yet monotone) mean and std per row, back on the attainment scale."""
-        mu, sd = self.gp.predict(self.inputs(features, instances, self.prior, self.input_set))
-        p = 1.0 / (1.0 + np.exp(-mu))
+        x = self.inputs(features, instances, self.prior, self.input_set)
+        mu, sd = self.gp.predict(x)
+        if self.link is not None:
+            mu = mu + self.link.logit(x[:, 0])
+        p = 1.0 / (1.0 + np.exp(-np.clip(mu, -700.0, 700.0)))
         return p, p * (1.0 - p) * sd  # the delta method through the logistic
 
 

@@ -5,6 +5,7 @@
               "info": {"points", "fitted_at", "heldout": eval figures, ...},
               "kernels": {"capacity": [3 kernel strings], "elasticity": kernel string},
               "elasticity_inputs": one of elasticity.py INPUT_SETS ("full" when absent),
+              "elasticity_link": pressure_link.py's {"knee", "slope"} under "calibrated", else null,
               "capacity_bw": {"form": one of capacity.py BW_FORMS, "step_factor": float}}
   NAME.npz   the training points (dataset.py's arrays: features, instances, resources,
              attainment, point_id) and per GP its hyperparameters and input scaler:
@@ -30,10 +31,11 @@ import numpy as np
 
 from janusd.oracle.capacity import CapacityModel, check_bw_form, gp_trends
 from janusd.oracle.dataset import Points
-from janusd.oracle.elasticity import ElasticityModel, to_logit
+from janusd.oracle.elasticity import ElasticityModel
 from janusd.oracle.fit import per_instance, served_mask
 from janusd.oracle.gp import GPRegressor
 from janusd.oracle.inputs import capacity_inputs
+from janusd.oracle.pressure_link import PressureLink
 
 FORMAT = "janusd-oracle-model"
 VERSION = 3  # 2: the Capacity GPs have a linear mean; 3: the bandwidth mean form (capacity.py BW_FORMS). Older: refused, then refitted
@@ -73,6 +75,7 @@ def save(directory: str | os.PathLike[str], model: str, points: Points, cap: Cap
               "kernels": {"capacity": [gp.to_state()[0]["kernel"] for gp in cap.gps],
                           "elasticity": ela.gp.to_state()[0]["kernel"]},
               "elasticity_inputs": ela.input_set,
+              "elasticity_link": None if ela.link is None else ela.link.to_state(),
               "capacity_bw": {"form": cap.bw_form, "step_factor": cap.step_factor}}
     _atomic(stem.with_suffix(".json"), (json.dumps(header, indent=1, sort_keys=True) + "\n").encode())
     return stem.with_suffix(".json")
@@ -134,13 +137,17 @@ def load(directory: str | os.PathLike[str], model: str, model_spec: dict[str, An
                for k, trend in enumerate(gp_trends(str(form)))]
         input_set = header.get("elasticity_inputs", "full")
         ex = ElasticityModel.inputs(points.features, points.instances, cap_prior, input_set)
-        ela = GPRegressor.from_state({"x": ex, "y": to_logit(points.attainment), "theta": arrays["ela_theta"],
-                                      "x_mean": arrays["ela_x_mean"], "x_std": arrays["ela_x_std"], "trend": True})
+        link_state = header.get("elasticity_link")
+        link = None if link_state is None else PressureLink.from_state(link_state)
+        ela = GPRegressor.from_state({"x": ex, "y": ElasticityModel.gp_target(ex, points.attainment, link),
+                                      "theta": arrays["ela_theta"], "x_mean": arrays["ela_x_mean"],
+                                      "x_std": arrays["ela_x_std"], "trend": link is None})
+        elasticity = ElasticityModel(ela, cap_prior, input_set, link)
     except KeyError as e:
         raise StoreError(f"{npath}: missing array {e.args[0]!r}") from None
     except (ValueError, np.linalg.LinAlgError) as e:
         raise StoreError(f"{npath}: inconsistent: {e}") from None
-    return points, CapacityModel(gps, cap_prior, str(form), factor), ElasticityModel(ela, cap_prior, input_set), header
+    return points, CapacityModel(gps, cap_prior, str(form), factor), elasticity, header
 
 
 def load_into(oracle: Any, directory: str | os.PathLike[str], model: str, model_spec: dict[str, Any],
