@@ -328,10 +328,10 @@ def test_ctl_plan_prints_the_steady_placement(capsys):
     assert "migrate" in out
 
 
-def _extras_rig():
-    """4 devices: `hot` pinned elastic with its steady instance on device 0, `s` placed on
-    device 1; `fast()` runs one fast tick and its operations."""
-    rig = Rig(devices=4)
+def _extras_rig(devices: int = 4):
+    """`hot` pinned elastic with its steady instance on device 0, `s` placed on device 1,
+    the other devices free; `fast()` runs one fast tick and its operations."""
+    rig = Rig(devices=devices)
     rig.core.add_model(ModelConfig(name="hot", checkpoint="demo:llama-tiny", pool="elastic"))
     rig.activate("hot", 0)
     managed(rig, "s", 1)
@@ -396,3 +396,24 @@ def test_extra_replicas_go_when_their_model_leaves_the_elastic_pool():
     assert all("back in the steady pool" in o.reason for o in ops)
     assert serving(rig, "hot") == [0] and ctl.extras == {}
     assert ctl.steady.plan is not None and 0 in ctl.steady.plan_devices()
+
+
+def test_an_extra_replica_coming_up_counts_as_one():
+    """While a scale-out is in flight the next fast tick sees it: no second replica for
+    the same demand, and the steady placement does not count its device."""
+    rig, _host, ctl, _fast = _extras_rig(devices=5)
+    slow_tick(ctl, rig)
+    for _ in range(6):  # m* = 3: two extra replicas
+        rig.submit("hot", max_tokens=2)
+
+    async def go() -> tuple[list, list]:
+        first = ctl.plan_fast(rig.now)
+        ctl.start(first)
+        again = ctl.plan_fast(rig.now)  # the forks have not run yet
+        await asyncio.gather(*ctl._tasks)
+        return first, again
+
+    first, again = asyncio.run(go())
+    assert [(o.device, o.target) for o in first] == [(2, "active"), (3, "active")]
+    assert again == []
+    assert ctl.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]

@@ -281,6 +281,14 @@ class Controller:
             if key in self.in_flight:
                 continue
             self.in_flight[key] = (op, self.clock())
+            if op.target == "active" and op.reason.startswith("scale "):
+                m = self.host.core.registry.models.get(op.model)
+                if m is not None and placed_by_controller(self.host.cfg, m):
+                    # an extra from the start: meet_extras counts it while it comes up (else the
+                    # next fast tick started another), the steady snapshot leaves its device out
+                    # (else an Active-but-unrecorded one could pass for the steady instance);
+                    # prune_extras drops it if the operation fails
+                    self.extras.setdefault(op.model, set()).add(op.device)
             _log(f"controller: {op.model} on device {op.device} -> {op.target} ({op.reason})")
             t = asyncio.get_running_loop().create_task(self._run(op), name=f"ctl-{op.model}-{op.device}")
             self._tasks.add(t)

@@ -21,11 +21,12 @@ InFlight = Mapping[tuple[str, int], tuple[Op, float]]
 
 
 def prune_extras(extras: dict[str, set[int]], models: Mapping[str, Model], in_flight: InFlight) -> None:
-    """An extra replica that no longer serves (drained, failed, keep-alive) is no more."""
+    """An extra replica that no longer serves (drained, failed, keep-alive) is no more;
+    one whose scale-out is in flight is one already (Controller.start records it)."""
     for name in list(extras):
         m = models.get(name)
-        keep = {d for d in extras[name] if m is not None and d in m.instances
-                and (serving(m.instances[d]) or (name, d) in in_flight)}
+        keep = {d for d in extras[name] if m is not None and ((name, d) in in_flight  # coming up
+                                                              or (d in m.instances and serving(m.instances[d])))}
         if keep:
             extras[name] = keep
         else:
