@@ -400,20 +400,58 @@ def test_extra_replicas_go_when_their_model_leaves_the_elastic_pool():
 
 def test_an_extra_replica_coming_up_counts_as_one():
     """While a scale-out is in flight the next fast tick sees it: no second replica for
-    the same demand, and the steady placement does not count its device."""
-    rig, _host, ctl, _fast = _extras_rig(devices=5)
+    the same demand, before its instance exists and while it forks, and the steady
+    snapshot does not take the forking instance for a steady one."""
+    rig, host, ctl, _fast = _extras_rig(devices=5)
     slow_tick(ctl, rig)
     for _ in range(6):  # m* = 3: two extra replicas
         rig.submit("hot", max_tokens=2)
+    host.gate = asyncio.Event()
 
-    async def go() -> tuple[list, list]:
+    async def go() -> tuple[list, list, list, Any]:
         first = ctl.plan_fast(rig.now)
         ctl.start(first)
-        again = ctl.plan_fast(rig.now)  # the forks have not run yet
+        again = ctl.plan_fast(rig.now)  # the forks have not started yet
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert {rig.core.instance("hot", d).state for d in (2, 3)} == {S.FORKING}
+        forking = ctl.plan_fast(rig.now)  # they fork, waiting at the gate
+        snap, _ = placement_snapshot(host.cfg, rig.core.registry, rig.core.telemetry, host.pred, ["hot"], {},
+                                     rig.now, extras=ctl.extras)
+        host.gate.set()
         await asyncio.gather(*ctl._tasks)
-        return first, again
+        return first, again, forking, snap
 
-    first, again = asyncio.run(go())
+    first, again, forking, snap = asyncio.run(go())
     assert [(o.device, o.target) for o in first] == [(2, "active"), (3, "active")]
-    assert again == []
+    assert again == [] and forking == []
+    assert [a.device for a in snap.current if a.key.startswith("hot")] == [0]
+    assert set(snap.elastic_devices) >= {2, 3}
     assert ctl.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
+
+
+def test_an_extra_coming_up_is_drained_only_once_it_is_up():
+    """m* falls while an extra replica forks: the fork is not cut short and no other
+    replica is drained for it; the next ticks drain it once it serves."""
+    rig, host, ctl, fast = _extras_rig()
+    slow_tick(ctl, rig)
+    for _ in range(6):  # m* = 3: two extra replicas
+        rig.submit("hot", max_tokens=2)
+    host.gate = asyncio.Event()
+
+    async def go() -> list:
+        ctl.start(ctl.plan_fast(rig.now))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        rig.now += 60.0  # the window empties but for new arrivals: 1 request, m* = 1
+        rig.submit("hot", max_tokens=2)
+        falls = ctl.plan_fast(rig.now) + ctl.plan_fast(rig.now)  # the debounce: two low demands
+        host.gate.set()
+        await asyncio.gather(*ctl._tasks)
+        return falls
+
+    assert asyncio.run(go()) == []
+    assert ctl.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
+    ops = fast()
+    assert sorted((o.device, o.target) for o in ops) == [(2, "cold"), (3, "cold")]
+    assert serving(rig, "hot") == [0] and ctl.extras == {}
