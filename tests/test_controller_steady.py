@@ -430,6 +430,26 @@ def test_an_extra_replica_coming_up_counts_as_one():
     assert ctl.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
 
 
+def test_a_failed_scale_out_is_no_extra_and_is_planned_again():
+    """An extra counts from the start of its scale-out; if the fork fails it is no extra
+    any more (at once, not at the next tick) and the next fast tick starts it again."""
+    rig, host, ctl, fast = _extras_rig()
+    slow_tick(ctl, rig)
+    for _ in range(6):  # m* = 3: two extra replicas
+        rig.submit("hot", max_tokens=2)
+    host.fail = {("hot", 2)}
+    ops = fast()
+    assert [(o.device, o.target) for o in ops] == [(2, "active"), (3, "active")]
+    assert ctl.extras == {"hot": {3}} and serving(rig, "hot") == [0, 3]
+    assert [d.outcome == "ok" for d in ctl.recent] == [False, True]
+    host.fail = set()
+    for _ in range(6):
+        rig.submit("hot", max_tokens=2)
+    ops = fast()
+    assert [(o.device, o.target) for o in ops] == [(2, "active")]
+    assert ctl.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
+
+
 def test_an_extra_coming_up_is_drained_only_once_it_is_up():
     """m* falls while an extra replica forks: the fork is not cut short and no other
     replica is drained for it; the next ticks drain it once it serves."""

@@ -322,6 +322,12 @@ class Controller:
                         del self.extras[op.model]
         except Exception as e:  # a refused or failed move: planned again next period
             outcome = f"{type(e).__name__}: {e}"
+            if op.target == "active" and op.reason.startswith("scale ") and op.device in self.extras.get(op.model, ()):
+                # start() counted it as an extra: a scale-out that failed is none (at once,
+                # not only at the next fast tick's prune_extras)
+                self.extras[op.model].discard(op.device)
+                if not self.extras[op.model]:
+                    del self.extras[op.model]
             _log(f"controller: {op.model} on device {op.device} -> {op.target} failed: {e}", logging.WARNING)
         finally:
             self.in_flight.pop(key, None)
