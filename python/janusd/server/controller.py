@@ -287,7 +287,7 @@ class Controller:
                     # an extra from the start: meet_extras counts it while it comes up (else the
                     # next fast tick started another), the steady snapshot leaves its device out
                     # (else an Active-but-unrecorded one could pass for the steady instance);
-                    # prune_extras drops it if the operation fails
+                    # _run drops it if the operation fails
                     self.extras.setdefault(op.model, set()).add(op.device)
             _log(f"controller: {op.model} on device {op.device} -> {op.target} ({op.reason})")
             t = asyncio.get_running_loop().create_task(self._run(op), name=f"ctl-{op.model}-{op.device}")
