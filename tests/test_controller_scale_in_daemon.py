@@ -135,8 +135,16 @@ def test_a_falling_m_star_drains_the_surplus_instances_to_warm_while_traffic_goe
             feeder.join(10.0)
         for t in threads + trickle:
             t.join(60.0)
-        downs = [r for r in plan["recent"] if r["model"] == "hot" and r["target"] == "warm"]
-        assert len(downs) == 2 and all(r["outcome"] == "ok" for r in downs), plan["recent"]
+        ops = [r for r in plan["recent"] if r["model"] == "hot"]
+        assert ops and all(r["outcome"] == "ok" and r["reason"].startswith("scale ") for r in ops), plan["recent"]
+        # the drains after the burst: those after the last scale-out. During the burst m*
+        # may dip to 2 and come back (then device 2 drains and returns): the 3 s window is
+        # three 1 s buckets, so just after a bucket boundary it holds the 2 full buckets'
+        # 6 arrivals and little more, 6 / 3 s = 2 rps gives m* = 2 (7 gives 3), and when
+        # the next arrival comes more than a tick later the debounce's two ticks see it
+        last_up = max(i for i, r in enumerate(ops) if r["target"] == "active")
+        downs = [r for r in ops[last_up + 1:] if r["target"] == "warm"]
+        assert len(downs) == 2 and len(ops) == last_up + 3, plan["recent"]
         # m* falls with the 3 s window's rate: 3 -> 2 -> 1, or 3 -> 1 at once
         assert all(r["reason"].startswith("scale in: m*=") for r in downs) and "m*=1" in downs[-1]["reason"], downs
         assert [a["demand"] for a in plan["elastic"]["apps"] if a["model"] == "hot"] == [1], plan["elastic"]
