@@ -456,6 +456,9 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 1
+    from janusd.lifecycle.transfer import preload_engine
+
+    preload_engine()  # before serving: its first use may be a fork whose source is serving
     WorkerProc(conn, de, args.device_index, args.kind, args.transfer_protocol, args.transfer_nice).serve()
     # Nothing a worker holds outlives it (device memory, pinned host memory, transfer
     # registrations all belong to the process), so skip the interpreter's teardown: freeing
