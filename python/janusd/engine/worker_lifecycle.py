@@ -170,8 +170,7 @@ class Lifecycle:
                 self._keep_tokenizer(msg, host.checkpoint)
                 threading.Thread(target=_drop, args=([host],), name="janusd-free-host-copy", daemon=True).start()
                 del host
-            threading.Thread(target=self._prefetch_image, args=(msg,), name="janusd-prefetch-image",
-                             daemon=True).start()
+            self._prefetch_image(msg)
 
     def done(self, d: Done) -> None:
         name = d.msg.model.name
@@ -287,13 +286,21 @@ class Lifecycle:
         """A model going Cold here (`lifecycle.cold_prefetch_image`): have the kernel read
         its host image into the page cache now, so that its Cold start reads memory. An
         image written in an earlier run, or evicted since, was read from the disk by the
-        first Cold start: 0.09-0.74 s for SmolLM2 on this VM against 0.02-0.03 s cached
-        (host_image.prefetch). Lifecycle or helper thread only: queuing the reads may block."""
-        root = self._image_root(msg)
-        if root is not None and msg.lifecycle.cold_prefetch_image:
-            from janusd.engine.host_image import prefetch
+        first Cold start: 0.09-0.74 s for SmolLM2 on this VM against 0.02-0.03 s cached.
+        On a thread of its own, niced (queuing the reads is ~50 ms of kernel time)."""
+        if not msg.lifecycle.cold_prefetch_image:
+            return
 
-            prefetch(root)
+        def run() -> None:
+            from janusd.engine.host_image import prefetch
+            from janusd.lifecycle.transfer import lower_priority
+
+            lower_priority([threading.get_native_id()], 10)
+            root = self._image_root(msg)
+            if root is not None:
+                prefetch(root)
+
+        threading.Thread(target=run, name="janusd-prefetch-image", daemon=True).start()
 
     def forget(self, name: str) -> None:
         """The model is unloaded or removed here: nothing of it stays."""
