@@ -303,8 +303,8 @@ def test_an_h2d_restore_takes_the_activations_role_not_the_host_copys():
 
 
 def test_going_cold_reads_the_host_image_into_the_page_cache():
-    """lifecycle.cold_prefetch_image: a model going Cold (from Active, and from Warm) has
-    its host image read into the page cache, so its Cold start reads memory and not the
+    """lifecycle.cold_prefetch_image: a model going Cold (from Active, and from Warm), or
+    loaded (when an image exists), has its host image read into the page cache, so its Cold start reads memory and not the
     disk (an image written earlier and evicted since made the first Cold start of a
     `janus bench restore` run read the disk: 0.09-0.74 s for SmolLM2 on a 2-core VM);
     with it off, the image stays out of the cache. The worker's RSS is not what holds it."""
@@ -368,6 +368,13 @@ def test_going_cold_reads_the_host_image_into_the_page_cache():
         assert cached_fraction(weights) <= 0.5
         run(8, "cold")
         assert cached_within(weights, 10.0) >= 0.99
+        drop_cached(weights)
+        life.prefetch_image(wm.LoadModel(9, MC, EC, str(CACHE), LifecycleConfig()))  # what a worker's load does
+        assert cached_within(weights, 10.0) >= 0.99
+        drop_cached(weights)
+        life.prefetch_image(wm.LoadModel(10, MC, EC, str(CACHE), LifecycleConfig(cold_prefetch_image=False)))
+        time.sleep(0.3)
+        assert cached_fraction(weights) <= 0.5
         assert os.path.getsize(weights) > 0
     finally:
         de.pool.close()

@@ -327,6 +327,7 @@ class WorkerProc:
             _log(f"prefill probe of {msg.model.name} failed: {e}")
             probe = []
         self.inbox.put(_Built(msg, me, "", seconds, probe))
+        self.life.prefetch_image(msg)  # its image, if one exists, into the page cache for a later Cold start
 
     def _registered(self, built: _Built) -> None:
         if built.engine is None:
