@@ -32,7 +32,8 @@ what each step reads and each restore moves; the JSON's `dtype` says which) on t
   `source_tpot_p99_increase_ci90` (5th-95th percentile of the figure over the pairs
   resampled) and `source_tpot_mean_increase_pct` (the mean gap, which one slow token does
   not move). `devices.transfer_nice` and `lifecycle.fork_bandwidth_mib_s` from
-  --transfer-nice / --fork-bandwidth-mib-s;
+  --transfer-nice / --fork-bandwidth-mib-s; --tpot-null-fork-s S runs the same procedure
+  with S seconds of no fork in each fork window (an A/A check: the figure's chance spread);
 - `warm_first_token_s` / `cold_first_token_s`: a request to the model while its only
   instances are Warm / Cold, sent to the first streamed token (the request wakes one); the
   image is dropped from the page cache before the daemon starts (as a reboot or memory
@@ -83,6 +84,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fork again (up to --max-forks) until this many source tokens arrived during forks and as "
                         "many in the quiet windows beside them: the p99 of ~400 gaps is its 4th-largest gap")
     p.add_argument("--max-forks", type=int, default=40, help="the most forks --min-during-tokens may take")
+    p.add_argument("--tpot-null-fork-s", type=float, default=0.0,
+                   help="A/A check of the TPOT comparison: each 'fork' window is this many seconds of no fork "
+                        "(the same pairs, order and statistics: how far the figure moves by chance)")
     p.add_argument("--cache-dir", default=None, help="checkpoint cache dir (default: the config default)")
     p.add_argument("--torch-threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--transfer-nice", type=int, default=None, help="devices.transfer_nice (default: the config's)")
@@ -405,7 +409,10 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
         def fork() -> tuple[float, float, int]:
             alive()
             t0, n0 = now(), seen[0]
-            fork_rows.append(_ctl(sock, am.ForkReq("m", 0, 1)))
+            if args.tpot_null_fork_s > 0:  # the A/A check: a window of no fork, as long as a fork
+                time.sleep(args.tpot_null_fork_s)
+            else:
+                fork_rows.append(_ctl(sock, am.ForkReq("m", 0, 1)))
             w = (t0, now(), seen[0] - n0)
             _ctl(sock, am.StateReq("m", 1, "cold"))
             time.sleep(SETTLE_S)
@@ -449,7 +456,9 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
         out["source_tpot_p99_increase_ci90"] = _pair_bootstrap(by_pair)
         out["source_tpot_p99_increase_pct"] = round((_p99(during) / _p99(before) - 1) * 100, 1)
         out["fork_paths"] = [r["path"] for r in fork_rows]
-        out["fork_phases_s"] = fork_rows[-1]["phases"]
+        out["fork_phases_s"] = fork_rows[-1]["phases"] if fork_rows else {}
+        if args.tpot_null_fork_s > 0:
+            out["tpot_null_fork_s"] = args.tpot_null_fork_s
         # first token through the API: the only instances Warm (then Cold), the request wakes one;
         # against the first token of the same request to an Active instance
         out["active_first_token_s"] = round(_median([_stream(port, "m", 1)[0] for _ in range(args.repeats)]), 4)
