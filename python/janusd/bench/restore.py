@@ -25,14 +25,21 @@ what each step reads and each restore moves; the JSON's `dtype` says which) on t
 - `control_overhead_ms`: client-side time of `ctl state active` (Warm -> Active) minus the
   transfer and first-token phases: everything but moving bytes and the first token;
 - `source_tpot_p99_increase_pct`: the p99 inter-token gap of a stream on the source
-  device over the tokens that arrived while forks to the other device ran, against the
-  same stream's gaps in the quiet stretches before each fork and after the last
-  (`devices.transfer_nice` and `lifecycle.fork_bandwidth_mib_s` from --transfer-nice /
-  --fork-bandwidth-mib-s); at least --forks forks, more (up to --max-forks) until
-  --min-during-tokens tokens arrived during them, so that the p99 is not one slow token
-  whatever a fork lasts;
+  device over the tokens that arrived while forks to the other device ran, against its
+  gaps in quiet windows as long as each fork, in ABBA order (fork-quiet, quiet-fork, ...:
+  drift and the machine's other work fall on both sides alike); at least --forks pairs,
+  more (up to --max-forks) until both sides have --min-during-tokens gaps. The spread:
+  `source_tpot_p99_increase_ci90` (5th-95th percentile of the figure over the pairs
+  resampled) and `source_tpot_mean_increase_pct` (the mean gap, which one slow token does
+  not move). `devices.transfer_nice` and `lifecycle.fork_bandwidth_mib_s` from
+  --transfer-nice / --fork-bandwidth-mib-s; --tpot-null-fork-s S runs the same procedure
+  with S seconds of no fork in each fork window (an A/A check: the figure's chance spread);
 - `warm_first_token_s` / `cold_first_token_s`: a request to the model while its only
-  instances are Warm / Cold, sent to the first streamed token (the request wakes one);
+  instances are Warm / Cold, sent to the first streamed token (the request wakes one); the
+  image is dropped from the page cache before the daemon starts (as a reboot or memory
+  pressure leaves an image of an earlier run), `cold_image_cached_pct` is how much of it
+  the page cache held at the first Cold start, and `cold_uncached_first_token_s` one more
+  Cold start with the image dropped from the cache right before it (the disk's cost);
 - `cold_rss_after_mib`: the worker's RSS once the model is Cold on its device, and
   `cold_rss_over_idle_mib` that less the RSS of a worker that never held the model
   (`worker_rss_idle_mib`; both hold the pool's resident zone, `resident_mib`).
@@ -71,13 +78,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the daemon part's model dtype (default bfloat16: SmolLM2's GGUF is 4-bit Q4_1, bf16 "
                         "rounds it by 0.13%% rms and halves the bytes each step reads and each restore moves)")
     p.add_argument("--no-daemon", action="store_true", help="synthetic segments only")
-    p.add_argument("--forks", type=int, default=6, help="forks during the source stream (at least)")
-    p.add_argument("--min-during-tokens", type=int, default=400,
-                   help="fork again (up to --max-forks) until this many source tokens arrived during forks: a p99 "
-                        "over fewer is one or two slow tokens (a bfloat16 fork is half as long as a float32 one)")
-    p.add_argument("--max-forks", type=int, default=20, help="the most forks --min-during-tokens may take")
-    p.add_argument("--tpot-quiet-tokens", type=int, default=60,
-                   help="tokens the source streams with no fork before each fork and after the last")
+    p.add_argument("--forks", type=int, default=6, help="forks during the source stream (at least; an even number "
+                   "of fork / quiet pairs is kept, ABBA)")
+    p.add_argument("--min-during-tokens", type=int, default=800,
+                   help="fork again (up to --max-forks) until this many source tokens arrived during forks and as "
+                        "many in the quiet windows beside them: the p99 of ~400 gaps is its 4th-largest gap")
+    p.add_argument("--max-forks", type=int, default=40, help="the most forks --min-during-tokens may take")
+    p.add_argument("--tpot-null-fork-s", type=float, default=0.0,
+                   help="A/A check of the TPOT comparison: each 'fork' window is this many seconds of no fork "
+                        "(the same pairs, order and statistics: how far the figure moves by chance)")
     p.add_argument("--cache-dir", default=None, help="checkpoint cache dir (default: the config default)")
     p.add_argument("--torch-threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--transfer-nice", type=int, default=None, help="devices.transfer_nice (default: the config's)")
@@ -94,6 +103,30 @@ def _median(xs: list[float]) -> float:
 def _p99(xs: list[float]) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(0.99 * len(s)))] if s else float("nan")
+
+
+TPOT_STREAM_TOKENS = 4000  # the source stream's length at most (max_model_len 4096); it stops when the pairs end
+SETTLE_S = 0.2  # after the target's Cold transition, before the next window
+
+
+def _pair_bootstrap(by_pair: list[tuple[list[float], list[float]]], n: int = 2000) -> list[float]:
+    """The 5th and 95th percentiles of the p99 increase (%) over the pairs resampled with
+    replacement (n draws, seeded): how far the figure moves with which pairs one happened
+    to measure. [nan, nan] for fewer than 2 pairs."""
+    import random
+
+    if len(by_pair) < 2:
+        return [float("nan"), float("nan")]
+    rng = random.Random(0)
+    draws = []
+    for _ in range(n):
+        pick = [by_pair[rng.randrange(len(by_pair))] for _ in by_pair]
+        q = [g for a, _ in pick for g in a]
+        d = [g for _, b in pick for g in b]
+        if q and d:
+            draws.append((_p99(d) / _p99(q) - 1) * 100)
+    draws.sort()
+    return [round(draws[int(0.05 * len(draws))], 1), round(draws[int(0.95 * len(draws)) - 1], 1)]
 
 
 def _turns(nbytes: int, repeats: int) -> int:
@@ -258,6 +291,25 @@ def _stream(port: int, model: str, max_tokens: int, on_token: Any = None) -> lis
     return daemon_proc.stream_completion(port, model, "Tell me a long story about the sea.", max_tokens, on_token)[0]
 
 
+def _image_weights(args: argparse.Namespace, cache: str) -> Path | None:
+    """The weights file of the model's host image (None when there is none yet)."""
+    from janusd.engine.host_image import image_dir
+    from janusd.engine.loader import checkpoint_path
+
+    try:
+        root = image_dir(Path(cache), checkpoint_path(args.checkpoint, Path(cache)), args.dtype)
+    except Exception:
+        return None
+    w = root / "weights.bin"
+    return w if (root / "meta.msgpack").exists() and w.is_file() else None
+
+
+def _cached_pct(path: Path | None) -> float:
+    from janusd.engine.host_image import cached_fraction
+
+    return float("nan") if path is None else cached_fraction(path) * 100
+
+
 def _rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         return next(int(x.split()[1]) for x in f if x.startswith("VmRSS:")) / 1024
@@ -278,6 +330,14 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
             + f'[[models]]\nname = "m"\ncheckpoint = "{args.checkpoint}"\nkv_cache_mib = 256\nmax_model_len = 4096\n'
             f'dtype = "{args.dtype}"\n'
             f"ttft_slo_ms = 600000.0\ntpot_slo_ms = 600000.0\ndevices = [0, 1]\ncold_devices = [1]\n")
+    # the model's host image (the file a Cold start reads) out of the page cache, if it exists,
+    # as a reboot or memory pressure leaves an image written in an earlier run: the first Cold
+    # start then finds what the daemon itself put in the cache (lifecycle.cold_prefetch_image)
+    image = _image_weights(args, cache)
+    if image is not None:
+        from janusd.engine.host_image import drop_cached
+
+        drop_cached(image)
     proc, port = daemon_proc.start(text, run_dir, args.torch_threads, {"m": 1})
     from janusd.config import DevicesConfig, LifecycleConfig
 
@@ -301,15 +361,14 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
             phases.append(r["phases"])
         out["control_overhead_ms"] = round(_median(overhead) * 1e3, 2)
         out["warm_restore_phases_s"] = phases[-1]
-        # source TPOT p99 without vs during forks 0 -> 1 (device 1 back to Cold after each):
-        # "during" = the gaps of tokens that arrived while a fork ran, "quiet" = the gaps that
-        # lay wholly in the `--tpot-quiet-tokens` before each fork and after the last one. A p99
-        # needs hundreds of gaps on each side (over ~160, one slow token decided it), and
-        # interleaving keeps both sides at the same context lengths (a decode's KV gather grows
-        # with it) and the same moments of a shared machine
-        quiet_n = args.tpot_quiet_tokens
-        max_forks = max(args.forks, args.max_forks)
-        n_total = min(20 + (quiet_n + 400) * max_forks + quiet_n, 4000)
+        # source TPOT p99 without vs during forks 0 -> 1 (device 1 back to Cold after each), in
+        # pairs of one fork window and one quiet window as long as it, in ABBA order (fork then
+        # quiet, quiet then fork, ...: F Q Q F F Q Q F), so drift (the context growing, other
+        # work on the machine) falls on both sides alike and a slow fork (a busy machine) gets
+        # as much quiet time beside it. A gap counts for the window its token arrived in; the
+        # target's Cold transition after each fork and SETTLE_S after it are in neither.
+        min_tok = args.min_during_tokens
+        max_pairs = max(args.forks, args.max_forks)
         seen = [0]
         cv = threading.Condition()
         stop = threading.Event()
@@ -326,47 +385,80 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
         def source_stream() -> None:
             t_send.append(time.perf_counter())
             try:
-                res["t"] = _stream(port, "m", n_total, on_token)
+                res["t"] = _stream(port, "m", TPOT_STREAM_TOKENS, on_token)
             finally:
                 with cv:
                     cv.notify_all()
 
-        def tokens(k: int) -> tuple[float, float]:
-            """Wait until k more tokens arrived; the (start, end) of the wait, stream time."""
+        def now() -> float:
+            return time.perf_counter() - t_send[0]
+
+        def alive() -> None:
+            if not th.is_alive():
+                raise RuntimeError("the source stream ended before the forks did: fewer --min-during-tokens")
+
+        def quiet(d: float) -> tuple[float, float, int]:
+            """A quiet window of d seconds: (start, end) in stream time and the tokens in it."""
+            alive()
+            t0, n0 = now(), seen[0]
             with cv:
-                t0, target = time.perf_counter() - t_send[0], seen[0] + k
-                if not cv.wait_for(lambda: seen[0] >= target or not th.is_alive(), 600) or seen[0] < target:
-                    raise RuntimeError("the source stream ended before the forks did: raise its length")
-            return t0, time.perf_counter() - t_send[0]
+                cv.wait_for(lambda: not th.is_alive(), d)
+            alive()
+            return t0, now(), seen[0] - n0
+
+        def fork() -> tuple[float, float, int]:
+            alive()
+            t0, n0 = now(), seen[0]
+            if args.tpot_null_fork_s > 0:  # the A/A check: a window of no fork, as long as a fork
+                time.sleep(args.tpot_null_fork_s)
+            else:
+                fork_rows.append(_ctl(sock, am.ForkReq("m", 0, 1)))
+            w = (t0, now(), seen[0] - n0)
+            _ctl(sock, am.StateReq("m", 1, "cold"))
+            time.sleep(SETTLE_S)
+            return w
 
         th = threading.Thread(target=source_stream)
         th.start()
         while not t_send:
             time.sleep(0.001)
-        tokens(20)  # warm-up
-        fork_rows, windows, quiet = [], [], []
-        during_tokens = 0
-        while len(fork_rows) < args.forks or (during_tokens < args.min_during_tokens and len(fork_rows) < max_forks):
-            quiet.append(tokens(quiet_n))
-            t0, seen0 = time.perf_counter() - t_send[0], seen[0]
-            fork_rows.append(_ctl(sock, am.ForkReq("m", 0, 1)))
-            windows.append((t0, time.perf_counter() - t_send[0]))
-            during_tokens += seen[0] - seen0
-            _ctl(sock, am.StateReq("m", 1, "cold"))
-        quiet.append(tokens(quiet_n))
+        with cv:  # warm-up: the stream is decoding
+            cv.wait_for(lambda: seen[0] >= 20 or not th.is_alive(), 600)
+        fork_rows: list[dict[str, Any]] = []
+        pairs: list[tuple[tuple[float, float, int], tuple[float, float, int]]] = []  # (quiet, fork) windows
+        while len(pairs) < max_pairs and (len(pairs) < args.forks or len(pairs) % 2
+                                          or min(sum(q[2] for q, _ in pairs), sum(f[2] for _, f in pairs)) < min_tok):
+            if len(pairs) % 2 == 0:  # A: fork, then quiet for as long
+                f = fork()
+                q = quiet(f[1] - f[0])
+            else:  # B: quiet for as long as the last fork took, then fork
+                q = quiet(pairs[-1][1][1] - pairs[-1][1][0])
+                f = fork()
+            pairs.append((q, f))
         stop.set()
         th.join(600)
         times = res["t"]
         gaps = [(b, b - a) for a, b in zip(times, times[1:])]
-        before = [g for t, g in gaps if any(a <= t - g and t <= b for a, b in quiet)]
-        during = [g for t, g in gaps if any(a <= t <= b for a, b in windows)]
+
+        def inside(w: tuple[float, float, int]) -> list[float]:
+            return [g for t, g in gaps if w[0] < t <= w[1]]
+
+        by_pair = [(inside(q), inside(f)) for q, f in pairs]
+        before = [g for q, _ in by_pair for g in q]
+        during = [g for _, f in by_pair for g in f]
+        out["source_tpot_order"] = "ABBA"
+        out["source_tpot_pairs"] = len(pairs)
         out["source_tokens_quiet"] = len(before)
         out["source_tpot_p99_before_ms"] = round(_p99(before) * 1e3, 2)
         out["source_tpot_p99_during_ms"] = round(_p99(during) * 1e3, 2)
         out["source_tokens_during_forks"] = len(during)
+        out["source_tpot_mean_increase_pct"] = round((statistics.fmean(during) / statistics.fmean(before) - 1) * 100, 1)
+        out["source_tpot_p99_increase_ci90"] = _pair_bootstrap(by_pair)
         out["source_tpot_p99_increase_pct"] = round((_p99(during) / _p99(before) - 1) * 100, 1)
         out["fork_paths"] = [r["path"] for r in fork_rows]
-        out["fork_phases_s"] = fork_rows[-1]["phases"]
+        out["fork_phases_s"] = fork_rows[-1]["phases"] if fork_rows else {}
+        if args.tpot_null_fork_s > 0:
+            out["tpot_null_fork_s"] = args.tpot_null_fork_s
         # first token through the API: the only instances Warm (then Cold), the request wakes one;
         # against the first token of the same request to an Active instance
         out["active_first_token_s"] = round(_median([_stream(port, "m", 1)[0] for _ in range(args.repeats)]), 4)
@@ -379,10 +471,25 @@ def _daemon(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(0.5)
         out["cold_rss_after_mib"] = round(_rss_mib(pids[0]), 1)
         out["cold_rss_over_idle_mib"] = round(out["cold_rss_after_mib"] - out["worker_rss_idle_mib"], 1)
+        image = _image_weights(args, cache)  # written by now (Warm wrote it if no run had)
+        out["cold_image_cached_pct"] = round(_cached_pct(image), 1)  # before the first Cold start
         cold = [_stream(port, "m", 1)[0]]
         for _ in range(args.repeats - 1):
             _ctl(sock, am.StateReq("m", 0, "cold"))
             cold.append(_stream(port, "m", 1)[0])
+        # one Cold start from the disk: the image dropped from the page cache after the
+        # readahead of going Cold finished (what a Cold start costs when memory pressure
+        # evicted the image since; not the product's usual path, reported beside it)
+        _ctl(sock, am.StateReq("m", 0, "cold"))
+        if image is not None:
+            from janusd.engine.host_image import drop_cached
+
+            deadline = time.monotonic() + 10
+            while _cached_pct(image) < 99 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            drop_cached(image)
+            out["cold_uncached_image_cached_pct"] = round(_cached_pct(image), 1)
+            out["cold_uncached_first_token_s"] = round(_stream(port, "m", 1)[0], 4)
         _ctl(sock, am.StateReq("m", 0, "cold"))
         out["cold_restore_phases_s"] = _ctl(sock, am.StateReq("m", 0, "active"))["phases"]
         out["warm_first_token_s"] = round(_median(warm), 4)

@@ -128,6 +128,8 @@ host_image = true           # keep a converted image of each checkpoint under se
                             # read it instead of reading and converting the checkpoint again
 cold_keeps_tokenizer = true # a model going Cold keeps its tokenizer on that worker (tens of MB, no
                             # weights): rebuilding it is most of a Cold start (0.2-0.4 s for SmolLM2)
+cold_prefetch_image = true  # a model that loads or goes Cold has its host image read into the page
+                            # cache (kernel readahead, no process memory): Cold starts read memory, not disk
 overlap_restore = true      # a request waking a Warm instance starts its prefill while the weights are
                             # copied in, each layer as it lands (cpu devices); false: after the copy
 

@@ -327,6 +327,7 @@ class WorkerProc:
             _log(f"prefill probe of {msg.model.name} failed: {e}")
             probe = []
         self.inbox.put(_Built(msg, me, "", seconds, probe))
+        self.life.prefetch_image(msg)  # its image, if one exists, into the page cache for a later Cold start
 
     def _registered(self, built: _Built) -> None:
         if built.engine is None:
@@ -456,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 1
+    from janusd.lifecycle.transfer import preload_engine
+
+    preload_engine()  # before serving: its first use may be a fork whose source is serving
     WorkerProc(conn, de, args.device_index, args.kind, args.transfer_protocol, args.transfer_nice).serve()
     # Nothing a worker holds outlives it (device memory, pinned host memory, transfer
     # registrations all belong to the process), so skip the interpreter's teardown: freeing

@@ -111,6 +111,7 @@ class Daemon(RequestFront, WorkerSupervision):
         )
         self.ops = ModelOps(self.core, self.workers, cfg.engine, str(cache_dir(cfg.server)),
                             cfg.server.worker_ready_timeout_s, cfg.server.drain_timeout_s, clock)
+        self.ops.lifecycle = cfg.lifecycle
         self.life = LifecycleOps(self.ops, cfg.lifecycle, self.metrics.lifecycle)
         self.ops.starter = self.life.start
         self.clock = clock

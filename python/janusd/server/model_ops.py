@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from janusd.config import ConfigError, EngineConfig, JanusConfig, ModelConfig, load_config
+from janusd.config import ConfigError, EngineConfig, JanusConfig, LifecycleConfig, ModelConfig, load_config
 from janusd.core.registry import Instance, Model
 from janusd.core.requests import Failure
 from janusd.core.serving import ServingCore
@@ -56,6 +56,7 @@ class ModelOps:
         self.drain_timeout_s = drain_timeout_s
         self.clock = clock
         self._locks = [asyncio.Lock() for _ in workers]  # one load/unload at a time per worker
+        self.lifecycle = LifecycleConfig()  # the daemon's [lifecycle]: what a load tells the worker
         # brings an instance to a start state other than active (server/lifecycle_ops.py)
         self.starter: Callable[[Instance, str], Awaitable[None]] | None = None
 
@@ -84,7 +85,7 @@ class ModelOps:
             t0 = time.monotonic()
             try:
                 reply: wm.ModelLoaded = await w.call(
-                    lambda seq: wm.LoadModel(seq, cfg, self.engine, self.cache_dir), self.load_timeout_s)
+                    lambda seq: wm.LoadModel(seq, cfg, self.engine, self.cache_dir, self.lifecycle), self.load_timeout_s)
             except (WorkerError, asyncio.TimeoutError) as e:
                 err = str(e) or "load timed out"
                 if inst.state is S.LOADING and w.ready:

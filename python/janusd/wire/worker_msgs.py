@@ -76,6 +76,7 @@ class LoadModel(msgspec.Struct, **_OPTS):
     model: ModelConfig
     engine: EngineConfig
     cache_dir: str
+    lifecycle: LifecycleConfig = LifecycleConfig()  # host_image / cold_prefetch_image
 
 
 class UnloadModel(msgspec.Struct, **_OPTS):
