@@ -55,10 +55,43 @@ def test_any_data_gives_a_finite_decreasing_curve(rows):
     assert np.all(np.diff(curve) <= 0)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(-6, 3), st.floats(-9, 0), st.floats(0, 1)), min_size=1, max_size=25))
+def test_any_data_gives_a_curve_falling_in_both_pressure_and_stall(rows):
+    """The two-column fit (interference learnt): slope > 0 and interference >= 0 whatever
+    the labels, so the attainment falls with the pressure and with the stall alike, both
+    of which fall as m grows."""
+    x0, x1, a = map(np.array, zip(*rows, strict=True))
+    fit = PressureLink.fit(np.stack([x0, x1], axis=1), a, interference=True)
+    assert fit.slope > 0 and fit.interference >= 0 and np.isfinite(fit.knee)
+    grid = np.linspace(-8, 5, 30)
+    for fixed in (-5.0, 0.0):
+        assert np.all(np.diff(fit.attainment(np.stack([grid, np.full(30, fixed)], axis=1))) <= 0)
+        assert np.all(np.diff(fit.attainment(np.stack([np.full(30, fixed), grid], axis=1))) <= 0)
+
+
+def test_the_interference_weight_is_recovered_where_stalls_decide():
+    """Long prompts failing at a pressure where short ones are served (the 2026-12-06
+    profiles): a truth with interference 1.5 is recovered from noisy fractions, and the
+    one-column fit, which cannot tell the two apart, errs several times more."""
+    rng = np.random.default_rng(4)
+    x = np.stack([rng.uniform(-3, 0, 300), rng.uniform(-7, -2, 300)], axis=1)
+    truth = PressureLink(-8.0, 3.0, 1.5)
+    a = np.clip(truth.attainment(x) + rng.normal(0, 0.03, len(x)), 0, 1)
+    fit = PressureLink.fit(x, a, interference=True)
+    assert fit.interference == pytest.approx(1.5, rel=0.15)  # the slope comes out flatter (2.2): noise clipped at 0 and 1
+    xt = np.stack([rng.uniform(-3, 0, 200), rng.uniform(-7, -2, 200)], axis=1)
+    err2 = np.abs(fit.attainment(xt) - truth.attainment(xt)).mean()
+    err1 = np.abs(PressureLink.fit(x[:, 0], a).attainment(xt[:, 0]) - truth.attainment(xt)).mean()
+    assert err2 < 0.03 and err1 > 3 * err2, (err1, err2)
+
+
 def test_bad_link_states_are_refused():
-    assert PressureLink.from_state({"knee": -1, "slope": 2}).to_state() == {"knee": -1.0, "slope": 2.0}
+    assert PressureLink.from_state({"knee": -1, "slope": 2}).to_state() == {"knee": -1.0, "slope": 2.0,
+                                                                            "interference": 0.0}
     for bad in ({"knee": 1.0}, {"knee": "a", "slope": 1}, {"knee": 0.0, "slope": 0.0}, [1, 2], None,
-                {"knee": float("nan"), "slope": 1.0}):
+                {"knee": float("nan"), "slope": 1.0}, {"knee": 0.0, "slope": 1.0, "interference": -0.5},
+                {"knee": 0.0, "slope": 1.0, "interference": "x"}):
         with pytest.raises(ValueError):
             PressureLink.from_state(bad)
     with pytest.raises(ValueError, match="matching finite"):

@@ -10,7 +10,7 @@ import pytest
 
 from janusd.oracle import store
 from janusd.oracle.dataset import DatasetError, Points, read_points, write_points
-from janusd.oracle.elasticity import INPUT_SETS, ElasticityModel
+from janusd.oracle.elasticity import INPUT_SETS, LINKED, ElasticityModel
 from janusd.oracle.fit import fit_points
 from janusd.oracle.oracle import Oracle
 from janusd.oracle.prior import RooflinePrior
@@ -89,14 +89,17 @@ def test_store_round_trips_predictions_exactly(tmp_path, fitted):
         assert ela_o2.input_set == other
         for k in (0, 1):
             assert np.array_equal(ela_o.predict_rows(probe, m)[k], ela_o2.predict_rows(probe, m)[k])
-        assert (ela_o2.link is None) == (other != "calibrated")
+        assert (ela_o2.link is None) == (other not in LINKED)
         if ela_o2.link is not None:
             assert ela_o2.link.to_state() == ela_o.link.to_state()
     jpath = tmp_path / "demo%2Fa%3A1.json"
     h = json.loads(jpath.read_text())
-    assert h["elasticity_inputs"] == "calibrated"
+    assert h["elasticity_inputs"] == "interference" and h["elasticity_link"]["interference"] > 0
     jpath.write_text(json.dumps({**h, "elasticity_link": {"knee": 1.0, "slope": -2.0}}))
     with pytest.raises(store.StoreError, match="slope > 0"):
+        store.load(tmp_path, "demo/a:1", SPEC.identity(), PRIOR)
+    jpath.write_text(json.dumps({**h, "elasticity_link": {**h["elasticity_link"], "interference": 0.0}}))
+    with pytest.raises(store.StoreError, match="or the 'interference' one"):
         store.load(tmp_path, "demo/a:1", SPEC.identity(), PRIOR)
     jpath.write_text(json.dumps({**h, "elasticity_link": None}))
     with pytest.raises(store.StoreError, match="pressure link goes with the 'calibrated' input set"):

@@ -32,6 +32,9 @@ Inputs (INPUT_SETS), chosen per fit by fit.py (held-out error over whole load po
   knee lies, how steep), and the GP models only what that curve leaves (in logit, zero
   mean, no trend): far from the data the curve, not a straight line through clipped
   logits, is what the model says (module doc there for why).
+- "interference": "calibrated" with a second column, the log of the prior's prefill stall
+  (prior.py prefill_stall: long prompts pressing on the TPOT of the tokens beside them),
+  its weight in the link fitted too (pressure_link.py).
 
 The roofline prior's raw curve is non-decreasing in m already (prior.py: every term of
 its pressure falls as m grows; std 0) and each count is computed alone (no batch
@@ -55,7 +58,8 @@ from janusd.oracle.types import AttainmentEstimate, LoadFeatures, MinInstances
 
 LOGIT_EPS = 0.01
 GRID_MIN = 64
-INPUT_SETS = ("full", "pressure", "calibrated")
+INPUT_SETS = ("full", "pressure", "calibrated", "interference")
+LINKED = ("calibrated", "interference")  # the input sets whose GP sits on a pressure link
 _LOGIT_MAX = float(np.log(1.0 / LOGIT_EPS - 1.0))  # to_logit's range is +-_LOGIT_MAX
 
 
@@ -86,6 +90,12 @@ def pressure_column(prior: Any, features: np.ndarray, instances: np.ndarray) -> 
     return np.log(np.maximum(np.array(rho, dtype=np.float64), 1e-9))[:, None]
 
 
+def stall_column(prior: Any, features: np.ndarray, instances: np.ndarray) -> np.ndarray:
+    """(n, 1) log of the prior's prefill stall of each row (prior.py prefill_stall)."""
+    s = [prior.prefill_stall(LoadFeatures(*f.tolist()), int(m)) for f, m in zip(features, instances, strict=True)]
+    return np.log(np.maximum(np.array(s, dtype=np.float64), 1e-9))[:, None]
+
+
 def check_input_set(input_set: str, prior: Any | None) -> None:
     """ValueError unless input_set is one of INPUT_SETS usable with (or without) a prior."""
     if input_set not in INPUT_SETS:
@@ -100,8 +110,10 @@ class ElasticityModel:
     def __init__(self, gp: GPRegressor, prior: Any | None = None, input_set: str = "full",
                  link: PressureLink | None = None) -> None:
         check_input_set(input_set, prior)
-        if (link is None) != (input_set != "calibrated"):
-            raise ValueError("a pressure link goes with the 'calibrated' input set, and only with it")
+        if (link is None) != (input_set not in LINKED) or (link is not None and (input_set == "calibrated")
+                                                            != (link.interference == 0.0)):
+            raise ValueError("a pressure link goes with the 'calibrated' input set (no interference) or the "
+                             "'interference' one, and only with them")
         self.gp = gp
         self.prior = prior
         self.input_set = input_set
@@ -116,7 +128,11 @@ class ElasticityModel:
         f = np.atleast_2d(np.asarray(features, dtype=np.float64))
         f = np.broadcast_to(f, (len(x), f.shape[1])) if len(f) == 1 else f
         rho = pressure_column(prior, f, np.asarray(instances).reshape(-1))
-        return np.hstack([x, rho]) if input_set == "full" else rho
+        if input_set == "full":
+            return np.hstack([x, rho])
+        if input_set == "interference":
+            return np.hstack([rho, stall_column(prior, f, np.asarray(instances).reshape(-1))])
+        return rho
 
     @staticmethod
     def gp_target(x: np.ndarray, attainment: np.ndarray, link: PressureLink | None) -> np.ndarray:
@@ -125,7 +141,7 @@ class ElasticityModel:
         y = to_logit(attainment)
         if link is None:
             return y
-        return y - np.clip(link.logit(x[:, 0]), -_LOGIT_MAX, _LOGIT_MAX)
+        return y - np.clip(link.logit(x), -_LOGIT_MAX, _LOGIT_MAX)
 
     @classmethod
     def fit(cls, features: np.ndarray, instances: np.ndarray, attainment: np.ndarray, seed: int = 0,
@@ -135,7 +151,7 @@ class ElasticityModel:
         if a.shape != (len(features),) or np.any((a < 0) | (a > 1)):
             raise ValueError("attainment must be (n,) values in [0, 1]")
         x = cls.inputs(features, instances, prior, input_set)
-        link = PressureLink.fit(x[:, 0], a) if input_set == "calibrated" else None
+        link = PressureLink.fit(x, a, interference=input_set == "interference") if input_set in LINKED else None
         gp = GPRegressor.fit(x, cls.gp_target(x, a, link), seed=seed, trend=link is None)
         return cls(gp, prior, input_set, link)
 
@@ -144,7 +160,7 @@ class ElasticityModel:
         x = self.inputs(features, instances, self.prior, self.input_set)
         mu, sd = self.gp.predict(x)
         if self.link is not None:
-            mu = mu + self.link.logit(x[:, 0])
+            mu = mu + self.link.logit(x)
         p = 1.0 / (1.0 + np.exp(-np.clip(mu, -700.0, 700.0)))
         return p, p * (1.0 - p) * sd  # the delta method through the logistic
 

@@ -125,6 +125,16 @@ class RooflinePrior:
         slo_share = max(t_pf / self.ttft_slo_s, t_step / self.tpot_slo_s)
         return max(time_share, slo_share)
 
+    def prefill_stall(self, load: LoadFeatures, instances: int) -> float:
+        """How hard prefills press on the TPOT of the tokens decoding beside them (not a term
+        of the pressure above; the oracle's "interference" calibration learns its weight):
+        the share of time one instance spends in prefills, (rate / m) * t_pf, times the share
+        of a token's TPOT budget one prefill takes, t_pf / TPOT. A decode step waits for the
+        prefill scheduled before it, so long prompts at a moderate rate miss TPOT where the
+        time share says there is room (bench/RESULTS.md "oracle", 2026-12-06)."""
+        t_pf = self._prefill(load)[0]
+        return load.request_rate / instances * t_pf * t_pf / self.tpot_slo_s
+
     def raw_attainment(self, load: LoadFeatures, instances: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         rho = np.array([self.pressure(load, int(m)) for m in instances], dtype=np.float64)
         mean = 1.0 / (1.0 + np.exp(np.clip(STEEPNESS * (rho - 1.0), -700, 700)))

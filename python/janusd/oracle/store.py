@@ -5,7 +5,8 @@
               "info": {"points", "fitted_at", "heldout": eval figures, ...},
               "kernels": {"capacity": [3 kernel strings], "elasticity": kernel string},
               "elasticity_inputs": one of elasticity.py INPUT_SETS ("full" when absent),
-              "elasticity_link": pressure_link.py's {"knee", "slope"} under "calibrated", else null,
+              "elasticity_link": pressure_link.py's {"knee", "slope", "interference"} under "calibrated" or
+                                 "interference" (elasticity.py LINKED), else null,
               "capacity_bw": {"form": one of capacity.py BW_FORMS, "step_factor": float}}
   NAME.npz   the training points (dataset.py's arrays: features, instances, resources,
              attainment, point_id) and per GP its hyperparameters and input scaler:
