@@ -77,7 +77,8 @@ class Reference:
             mean = Fraction(sum(xs), len(xs))
             return float(mean), float(sum((Fraction(x) - mean) ** 2 for x in xs) / len(xs))
 
-        span = min(self.w, max(self.b, now - m["first"]))
+        covered = max(self.b, now - (k_now - self.nb + 1) * self.b)  # the window's buckets' span
+        span = min(covered, max(self.b, now - m["first"]))
         arr, ends = inside(m["arr"]), inside(m["end"])
         ttfts = [Fraction(s) for _, s in inside(m["ttft"])]
         outs = [e[2] for e in ends if e[1]] + [v[2] for v in self.live.values() if v[0] == name]
@@ -209,12 +210,27 @@ def test_events_leave_the_window_as_time_passes():
     tel.on_arrival(2, "m", 5.5, 300, 10)
     w = tel.model("m", 9.99)  # buckets 0..9: all three events
     assert (w.request_rate, w.input_len_mean, w.finished) == (2 / 9.49, 200.0, 1)
-    w = tel.model("m", 10.0)  # buckets 1..10: the first arrival has left
-    assert (w.window_s, w.request_rate, w.input_len_mean, w.finished) == (9.5, 1 / 9.5, 300.0, 1)
-    w = tel.model("m", 14.0)  # buckets 5..14: the end has left too; request 2 is in flight
-    assert (w.window_s, w.request_rate, w.finished, w.output_len_mean, w.in_flight) == (10.0, 0.1, 0, 10.0, 1)
+    w = tel.model("m", 10.0)  # buckets 1..10, [1, 10]: the first arrival has left
+    assert (w.window_s, w.request_rate, w.input_len_mean, w.finished) == (9.0, 1 / 9.0, 300.0, 1)
+    w = tel.model("m", 14.0)  # buckets 5..14, [5, 14]: the end has left too; request 2 is in flight
+    assert (w.window_s, w.request_rate, w.finished, w.output_len_mean, w.in_flight) == (9.0, 1 / 9.0, 0, 10.0, 1)
+    w = tel.model("m", 14.5)  # [5, 14.5]
+    assert (w.window_s, w.request_rate) == (9.5, 1 / 9.5)
     w = tel.model("m", 16.0)  # buckets 7..16: empty window, the in-flight prior stays
     assert (w.request_rate, w.input_len_mean, w.output_len_mean, w.in_flight) == (0.0, 0.0, 10.0, 1)
+
+
+def test_a_steady_rate_reads_steady_at_any_phase_of_a_bucket():
+    """One arrival every 0.1 s for a minute, read every 0.05 s past the first window: the
+    rate is 10/s at every phase of the current bucket (it divides by the seconds its buckets
+    span, not by window_s: that read 6.7-10/s with three 1 s buckets, low just after each
+    boundary, and the controller's m* dipped)."""
+    tel = Telemetry(window_s=3.0, bucket_s=1.0)
+    for i in range(600):
+        tel.on_arrival(i, "m", 0.1 * i + 0.05, 1, 1)
+        now = 0.1 * i + 0.05
+        if now > 3.5:
+            assert tel.model("m", now).request_rate == pytest.approx(10.0, abs=0.5), now
 
 
 def test_rates_of_a_burst_at_its_first_instant_divide_by_one_bucket():
@@ -277,7 +293,7 @@ def test_backwards_time_is_clamped_to_the_latest_seen():
     assert tel.model("m", 30.0).finished == 0
     tel.on_arrival(2, "m", float("nan"), 1, 1)  # a non-finite time counts as the latest
     assert tel.snapshot(float("inf")).now == 30.0
-    assert tel.model("m", 30.0).request_rate == 0.1
+    assert tel.model("m", 30.0).request_rate == 1 / 9.0  # one arrival in [21, 30]
 
 
 @pytest.mark.parametrize(
@@ -314,8 +330,8 @@ def test_100k_events_in_bounded_memory():
     assert held < 512 * 1024, held
     assert len(tel._live) == 5
     for w in snap.models.values():
-        assert w.window_s == window_s
-        assert 23.5 <= w.request_rate <= 25.0  # 25/s; the window holds 9.5 to 10 s of it
+        assert window_s - bucket_s <= w.window_s <= window_s  # the buckets' span at t
+        assert 24.9 <= w.request_rate <= 25.0 + 1e-9  # 25/s at any phase: the span is what the buckets hold
         assert 1 <= w.in_flight <= 2
 
 

@@ -12,9 +12,13 @@ What each figure counts (all windowed figures use windows.py's bucket rule):
   on_tokens, first tokens (ttft_mean_s) at on_first_token, ends (finished, failed,
   output lengths, tokens_on_time/counted) at on_end. (trace/slo.py's offline windows
   attribute a request to its arrival instead; a live window cannot wait for the end.)
-- window_s is the span the rates divide by: min(window_s, max(bucket_s, now - first
-  arrival of the model)). The floor of one bucket keeps a burst seen at its first instant
-  a finite rate (membership is per whole bucket anyway); rate * window_s is the count.
+- window_s is the span the rates divide by: min(covered, max(bucket_s, now - first
+  arrival of the model)), covered the seconds the window's buckets span at now
+  (windows.py covered_s: from the start of the oldest bucket to now, between window_s -
+  bucket_s and window_s when window_s is a whole number of buckets). The floor of one
+  bucket keeps a burst seen at its first instant a finite rate (membership is per whole
+  bucket anyway); rate * window_s is the count. (Until 2026-12-06 the span was window_s
+  itself, which read a steady rate up to one bucket's share low.)
 - output_len_mean/var cover requests that ended ok in the window plus, as a prior, every
   in-flight request at its max_tokens, until on_end replaces that guess with the real
   count. The oracle thus sees long outputs while they are still decoding, instead of a
@@ -53,7 +57,7 @@ class ModelWindow(msgspec.Struct, frozen=True):
     """One model's figures over the window ending at the snapshot time (see module doc)."""
 
     model: str
-    window_s: float  # span the rates divide by: min(window_s, max(bucket_s, now - first arrival))
+    window_s: float  # span the rates divide by: min(buckets' span, max(bucket_s, now - first arrival))
     request_rate: float  # arrivals per second in the window
     input_token_rate: float  # prompt tokens of arrivals per second
     output_token_rate: float  # output tokens delivered per second (from on_tokens)
@@ -210,7 +214,7 @@ class Telemetry:
 
     def _figures(self, name: str, st: _ModelState, now: float) -> ModelWindow:
         arr, tok, ttft, end, fail, out, ontime, counted = st.window.totals(now)
-        span = min(self.window_s, max(self.bucket_s, now - st.first_arrival))
+        span = min(st.window.covered_s(now), max(self.bucket_s, now - st.first_arrival))
         out.merge(Moments.from_sums(st.live, st.prior_s1, st.prior_s2))
         return ModelWindow(
             model=name,

@@ -176,6 +176,17 @@ class SlidingWindow:
             b.append(_Bucket(k, self.channels))
         return b[-1].ch
 
+    def covered_s(self, now: float) -> float:
+        """Seconds the window's buckets span at `now`: from the start of its oldest bucket to
+        now, between (n - 1) * bucket_s and n * bucket_s (module doc), at least one bucket.
+        What its counts divide by to be rates: dividing by window_s instead read a steady
+        load up to a bucket's share low (a third with 3 buckets) just after each boundary,
+        and the controller's m* dipped and came back (tests/test_controller_scale_in_daemon.py)."""
+        k = bucket_index(now, self.bucket_s)
+        if self._latest is not None and k < self._latest:
+            k = self._latest
+        return max(self.bucket_s, now - (k - self.n_buckets + 1) * self.bucket_s)
+
     def totals(self, now: float) -> list[Moments]:
         """Each channel merged over the window at `now` (evicts what has left it)."""
         self._advance(now)
