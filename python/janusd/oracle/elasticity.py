@@ -110,8 +110,8 @@ class ElasticityModel:
     def __init__(self, gp: GPRegressor, prior: Any | None = None, input_set: str = "full",
                  link: PressureLink | None = None) -> None:
         check_input_set(input_set, prior)
-        if (link is None) != (input_set not in LINKED) or (link is not None and (input_set == "calibrated")
-                                                            != (link.interference == 0.0)):
+        wants = None if input_set not in LINKED else input_set == "interference"  # None: no link
+        if (None if link is None else link.interference > 0) != wants:
             raise ValueError("a pressure link goes with the 'calibrated' input set (no interference) or the "
                              "'interference' one, and only with them")
         self.gp = gp
@@ -127,17 +127,18 @@ class ElasticityModel:
             return x
         f = np.atleast_2d(np.asarray(features, dtype=np.float64))
         f = np.broadcast_to(f, (len(x), f.shape[1])) if len(f) == 1 else f
-        rho = pressure_column(prior, f, np.asarray(instances).reshape(-1))
+        m = np.asarray(instances).reshape(-1)
+        rho = pressure_column(prior, f, m)
         if input_set == "full":
             return np.hstack([x, rho])
         if input_set == "interference":
-            return np.hstack([rho, stall_column(prior, f, np.asarray(instances).reshape(-1))])
+            return np.hstack([rho, stall_column(prior, f, m)])
         return rho
 
     @staticmethod
     def gp_target(x: np.ndarray, attainment: np.ndarray, link: PressureLink | None) -> np.ndarray:
         """What the GP learns: logit attainment, less the link's logit (clipped to the same
-        range) under "calibrated"."""
+        range) under a linked input set (LINKED)."""
         y = to_logit(attainment)
         if link is None:
             return y

@@ -68,12 +68,12 @@ class PressureLink:
 
     @classmethod
     def from_state(cls, state: object) -> PressureLink:
-        ok = isinstance(state, dict) and all(isinstance(state.get(k), int | float) for k in ("knee", "slope"))
-        if not ok or not isinstance(state.get("interference", 0.0), int | float):  # type: ignore[union-attr]
+        d = state if isinstance(state, dict) else {}
+        values = [d.get("knee"), d.get("slope"), d.get("interference", 0.0)]
+        if not all(isinstance(v, int | float) for v in values):
             raise ValueError(f"a pressure link is {{'knee': number, 'slope': number, 'interference': number}}, "
                              f"got {state!r}")
-        assert isinstance(state, dict)
-        return cls(float(state["knee"]), float(state["slope"]), float(state.get("interference", 0.0)))
+        return cls(*(float(v) for v in values))  # type: ignore[arg-type]
 
     @classmethod
     def fit(cls, x: np.ndarray, attainment: np.ndarray, interference: bool = False) -> PressureLink:

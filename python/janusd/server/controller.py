@@ -77,6 +77,11 @@ def _log(msg: str, level: int = logging.INFO) -> None:
     log.log(level, msg)
 
 
+def _scales_out(op: Op) -> bool:
+    """An operation of elastic scaling that brings up a replica (meet_count / meet_extras)."""
+    return op.target == "active" and op.reason.startswith("scale ")
+
+
 class Controller:
     """The two loops, their state between ticks and the operations in flight; the plans'
     helpers live beside it (controller_traffic, controller_counts, controller_roles,
@@ -281,7 +286,7 @@ class Controller:
             if key in self.in_flight:
                 continue
             self.in_flight[key] = (op, self.clock())
-            if op.target == "active" and op.reason.startswith("scale "):
+            if _scales_out(op):
                 m = self.host.core.registry.models.get(op.model)
                 if m is not None and placed_by_controller(self.host.cfg, m):
                     # an extra from the start: meet_extras counts it while it comes up (else the
@@ -293,6 +298,13 @@ class Controller:
             t = asyncio.get_running_loop().create_task(self._run(op), name=f"ctl-{op.model}-{op.device}")
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
+
+    def _drop_extra(self, model: str, device: int) -> None:
+        left = self.extras.get(model)
+        if left is not None:
+            left.discard(device)
+            if not left:
+                del self.extras[model]
 
     async def _run(self, op: Op) -> None:
         t0 = self.clock()
@@ -313,21 +325,13 @@ class Controller:
                 reply = await self.host.set_state(op.model, op.device, op.target, probe=False, role=op.role)
             phases.update({k: float(v) for k, v in (reply.get("phases") or {}).items()})
             outcome = "ok"
-            if m is not None and placed_by_controller(self.host.cfg, m) and op.reason.startswith("scale "):
-                if op.target == "active":
-                    self.extras.setdefault(op.model, set()).add(op.device)
-                elif op.device in self.extras.get(op.model, ()):
-                    self.extras[op.model].discard(op.device)
-                    if not self.extras[op.model]:
-                        del self.extras[op.model]
+            if m is not None and placed_by_controller(self.host.cfg, m) and op.reason.startswith("scale ") \
+                    and op.target != "active":  # a scale-out was recorded by start(); a scale-in ends one
+                self._drop_extra(op.model, op.device)
         except Exception as e:  # a refused or failed move: planned again next period
             outcome = f"{type(e).__name__}: {e}"
-            if op.target == "active" and op.reason.startswith("scale ") and op.device in self.extras.get(op.model, ()):
-                # start() counted it as an extra: a scale-out that failed is none (at once,
-                # not only at the next fast tick's prune_extras)
-                self.extras[op.model].discard(op.device)
-                if not self.extras[op.model]:
-                    del self.extras[op.model]
+            if _scales_out(op):  # start() counted it as an extra: a failed scale-out is none at once
+                self._drop_extra(op.model, op.device)  # (not only at the next fast tick's prune_extras)
             _log(f"controller: {op.model} on device {op.device} -> {op.target} failed: {e}", logging.WARNING)
         finally:
             self.in_flight.pop(key, None)

@@ -110,8 +110,7 @@ class Daemon(RequestFront, WorkerSupervision):
             Telemetry(window_s=cfg.control.window_s),
         )
         self.ops = ModelOps(self.core, self.workers, cfg.engine, str(cache_dir(cfg.server)),
-                            cfg.server.worker_ready_timeout_s, cfg.server.drain_timeout_s, clock)
-        self.ops.lifecycle = cfg.lifecycle
+                            cfg.server.worker_ready_timeout_s, cfg.server.drain_timeout_s, clock, cfg.lifecycle)
         self.life = LifecycleOps(self.ops, cfg.lifecycle, self.metrics.lifecycle)
         self.ops.starter = self.life.start
         self.clock = clock

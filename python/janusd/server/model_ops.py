@@ -47,7 +47,8 @@ def _same_instance(a: ModelConfig, b: ModelConfig) -> bool:
 
 class ModelOps:
     def __init__(self, core: ServingCore, workers: list[WorkerHandle], engine: EngineConfig, cache_dir: str,
-                 load_timeout_s: float, drain_timeout_s: float, clock: Callable[[], float]) -> None:
+                 load_timeout_s: float, drain_timeout_s: float, clock: Callable[[], float],
+                 lifecycle: LifecycleConfig) -> None:
         self.core = core
         self.workers = workers
         self.engine = engine
@@ -56,7 +57,7 @@ class ModelOps:
         self.drain_timeout_s = drain_timeout_s
         self.clock = clock
         self._locks = [asyncio.Lock() for _ in workers]  # one load/unload at a time per worker
-        self.lifecycle = LifecycleConfig()  # the daemon's [lifecycle]: what a load tells the worker
+        self.lifecycle = lifecycle  # the daemon's [lifecycle]: what a load tells the worker
         # brings an instance to a start state other than active (server/lifecycle_ops.py)
         self.starter: Callable[[Instance, str], Awaitable[None]] | None = None
 

@@ -152,11 +152,13 @@ class SlidingWindow:
         """Buckets held now (<= n_buckets after any add or totals)."""
         return len(self._buckets)
 
-    def _advance(self, t: float) -> int:
+    def _index(self, t: float) -> int:
+        """t's bucket, clamped to the newest seen: time never goes backwards here."""
         k = bucket_index(t, self.bucket_s)
-        if self._latest is not None and k < self._latest:
-            k = self._latest  # clamp: time never goes backwards here
-        self._latest = k
+        return k if self._latest is None or k >= self._latest else self._latest
+
+    def _advance(self, t: float) -> int:
+        k = self._latest = self._index(t)
         horizon = k - self.n_buckets  # buckets with index <= horizon have left
         b = self._buckets
         while b and b[0].index <= horizon:
@@ -182,9 +184,7 @@ class SlidingWindow:
         What its counts divide by to be rates: dividing by window_s instead read a steady
         load up to a bucket's share low (a third with 3 buckets) just after each boundary,
         and the controller's m* dipped and came back (tests/test_controller_scale_in_daemon.py)."""
-        k = bucket_index(now, self.bucket_s)
-        if self._latest is not None and k < self._latest:
-            k = self._latest
+        k = self._index(now)
         return max(self.bucket_s, now - (k - self.n_buckets + 1) * self.bucket_s)
 
     def totals(self, now: float) -> list[Moments]:
