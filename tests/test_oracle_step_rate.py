@@ -43,7 +43,7 @@ def test_steps_follow_the_token_rate_at_light_load_and_saturate_at_one_over_tau(
     assert s[2] < 1.0 / tau1  # bounded by one step per tau (tau grows with the batch)
     assert s[2] > 0.2 / tau1  # and close to it, not collapsing
     # past overload (tokens/s x factor x per-sequence time > 1) the batch diverges to B_CAP
-    assert s[3] == pytest.approx(tok[3] / step_rate.B_CAP)
+    assert s[3] == pytest.approx(tok[3] / (step_rate.B_CAP - 1.0))  # (1 - e^-N) / N at N = B_CAP - 1 others
 
 
 @settings(max_examples=60, deadline=None)
@@ -96,3 +96,42 @@ def test_bad_forms_and_factors_are_refused():
         CapacityModel.fit(f, np.full((3, 3), 0.1), None, bw_form="step-rate")
     with pytest.raises(ValueError, match="one measured bandwidth per row"):
         step_rate.fit_factor(DEMO, CPU, f, np.ones(2))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.floats(0.0, 300.0), st.integers(1, 12))
+def test_step_fraction_is_the_measurements_count_under_poisson_arrivals(others, m):
+    """step_fraction's closed form equals E[1 / max(1, (1 + K) / m)] summed term by term
+    over K ~ Poisson(others): how features.usage_in_window counts a token's share of a step
+    when it sees its own request plus K others decoding on m instances."""
+    from scipy.stats import poisson
+
+    k = np.arange(0, int(others + 40 * np.sqrt(others + 1) + 50))
+    ref = float((poisson.pmf(k, max(others, 1e-12)) / np.maximum(1.0, (1.0 + k) / m)).sum())
+    got = float(step_rate.step_fraction(np.array([others]), np.array([m]))[0])
+    assert got == pytest.approx(ref, abs=1e-9)
+
+
+def test_a_load_spread_over_more_instances_takes_more_steps_per_instance():
+    """The same per-instance load on m = 1, 2, 4 instances: with fewer decoding requests
+    than instances each gets a step of its own, so the steps per instance rise with m and
+    stay within one step per token; at a load far past the knee m no longer matters."""
+    f = rows(np.array([3.0, 3.0, 3.0]))
+    s = step_rate.steps_per_s(DEMO, CPU, f, 3.0, np.array([1, 2, 4]))
+    tok = f[0, 0] * f[0, 5]
+    assert s[0] < s[1] < s[2] <= tok
+    one = step_rate.steps_per_s(DEMO, CPU, f[:1], 3.0)
+    assert one[0] == pytest.approx(s[0])  # None means one instance
+    with pytest.raises(ValueError, match="instance count"):
+        step_rate.steps_per_s(DEMO, CPU, f, 3.0, np.array([1, 0, 2]))
+
+
+def test_fit_factor_recovers_the_factor_of_rows_measured_on_several_instances():
+    f = rows(np.linspace(1.0, 12.0, 8))
+    m = np.array([1, 2, 1, 2, 1, 2, 1, 2])
+    meas = step_rate.bandwidth(DEMO, CPU, f, 2.0, m)
+    assert step_rate.fit_factor(DEMO, CPU, f, meas, m) == pytest.approx(2.0, rel=0.035)
+    cap = CapacityModel.fit(f, np.column_stack([np.full(8, 0.1), np.full(8, 0.1), meas]), PRIOR,
+                            bw_form="step-rate", instances=m)
+    pred = cap.predict(f, m)[0][:, 2]
+    assert np.abs(pred / meas - 1).max() < 0.05  # the mean alone carries it; the GP has nothing left

@@ -18,7 +18,8 @@ it cut the held-out compute / bandwidth P90s by ~25% (sum over the six, folds se
 Bandwidth has two mean forms (BW_FORMS), chosen per fit by fit.py (held-out error over
 whole load points, as the Elasticity GP's inputs):
 - "prior": as above, the prior's bandwidth with a trended GP correction;
-- "step-rate": step_rate.py's saturating decode steps per second, its one factor (the
+- "step-rate": step_rate.py's saturating decode steps per second (counted, as the
+  measurement counts them, over the m instances sharing the load), its one factor (the
   time a request waits per token over the device's step time) fitted on the training
   rows, and a GP *without* a trend on the log residual. The prior counts steps that grow
   almost linearly with the token rate; a profile's bend over (the prior 1.5-3x high at the
@@ -57,12 +58,14 @@ def check_bw_form(bw_form: str, prior: Any | None) -> None:
         raise ValueError("the 'step-rate' bandwidth mean needs a prior (its model and device)")
 
 
-def base_demand(prior: Any, features: np.ndarray, bw_form: str = "prior", step_factor: float = 1.0) -> np.ndarray:
+def base_demand(prior: Any, features: np.ndarray, bw_form: str = "prior", step_factor: float = 1.0,
+                instances: np.ndarray | None = None) -> np.ndarray:
     """(n, 3) the mean the GPs correct: the prior's demand, its bandwidth replaced by
-    step_rate.py's when bw_form is "step-rate"."""
+    step_rate.py's when bw_form is "step-rate" (which counts the steps of a load spread over
+    `instances` per row; None: one)."""
     base = prior_demand(prior, features)
     if bw_form == "step-rate":
-        base[:, _BW] = step_rate.bandwidth(prior.model, prior.device, np.atleast_2d(features), step_factor)
+        base[:, _BW] = step_rate.bandwidth(prior.model, prior.device, np.atleast_2d(features), step_factor, instances)
     return base
 
 
@@ -86,43 +89,49 @@ class CapacityModel:
 
     @staticmethod
     def targets(features: np.ndarray, measured: np.ndarray, prior: Any | None, bw_form: str = "prior",
-                step_factor: float = 1.0) -> np.ndarray:
+                step_factor: float = 1.0, instances: np.ndarray | None = None) -> np.ndarray:
         """What the GPs learn from measured demand: log(measured / base_demand), or the demand itself."""
         t = np.asarray(measured, dtype=np.float64)
         if prior is None:
             return t
-        return np.log(np.maximum(t, FLOOR)) - np.log(base_demand(prior, features, bw_form, step_factor))
+        return np.log(np.maximum(t, FLOOR)) - np.log(base_demand(prior, features, bw_form, step_factor, instances))
 
     @classmethod
     def fit(cls, features: np.ndarray, measured: np.ndarray, prior: Any | None = None, seed: int = 0,
-            bw_form: str = "prior") -> CapacityModel:
+            bw_form: str = "prior", instances: np.ndarray | None = None) -> CapacityModel:
         """features: (n, 7) LoadFeatures rows of the load one instance carried; measured:
         (n, 3) that instance's demand; prior: a RooflinePrior to learn the correction of;
-        bw_form: one of BW_FORMS (module doc)."""
+        bw_form: one of BW_FORMS (module doc); instances: (n,) how many instances shared
+        each row's load (None: one), which the step-rate mean counts steps with."""
         t = np.asarray(measured, dtype=np.float64)
         if t.ndim != 2 or t.shape[1] != len(RESOURCE_DIMS) or len(t) != len(features):
             raise ValueError(f"measured must have shape ({len(features)}, {len(RESOURCE_DIMS)}), got {t.shape}")
         check_bw_form(bw_form, prior)
         factor = 1.0
         if bw_form == "step-rate" and prior is not None:  # check_bw_form: step-rate has a prior
-            factor = step_rate.fit_factor(prior.model, prior.device, np.atleast_2d(features), t[:, _BW])
+            factor = step_rate.fit_factor(prior.model, prior.device, np.atleast_2d(features), t[:, _BW], instances)
         x = capacity_inputs(features)
-        y = cls.targets(features, t, prior, bw_form, factor)
+        y = cls.targets(features, t, prior, bw_form, factor, instances)
         gps = [GPRegressor.fit(x, y[:, k], seed=seed, trend=tr) for k, tr in enumerate(gp_trends(bw_form))]
         return cls(gps, prior, bw_form, factor)
 
-    def predict(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(mean, std), each (n, 3)."""
+    def predict(self, features: np.ndarray, instances: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, std), each (n, 3), of one instance per row of per-instance load, the load
+        shared by `instances` (None: one)."""
         x = capacity_inputs(features)
         out = [gp.predict(x) for gp in self.gps]
         mean = np.stack([m for m, _ in out], axis=1)
         std = np.stack([s for _, s in out], axis=1)
         if self.prior is None:
             return np.maximum(mean, 0.0), std
-        base = base_demand(self.prior, features, self.bw_form, self.step_factor)
+        base = base_demand(self.prior, features, self.bw_form, self.step_factor, instances)
         scaled = base * np.exp(mean)
         return scaled, scaled * std
 
     def capacity(self, load: LoadFeatures) -> ResourceEstimate:
+        """One instance's demand at a per-instance load, its steps counted as on one instance
+        (instances=1). Spread over m > 1 instances, a light load takes up to m times the
+        steps (requests that do not share a step); the Oracle's callers size instances by
+        this figure and add their margin."""
         mean, std = self.predict(feature_matrix([load]))
         return ResourceEstimate(tuple(float(v) for v in mean[0]), tuple(float(v) for v in std[0]), "gp")  # type: ignore[arg-type]

@@ -66,7 +66,7 @@ def evaluate(points: Points, k: int = 5, seed: int = 0, overheads: dict[str, flo
         bw_forms.append(cap.bw_form)
         held = points.take(test)
         att_pred[test] = monotone_predictions(ela, held)
-        cap_pred[test] = predict_capacity(cap, per_instance(held.features, held.instances))
+        cap_pred[test] = predict_capacity(cap, per_instance(held.features, held.instances), held.instances)
     prior_att = monotone_predictions(prior, points)
     prior_cap = predict_capacity(prior, per_instance(points.features, points.instances))
     figures = errors_of(points, att_pred, cap_pred, (prior_att, prior_cap))

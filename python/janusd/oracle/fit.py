@@ -90,7 +90,7 @@ def choose_input_set(points: Points, prior: Any | None, seed: int = 0) -> tuple[
 def _fit_capacity(points: Points, prior: Any | None, seed: int, bw_form: str) -> CapacityModel:
     served = served_mask(points.attainment)
     return CapacityModel.fit(per_instance(points.features[served], points.instances[served]), points.resources[served],
-                             prior, seed=seed, bw_form=bw_form)
+                             prior, seed=seed, bw_form=bw_form, instances=points.instances[served])
 
 
 def _thinned(points: Points) -> Points:
@@ -155,7 +155,7 @@ def errors(cap: Any, ela: Any, test: Points, prior: Any | None = None) -> dict[s
     capacity(model, load)) and a raw-attainment source, and the prior's when given."""
     per = per_instance(test.features, test.instances)
     prior_pred = None if prior is None else (monotone_predictions(prior, test), predict_capacity(prior, per))
-    return errors_of(test, monotone_predictions(ela, test), predict_capacity(cap, per), prior_pred)
+    return errors_of(test, monotone_predictions(ela, test), predict_capacity(cap, per, test.instances), prior_pred)
 
 
 def _rel_p90(pred: np.ndarray, meas: np.ndarray, served: np.ndarray) -> float | None:
@@ -185,9 +185,10 @@ def errors_of(test: Points, att_pred: np.ndarray, cap_pred: np.ndarray,
     return out
 
 
-def predict_capacity(source: Any, features: np.ndarray) -> np.ndarray:
-    """(n, 3) mean demand from a CapacityModel (batched) or anything with capacity(model, load)."""
+def predict_capacity(source: Any, features: np.ndarray, instances: np.ndarray | None = None) -> np.ndarray:
+    """(n, 3) mean demand from a CapacityModel (batched, each row's load shared by `instances`)
+    or anything with capacity(model, load)."""
     if isinstance(source, CapacityModel):
-        return source.predict(features)[0]
+        return source.predict(features, instances)[0]
     return np.array([source.capacity("", LoadFeatures(*row.tolist())).mean for row in features]).reshape(-1, 3)
 

@@ -131,7 +131,8 @@ def load(directory: str | os.PathLike[str], model: str, model_spec: dict[str, An
             raise ValueError(f"capacity_bw is {bw!r}, expected {{'form': ..., 'step_factor': number}}")
         form, factor = bw.get("form"), float(bw["step_factor"])
         check_bw_form(str(form), cap_prior)
-        cy = CapacityModel.targets(per, points.resources[served], cap_prior, str(form), factor)
+        cy = CapacityModel.targets(per, points.resources[served], cap_prior, str(form), factor,
+                                   points.instances[served])
         gps = [GPRegressor.from_state({"x": cx, "y": cy[:, k], "theta": arrays[f"cap{k}_theta"],
                                        "x_mean": arrays[f"cap{k}_x_mean"], "x_std": arrays[f"cap{k}_x_std"],
                                        "trend": trend})
