@@ -115,7 +115,7 @@ def test_step_fraction_is_the_measurements_count_under_poisson_arrivals(others, 
 def test_a_load_spread_over_more_instances_takes_more_steps_per_instance():
     """The same per-instance load on m = 1, 2, 4 instances: with fewer decoding requests
     than instances each gets a step of its own, so the steps per instance rise with m and
-    stay within one step per token; at a load far past the knee m no longer matters."""
+    stay within one step per token."""
     f = rows(np.array([3.0, 3.0, 3.0]))
     s = step_rate.steps_per_s(DEMO, CPU, f, 3.0, np.array([1, 2, 4]))
     tok = f[0, 0] * f[0, 5]

@@ -15,8 +15,8 @@ the rate grows), so a held-out load beyond the training points follows that drif
 of falling back to the prior's shape. On the three profiles of bench/RESULTS.md "oracle"
 it cut the held-out compute / bandwidth P90s by ~25% (sum over the six, folds seeded 0-2).
 
-Bandwidth has two mean forms (BW_FORMS), chosen per fit by fit.py (held-out error over
-whole load points, as the Elasticity GP's inputs):
+Bandwidth has two mean forms (BW_FORMS); fit.py uses "step-rate" whenever there is a prior
+(choosing per fit was tried and not kept, fit.py's module doc):
 - "prior": as above, the prior's bandwidth with a trended GP correction;
 - "step-rate": step_rate.py's saturating decode steps per second (counted, as the
   measurement counts them, over the m instances sharing the load), its one factor (the

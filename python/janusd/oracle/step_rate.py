@@ -25,8 +25,9 @@ request plus K ~ Poisson(m N) others (PASTA), so
 (closed form in step_fraction; for m = 1 it is (1 - e^-N) / N). Taking 1 / b instead
 (the token-weighted batch, the first form here) undercounts the steps at light load and,
 for m > 1, ignores that fewer decoding requests than instances each get a step of their
-own: on the low-noise profiles of bench/RESULTS.md "Longer windows" it cut the held-out
-bandwidth P90 on all three models (sum over three seeds 267 -> 221).
+own: on the low-noise profiles of bench/RESULTS.md "Longer windows" the held-out
+bandwidth P90 fell on all nine (file, seed) pairs (sum 315 -> 222); on the twelve older,
+noisier files it was a wash (2050 -> 2046).
 
 with tau = factor x t_step(b), t_step the device's step time at batch b (hw/devices.py host
 time per step + the roofline of hw/model_spec.py's step FLOPs and bytes: what the probe
