@@ -30,3 +30,30 @@ def test_a_first_point_past_the_knee_goes_down_and_a_flat_series_stops():
     assert next_rate([(9.0, 0.1)], 9.0, 0.5, 100.0) == 3.0
     assert next_rate([(1.0, 1.0)], 1.0, 0.5, 2.5) is None  # cannot grow, nothing changes
     assert next_rate([(1.0, 0.95), (1.1, 0.5)], 1.0, 1.0, 1.1) is None  # adjacent rates closer than the ratio
+
+
+def test_the_served_range_is_filled_once_the_knee_is_within_two_x():
+    # knee bracketed by 9 -> 27 (ratio 3): refine the knee first
+    served_wide = [(1.0, 1.0), (3.0, 1.0), (9.0, 0.7), (27.0, 0.0)]
+    assert math.isclose(next_rate(served_wide, 1.0, 0.5, 100.0), math.sqrt(9 * 27))
+    # the knee pair now within 2x: the widest served gap wider than 2x (1 -> 3) comes first
+    knee_found = served_wide + [(15.6, 0.2)]
+    assert math.isclose(next_rate(knee_found, 1.0, 0.5, 100.0), math.sqrt(3.0))
+    # served gaps all within 2x: back to refining the knee (9 -> 15.6 changes most)
+    filled = knee_found + [(math.sqrt(3.0), 1.0)]
+    assert math.isclose(next_rate(filled, 1.0, 0.5, 100.0), math.sqrt(9 * 15.6))
+
+
+def test_every_rate_stays_in_bounds_and_a_series_ends():
+    measured: list[tuple[float, float]] = []
+    for _ in range(60):
+        r = next_rate(measured, start=2.0, floor=0.125, cap=200.0)
+        if r is None:
+            break
+        assert 0.125 <= r <= 200.0
+        assert all(abs(math.log(r / x)) > 1e-9 for x, _ in measured)  # never the same rate twice
+        measured.append((r, curve(r, knee=40.0)))
+    else:
+        raise AssertionError(f"no end after 60 points: {sorted(measured)}")
+    served = sorted(r for r, a in measured if a >= 0.9)
+    assert all(b / a <= 2.0 for a, b in zip(served, served[1:], strict=False)), served

@@ -9,7 +9,12 @@ on the flat parts, so the next rate is chosen from what the series has measured:
    often starts far below its knee, and the refinement below halves the gap each time);
 2. then refine: the adjacent pair of measured rates with the largest attainment change
    gets its geometric mean (rates act multiplicatively), while the pair's ratio exceeds
-   MIN_RATIO; None when there is nothing left worth measuring.
+   MIN_RATIO; None when there is nothing left worth measuring;
+3. but once that pair is within FILL_RATIO, the widest gap between two adjacent served
+   rates (both at HIGH or above) wider than FILL_RATIO gets its geometric mean first.
+   Why: the Capacity GP learns only from served points (fit.py), and the bracket leaves
+   them a factor GROWTH apart; a held-out highest served rate was then extrapolated from
+   one 3x lower (bench/RESULTS.md "Served-range fill").
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ HIGH = 0.9
 LOW = 0.3
 MIN_RATIO = 1.12
 GROWTH = 3.0
+FILL_RATIO = 2.0
 
 
 def next_rate(measured: Sequence[tuple[float, float]], start: float, floor: float, cap: float) -> float | None:
@@ -36,8 +42,19 @@ def next_rate(measured: Sequence[tuple[float, float]], start: float, floor: floa
         return lo_r / GROWTH
     if hi_a >= LOW and hi_r * GROWTH <= cap:
         return hi_r * GROWTH
-    best, gap = None, 0.0
+    best, gap, knee_ratio = None, 0.0, 1.0
     for (r1, a1), (r2, a2) in zip(pts, pts[1:], strict=False):
         if r2 / r1 > MIN_RATIO and abs(a1 - a2) > gap:
-            best, gap = math.sqrt(r1 * r2), abs(a1 - a2)
+            best, gap, knee_ratio = math.sqrt(r1 * r2), abs(a1 - a2), r2 / r1
+    if knee_ratio <= FILL_RATIO:
+        fill = _served_fill(pts)
+        if fill is not None:
+            return fill
     return best if gap > 0.02 else None
+
+
+def _served_fill(pts: Sequence[tuple[float, float]]) -> float | None:
+    """The geometric mean of the widest gap wider than FILL_RATIO between adjacent served rates."""
+    served = [r for r, a in pts if a >= HIGH]
+    gaps = [(r2 / r1, math.sqrt(r1 * r2)) for r1, r2 in zip(served, served[1:], strict=False) if r2 / r1 > FILL_RATIO]
+    return max(gaps)[1] if gaps else None
