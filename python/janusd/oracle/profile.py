@@ -30,7 +30,9 @@ follows their mean. Their spread is the measurement's noise floor (noise.py), st
 the header's notes and shown by `janus oracle eval`. Back-to-back repeats share the
 machine's state of the moment, so on a machine whose load drifts over minutes the floor
 understates the noise. A replay whose replayer fell behind schedule (lag bound) is
-dropped: it measured the client. The profiled daemon's own oracle is off (no online
+dropped: it measured the client; its repeats are skipped and every series of that mix
+stays below that rate from then on (a retried rate lagged again: one llama-small profile lost 9 replays
+and a third of its budget to it). The profiled daemon's own oracle is off (no online
 refits: a helper process fitting GPs would take CPU from the worker being measured). The
 points are written in dataset.py's format; the run's last line is one JSON object.
 """
@@ -53,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from janusd.oracle.knee import HIGH, next_rate
+from janusd.oracle.knee import HIGH, MIN_RATIO, next_rate
 
 MIXES: dict[str, tuple[float, float]] = {"tiny": (32.0, 16.0), "short": (96.0, 32.0), "long": (384.0, 96.0)}  # mean in, out
 LENGTH_SIGMA = 0.5  # lognormal spread of lengths within a mix
@@ -296,6 +298,7 @@ def run(a: ProfileArgs) -> dict[str, Any]:
 
     try:
         knees: dict[str, float] = {}  # mix -> the highest rate one instance served at HIGH attainment
+        lag_caps: dict[str, float] = {}  # mix -> below the lowest total rate the replayer could not offer
         for m in range(1, a.max_instances + 1):
             share_end = t_start + a.budget_s * m / a.max_instances  # later m inherit what earlier ones left
             if a.budget_s - elapsed() < 2 * max(longest_point, a.point_s):
@@ -316,8 +319,9 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                     if s.done:
                         continue
                     # m instances start near m times one instance's knee (half of it: below the knee)
-                    start = min(a.max_rate, max(a.start_rate, 0.5 * m * knees.get(s.mix, 0.0)))
-                    rate = next_rate(s.measured, start, a.start_rate / 16, a.max_rate)
+                    cap = max(a.start_rate / 16, min(a.max_rate, lag_caps.get(s.mix, math.inf)))
+                    start = min(cap, max(a.start_rate, 0.5 * m * knees.get(s.mix, 0.0)))
+                    rate = next_rate(s.measured, start, min(a.start_rate / 16, start), cap)
                     if rate is None:
                         s.done = True
                         continue
@@ -336,7 +340,7 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                         if not summary.get("valid", False) or not mine:
                             dropped += 1
                             bar.set_postfix_str(f"m={m} {s.mix} {rate:.3g}/s dropped (client lag)")
-                            continue
+                            break  # a repeat would lag as well
                         att = token_attainment(mine)
                         atts.append(att)
                         # usage over the window and the cool-down: arrivals go on at the rate through both,
@@ -354,7 +358,8 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                         bar.n = min(int(elapsed()), int(a.budget_s))
                         bar.refresh()
                     longest_point = max(longest_point, time.monotonic() - t0)
-                    if not atts:
+                    if not atts:  # the client cannot offer this rate: the series stays below it
+                        lag_caps[s.mix] = min(lag_caps.get(s.mix, math.inf), rate / MIN_RATIO)
                         continue
                     next_point += 1
                     att = float(np.mean(atts))  # the knee search follows the setting's mean
