@@ -112,6 +112,16 @@ def settle_seconds(window_s: float) -> float:
     return max(SETTLE_MIN_S, SETTLE_FRACTION * window_s)
 
 
+def series_next_rate(s: Series, knees: dict[str, float], lag_caps: dict[str, float], start_rate: float,
+                     max_rate: float) -> float | None:
+    """The series' next rate (knee.next_rate): m instances start near m times one instance's
+    knee (half of it: below the knee); no rate reaches a mix's lag cap (module doc)."""
+    floor = start_rate / 16
+    cap = max(floor, min(max_rate, lag_caps.get(s.mix, math.inf)))
+    start = min(cap, max(start_rate, 0.5 * s.m * knees.get(s.mix, 0.0)))
+    return next_rate(s.measured, start, floor, cap)
+
+
 def in_knee(measured: list[tuple[float, float]], rate: float) -> bool:
     """Whether `rate` lies between the highest measured rate served at knee.HIGH and the
     lowest one that was not: where attainment changes, which a point measures longer
@@ -318,10 +328,7 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                     k += 1
                     if s.done:
                         continue
-                    # m instances start near m times one instance's knee (half of it: below the knee)
-                    cap = max(a.start_rate / 16, min(a.max_rate, lag_caps.get(s.mix, math.inf)))
-                    start = min(cap, max(a.start_rate, 0.5 * m * knees.get(s.mix, 0.0)))
-                    rate = next_rate(s.measured, start, min(a.start_rate / 16, start), cap)
+                    rate = series_next_rate(s, knees, lag_caps, a.start_rate, a.max_rate)
                     if rate is None:
                         s.done = True
                         continue
