@@ -13,13 +13,21 @@ def curve(rate: float, knee: float = 10.0) -> float:
     return 1.0 / (1.0 + (rate / knee) ** 8)
 
 
-def test_points_bracket_then_crowd_the_knee():
+def walk(start: float, floor: float, cap: float, knee: float, limit: int) -> tuple[list[tuple[float, float]], bool]:
+    """The series next_rate measures on `curve` (at most `limit` points); whether it ended."""
     measured: list[tuple[float, float]] = []
-    for _ in range(14):
-        r = next_rate(measured, start=1.0, floor=0.05, cap=1000.0)
+    for _ in range(limit):
+        r = next_rate(measured, start=start, floor=floor, cap=cap)
         if r is None:
-            break
-        measured.append((r, curve(r)))
+            return measured, True
+        assert floor <= r <= cap
+        assert all(abs(math.log(r / x)) > 1e-9 for x, _ in measured)  # never the same rate twice
+        measured.append((r, curve(r, knee)))
+    return measured, False
+
+
+def test_points_bracket_then_crowd_the_knee():
+    measured, _ = walk(1.0, 0.05, 1000.0, 10.0, 14)
     rates = np.array([r for r, _ in measured])
     near = np.sum(np.abs(np.log(rates / 10.0)) < math.log(1.6))
     assert near >= len(rates) // 2, sorted(measured)  # most points within 1.6x of the knee
@@ -45,15 +53,7 @@ def test_the_served_range_is_filled_once_the_knee_is_within_two_x():
 
 
 def test_every_rate_stays_in_bounds_and_a_series_ends():
-    measured: list[tuple[float, float]] = []
-    for _ in range(60):
-        r = next_rate(measured, start=2.0, floor=0.125, cap=200.0)
-        if r is None:
-            break
-        assert 0.125 <= r <= 200.0
-        assert all(abs(math.log(r / x)) > 1e-9 for x, _ in measured)  # never the same rate twice
-        measured.append((r, curve(r, knee=40.0)))
-    else:
-        raise AssertionError(f"no end after 60 points: {sorted(measured)}")
+    measured, ended = walk(2.0, 0.125, 200.0, 40.0, 60)
+    assert ended, sorted(measured)
     served = sorted(r for r, a in measured if a >= 0.9)
     assert all(b / a <= 2.0 for a, b in zip(served, served[1:], strict=False)), served
