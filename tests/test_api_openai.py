@@ -138,6 +138,16 @@ def test_metrics_account_for_the_requests(daemon):
         assert 0.0 <= att <= 1.0
         assert values[f'janusd_slo_tokens_on_time_total{{model="{m}"}}'] <= values[f'janusd_slo_tokens_total{{model="{m}"}}']
         assert values[f'janusd_queue_length{{model="{m}"}}'] == 0
+        # the engine's own counts (polled from the workers): every step decodes or prefills a
+        # token, so steps <= decoded + prompt tokens; decoded tokens are at most those delivered
+        eng: dict[str, float] = {}  # summed over the model's devices
+        for k, v in values.items():
+            if k.startswith("janusd_engine_") and f'model="{m}"' in k:
+                eng[k.split("{")[0]] = eng.get(k.split("{")[0], 0.0) + v
+        assert 1 <= eng["janusd_engine_steps_total"] <= (eng["janusd_engine_decode_tokens_total"]
+                                                         + values[f'janusd_prompt_tokens_total{{model="{m}"}}'])
+        assert eng["janusd_engine_decode_tokens_total"] <= values[f'janusd_generation_tokens_total{{model="{m}"}}']
+        assert eng["janusd_engine_forward_seconds_total"] > 0
         # every request here produced several tokens, so each has a mean time per output token
         assert values[f'janusd_tpot_seconds_count{{model="{m}"}}'] == ok
         assert 0 < values[f'janusd_tpot_seconds_sum{{model="{m}"}}'] < ok * 5.0

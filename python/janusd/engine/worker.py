@@ -255,7 +255,9 @@ class WorkerProc:
             held = sum(me.num_requests() for me in self.de.models.values())
             usage = {name: _kv_usage(me) for name, me in self.de.models.items()}
             self._send(wm.Stats(msg.seq, _int_dict(self.de.pool.stats()), sorted(self.de.models), len(self.req_model),
-                                held, usage, {n: h.nbytes for n, h in self.de.host.items()}))
+                                held, usage, {n: h.nbytes for n, h in self.de.host.items()},
+                                {n: (me.stats.steps, me.stats.decode_tokens, me.stats.forward_s)
+                                 for n, me in self.de.models.items()}))
         elif isinstance(msg, wm.Shutdown):
             self.running = False
 

@@ -332,6 +332,8 @@ class Daemon(RequestFront, WorkerSupervision):
         s["pools"] = {w.device_index: w.last_stats.pool for w in self.workers if w.last_stats is not None}
         s["kv_usage"] = {w.device_index: w.last_stats.kv_usage for w in self.workers
                          if w.last_stats is not None and w.ready}
+        s["engine"] = {w.device_index: w.last_stats.engine for w in self.workers
+                       if w.last_stats is not None and w.ready}
         s["fork_fallbacks"] = self.life.fork_fallbacks
         return s
 

@@ -135,6 +135,20 @@ class _Live(Collector):
             for model, v in usage.items():
                 kv.add_metric([model, str(dev)], v)
         yield kv
+        steps = CounterMetricFamily("janusd_engine_steps", "engine steps (each reads the model's weights once) since "
+                                    "the model was loaded on the device (last poll)", labels=["model", "device"])
+        dec = CounterMetricFamily("janusd_engine_decode_tokens", "tokens the engine decoded (one per running "
+                                  "sequence per step) since the model was loaded (last poll)", labels=["model", "device"])
+        fwd = CounterMetricFamily("janusd_engine_forward_seconds", "seconds in the model's forward pass since it "
+                                  "was loaded (last poll)", labels=["model", "device"])
+        for dev, per_model in s.get("engine", {}).items():
+            for model, (n_steps, n_dec, fwd_s) in per_model.items():
+                steps.add_metric([model, str(dev)], n_steps)
+                dec.add_metric([model, str(dev)], n_dec)
+                fwd.add_metric([model, str(dev)], fwd_s)
+        yield steps
+        yield dec
+        yield fwd
 
 
 def _is_page_count(kind: str) -> bool:

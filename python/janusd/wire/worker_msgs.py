@@ -240,6 +240,9 @@ class Stats(msgspec.Struct, **_OPTS):
     engine_requests: int = 0  # sequences the engines hold (KV allocated or waiting)
     kv_usage: dict[str, float] = {}  # model -> fraction of its KV region's blocks in use
     host_copies: dict[str, int] = {}  # Warm models here -> bytes of their host copies
+    # model -> its engine's counters since it was loaded: steps (each reads the weights once),
+    # decode tokens, seconds in the forward pass; the server's own count of the work done
+    engine: dict[str, tuple[int, int, float]] = {}
 
 
 class Pong(msgspec.Struct, **_OPTS):
