@@ -55,3 +55,38 @@ def test_floor_matches_a_brute_force_per_row_count(groups):
         assert nf["noise_attainment_abs_dev_p90_pts"] == pytest.approx(np.percentile(brute, 90), abs=1e-9)
     else:
         assert nf["noise_attainment_abs_dev_p90_pts"] is None
+
+
+def profile(rates: list[float], att: list[float], bw: list[float], model: str = "demo:x", m: int = 1) -> Points:
+    """One row per load point: rate, prompt length 96, compute bw / 2."""
+    n = len(rates)
+    f = np.ones((n, 7))
+    f[:, 0] = rates
+    f[:, 3] = 96.0
+    res = np.stack([np.full(n, 0.2), np.array(bw) / 2, np.array(bw)], axis=1)
+    return Points({"model": model, "model_spec": {"layers": 4}}, f, np.full(n, m, np.int64), res,
+                  np.array(att, float), np.arange(n, dtype=np.int64))
+
+
+def test_across_runs_matches_settings_and_takes_each_runs_mean_as_a_repeat():
+    from janusd.oracle.noise import across_runs
+
+    a = profile([2.0, 6.0, 18.0, 30.0], [1.0, 1.0, 0.5, 1.0], [0.10, 0.20, 0.05, 0.3])
+    b = profile([2.0, 6.005, 18.0, 54.0], [1.0, 0.9, 0.2, 1.0], [0.12, 0.20, 0.04, 0.3])  # 30 and 54 unmatched
+    out = across_runs(a, b)
+    assert out["runs_matched_points"] == 3
+    att_devs = [0.0, 0.0, 10 / 2**0.5, 10 / 2**0.5, 30 / 2**0.5, 30 / 2**0.5]
+    assert out["runs_attainment_abs_dev_p90_pts"] == pytest.approx(np.percentile(att_devs, 90))
+    # bandwidth over the settings served in both means (2 and 6 req/s; 18's mean 0.35 is not)
+    rel = [0.01 * 2**0.5 / 0.11 * 100] * 2 + [0.0, 0.0]
+    assert out["runs_bw_rel_dev_p90_pct"] == pytest.approx(np.percentile(rel, 90))
+    assert out["runs_compute_rel_dev_p90_pct"] == pytest.approx(np.percentile(rel, 90))
+    # another instance count is another setting
+    assert across_runs(a, profile([2.0], [1.0], [0.1], m=2))["runs_matched_points"] == 0
+
+
+def test_across_runs_refuses_another_model():
+    from janusd.oracle.noise import across_runs
+
+    with pytest.raises(ValueError, match="same model"):
+        across_runs(profile([2.0], [1.0], [0.1]), profile([2.0], [1.0], [0.1], model="demo:y"))

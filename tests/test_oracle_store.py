@@ -178,3 +178,9 @@ def test_oracle_eval_prints_the_headline_json_last_and_refuses_bad_files(tmp_pat
     (tmp_path / "bad.npz").write_text("no")
     assert main(["oracle", "eval", "--data", str(tmp_path / "bad.npz")]) == 1
     assert "bad.npz: not a readable npz" in capsys.readouterr().err
+    # a second run of the same model: the floor between the runs; a corrupt one is named
+    assert main(["oracle", "eval", "--data", str(tmp_path / "p.npz"), "--runs-of", str(tmp_path / "p.npz")]) == 0
+    same = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert same["runs_matched_points"] == 12 and same["runs_bw_rel_dev_p90_pct"] == 0.0  # a file against itself
+    assert main(["oracle", "eval", "--data", str(tmp_path / "p.npz"), "--runs-of", str(tmp_path / "bad.npz")]) == 1
+    assert "--runs-of " in capsys.readouterr().err

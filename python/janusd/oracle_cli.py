@@ -1,4 +1,4 @@
-"""`janus oracle eval --data FILE [--plot PNG] [--json]`: held-out error of the oracle's
+"""`janus oracle eval --data FILE [--runs-of FILE] [--plot PNG] [--json]`: held-out error of the oracle's
 GPs and of the roofline prior on profiled points (oracle/evaluate.py). The last line is
 one JSON object whose first keys are the issue's headline figures."""
 
@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="the prior's host seconds per step, per layer per step, per sequence per step and per prompt "
                          "token per layer of a prefill (0 when left out), "
                          "instead of the file's device spec (e.g. a file written before they were measured)")
+    ev.add_argument("--runs-of", default=None, metavar="FILE",
+                    help="another profile of the same model: adds the floor between the two runs (noise.across_runs)")
     ev.add_argument("--json", action="store_true", help="accepted for uniformity: the JSON object is always last")
 
 
@@ -49,6 +51,14 @@ def run(args: argparse.Namespace) -> int:
     except (DatasetError, KeyError, TypeError, ValueError) as e:
         print(f"janus oracle eval: {args.data}: {e}", file=sys.stderr)
         return 1
+    if args.runs_of is not None:
+        from janusd.oracle.noise import across_runs
+
+        try:
+            figures |= across_runs(points, read_points(args.runs_of))
+        except (DatasetError, KeyError, TypeError, ValueError) as e:
+            print(f"janus oracle eval: --runs-of {args.runs_of}: {e}", file=sys.stderr)
+            return 1
     if args.plot:
         try:
             parity_plot(arrays, args.plot, f"{points.header.get('model')}: held-out predictions ({len(points)} points)")
