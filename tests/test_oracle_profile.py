@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -91,13 +92,12 @@ def test_profile_writes_points_of_a_real_run(tmp_path):
 
 
 def test_a_rate_the_client_could_not_offer_ends_the_mixs_growth():
-    from janusd.oracle.profile import Series, series_next_rate
+    from janusd.oracle.knee import series_next_rate
 
-    s = Series(1, "short", [(2.0, 1.0), (6.0, 1.0), (18.0, 1.0), (54.0, 1.0)])
-    assert series_next_rate(s, {}, {}, 2.0, 1000.0) == 162.0  # still served: grow
-    caps = {"short": 162.0 / 1.12}  # 162/s lagged
-    nxt = series_next_rate(s, {}, caps, 2.0, 1000.0)
+    served = [(2.0, 1.0), (6.0, 1.0), (18.0, 1.0), (54.0, 1.0)]
+    assert series_next_rate(served, 1, 0.0, math.inf, 2.0, 1000.0) == 162.0  # still served: grow
+    cap = 162.0 / 1.12  # 162/s lagged
+    nxt = series_next_rate(served, 1, 0.0, cap, 2.0, 1000.0)
     assert nxt is not None and nxt < 54.0  # no retry at or past the lag: fill the served range instead
-    s2 = Series(2, "short", [])
-    assert series_next_rate(s2, {"short": 54.0}, caps, 2.0, 1000.0) == 54.0  # m x half the knee, under the cap
-    assert series_next_rate(Series(2, "long", []), {"short": 54.0}, caps, 2.0, 1000.0) == 2.0  # caps are per mix
+    assert series_next_rate([], 2, 54.0, cap, 2.0, 1000.0) == 54.0  # m x half the knee, under the cap
+    assert series_next_rate([], 2, 0.0, math.inf, 2.0, 1000.0) == 2.0  # another mix: no knee, no cap

@@ -13,8 +13,10 @@ on the flat parts, so the next rate is chosen from what the series has measured:
 3. but once that pair is within FILL_RATIO, the widest gap between two adjacent served
    rates (both at HIGH or above) wider than FILL_RATIO gets its geometric mean first.
    Why: the Capacity GP learns only from served points (fit.py), and the bracket leaves
-   them a factor GROWTH apart; a held-out highest served rate was then extrapolated from
-   one 3x lower (bench/RESULTS.md "Served-range fill").
+   them a factor GROWTH apart, so a held-out highest served rate is extrapolated from one
+   3x lower (bench/RESULTS.md "Twice the budget, a lag cap, a served-range fill").
+series_next_rate adds a profile's bounds: where a series of m instances starts, and the
+rate the load generator could not offer (client lag), which no later rate reaches.
 """
 
 from __future__ import annotations
@@ -58,3 +60,13 @@ def _served_fill(pts: Sequence[tuple[float, float]]) -> float | None:
     served = [r for r, a in pts if a >= HIGH]
     gaps = [(r2 / r1, math.sqrt(r1 * r2)) for r1, r2 in zip(served, served[1:], strict=False) if r2 / r1 > FILL_RATIO]
     return max(gaps)[1] if gaps else None
+
+
+def series_next_rate(measured: Sequence[tuple[float, float]], m: int, one_instance_knee: float, lag_cap: float,
+                     start_rate: float, max_rate: float) -> float | None:
+    """next_rate for a profile's series of m instances: it starts near m times one
+    instance's knee (half of it: below the knee), and stays below lag_cap (module doc)."""
+    floor = start_rate / 16
+    cap = max(floor, min(max_rate, lag_cap))
+    start = min(cap, max(start_rate, 0.5 * m * one_instance_knee))
+    return next_rate(measured, start, floor, cap)

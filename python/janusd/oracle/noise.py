@@ -69,11 +69,11 @@ LENGTH_TOL = 0.1  # relative, on the mean prompt length: the same mix
 
 def _point_means(points: Points) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per load point: (instances, rate, mean prompt length), attainment, compute, bandwidth."""
-    ids = np.unique(points.point_id)
-    key = np.array([[points.instances[points.point_id == i][0], *points.features[points.point_id == i][:, [0, 3]]
-                     .mean(0)] for i in ids]).reshape(len(ids), 3)
-    att = np.array([points.attainment[points.point_id == i].mean() for i in ids])
-    res = np.array([points.resources[points.point_id == i].mean(0) for i in ids]).reshape(len(ids), 3)
+    rows = [points.point_id == i for i in np.unique(points.point_id)]
+    key = np.array([[points.instances[r][0], points.features[r, 0].mean(), points.features[r, 3].mean()]
+                    for r in rows]).reshape(len(rows), 3)
+    att = np.array([points.attainment[r].mean() for r in rows])
+    res = np.array([points.resources[r].mean(0) for r in rows]).reshape(len(rows), 3)
     return key, att, res[:, 1], res[:, 2]
 
 
@@ -89,9 +89,8 @@ def across_runs(points: Points, other: Points) -> dict[str, Any]:
     kb, ab, cb, bb = _point_means(other)
     att, comp, bw, group = [], [], [], []
     for i, k in enumerate(ka):
-        close = ((kb[:, 0] == k[0]) & (np.abs(np.log(kb[:, 1] / k[1])) < RATE_TOL)
-                 & (np.abs(np.log(kb[:, 2] / k[2])) < LENGTH_TOL)) if len(kb) else np.zeros(0, bool)
-        j = np.flatnonzero(close)
+        j = np.flatnonzero((kb[:, 0] == k[0]) & (np.abs(np.log(kb[:, 1] / k[1])) < RATE_TOL)
+                           & (np.abs(np.log(kb[:, 2] / k[2])) < LENGTH_TOL))
         if len(j) == 0:
             continue
         j = j[np.argmin(np.abs(np.log(kb[j, 1] / k[1])))]

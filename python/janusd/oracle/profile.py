@@ -31,8 +31,8 @@ the header's notes and shown by `janus oracle eval`. Back-to-back repeats share 
 machine's state of the moment, so on a machine whose load drifts over minutes the floor
 understates the noise. A replay whose replayer fell behind schedule (lag bound) is
 dropped: it measured the client; its repeats are skipped and every series of that mix
-stays below that rate from then on (a retried rate lagged again: one llama-small profile lost 9 replays
-and a third of its budget to it). The profiled daemon's own oracle is off (no online
+stays below that rate from then on (knee.series_next_rate: a retried rate lagged again,
+and one llama-small profile lost 9 replays and a third of its budget to it). The profiled daemon's own oracle is off (no online
 refits: a helper process fitting GPs would take CPU from the worker being measured). The
 points are written in dataset.py's format; the run's last line is one JSON object.
 """
@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from janusd.oracle.knee import HIGH, MIN_RATIO, next_rate
+from janusd.oracle.knee import HIGH, MIN_RATIO, series_next_rate
 
 MIXES: dict[str, tuple[float, float]] = {"tiny": (32.0, 16.0), "short": (96.0, 32.0), "long": (384.0, 96.0)}  # mean in, out
 LENGTH_SIGMA = 0.5  # lognormal spread of lengths within a mix
@@ -110,16 +110,6 @@ def settle_seconds(window_s: float) -> float:
     both, so the window's requests meet a system already at its steady state and keep
     meeting it until they end, instead of an empty engine first and a draining one last."""
     return max(SETTLE_MIN_S, SETTLE_FRACTION * window_s)
-
-
-def series_next_rate(s: Series, knees: dict[str, float], lag_caps: dict[str, float], start_rate: float,
-                     max_rate: float) -> float | None:
-    """The series' next rate (knee.next_rate): m instances start near m times one instance's
-    knee (half of it: below the knee); no rate reaches a mix's lag cap (module doc)."""
-    floor = start_rate / 16
-    cap = max(floor, min(max_rate, lag_caps.get(s.mix, math.inf)))
-    start = min(cap, max(start_rate, 0.5 * s.m * knees.get(s.mix, 0.0)))
-    return next_rate(s.measured, start, floor, cap)
 
 
 def in_knee(measured: list[tuple[float, float]], rate: float) -> bool:
@@ -328,7 +318,8 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                     k += 1
                     if s.done:
                         continue
-                    rate = series_next_rate(s, knees, lag_caps, a.start_rate, a.max_rate)
+                    rate = series_next_rate(s.measured, m, knees.get(s.mix, 0.0), lag_caps.get(s.mix, math.inf),
+                                            a.start_rate, a.max_rate)
                     if rate is None:
                         s.done = True
                         continue
