@@ -40,16 +40,18 @@ def test_a_first_point_past_the_knee_goes_down_and_a_flat_series_stops():
     assert next_rate([(1.0, 0.95), (1.1, 0.5)], 1.0, 1.0, 1.1) is None  # adjacent rates closer than the ratio
 
 
-def test_the_served_range_is_filled_once_the_knee_is_within_two_x():
-    # knee bracketed by 9 -> 27 (ratio 3): refine the knee first
+def test_the_served_range_is_filled_before_the_knee_is_refined():
+    # knee bracketed by 9 -> 27 (ratio 3), served rates 1 -> 3 (ratio 3): fill the served gap first
     served_wide = [(1.0, 1.0), (3.0, 1.0), (9.0, 0.7), (27.0, 0.0)]
-    assert math.isclose(next_rate(served_wide, 1.0, 0.5, 100.0), math.sqrt(9 * 27))
-    # the knee pair now within 2x: the widest served gap wider than 2x (1 -> 3) comes first
-    knee_found = served_wide + [(15.6, 0.2)]
-    assert math.isclose(next_rate(knee_found, 1.0, 0.5, 100.0), math.sqrt(3.0))
-    # served gaps all within 2x: back to refining the knee (9 -> 15.6 changes most)
-    filled = knee_found + [(math.sqrt(3.0), 1.0)]
-    assert math.isclose(next_rate(filled, 1.0, 0.5, 100.0), math.sqrt(9 * 15.6))
+    assert math.isclose(next_rate(served_wide, 1.0, 0.5, 100.0), math.sqrt(3.0))
+    # served gaps all within 2x: refine the knee (9 -> 27 changes most)
+    filled = served_wide + [(math.sqrt(3.0), 1.0)]
+    assert math.isclose(next_rate(filled, 1.0, 0.5, 100.0), math.sqrt(9 * 27))
+    # a served point found inside the knee bracket opens a new served gap (3 -> 15.6): filled next
+    knee_found = filled + [(15.6, 0.95)]
+    assert math.isclose(next_rate(knee_found, 1.0, 0.5, 100.0), math.sqrt(3.0 * 15.6))
+    # the bracket itself comes before any fill: a series still growing grows
+    assert next_rate([(1.0, 1.0), (3.0, 1.0)], 1.0, 0.5, 100.0) == 9.0
 
 
 def test_every_rate_stays_in_bounds_and_a_series_ends():

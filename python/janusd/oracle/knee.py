@@ -10,11 +10,15 @@ on the flat parts, so the next rate is chosen from what the series has measured:
 2. then refine: the adjacent pair of measured rates with the largest attainment change
    gets its geometric mean (rates act multiplicatively), while the pair's ratio exceeds
    MIN_RATIO; None when there is nothing left worth measuring;
-3. but once that pair is within FILL_RATIO, the widest gap between two adjacent served
-   rates (both at HIGH or above) wider than FILL_RATIO gets its geometric mean first.
-   Why: the Capacity GP learns only from served points (fit.py), and the bracket leaves
-   them a factor GROWTH apart, so a held-out highest served rate is extrapolated from one
-   3x lower (bench/RESULTS.md "Twice the budget, a lag cap, a served-range fill").
+3. but before any refinement, the widest gap between two adjacent served rates (both at
+   HIGH or above) wider than FILL_RATIO gets its geometric mean. Why: the Capacity GP
+   learns only from served points (fit.py), and the bracket leaves them a factor GROWTH
+   apart, so a held-out highest served rate is extrapolated from one 3x lower; and a served
+   point measures a window KNEE_STRETCH times shorter than a knee point (profile.py). The
+   fill used to wait until the knee pair was within FILL_RATIO, and in three profiles
+   it never fired: the budget went to knee points whose bandwidth is the least
+   reproducible (bench/RESULTS.md "Twice the budget, a lag cap, a served-range fill" and
+   "The served range first").
 series_next_rate adds a profile's bounds: where a series of m instances starts, and the
 rate the load generator could not offer (client lag), which no later rate reaches.
 """
@@ -44,14 +48,13 @@ def next_rate(measured: Sequence[tuple[float, float]], start: float, floor: floa
         return lo_r / GROWTH
     if hi_a >= LOW and hi_r * GROWTH <= cap:
         return hi_r * GROWTH
-    best, gap, knee_ratio = None, 0.0, 1.0
+    fill = _served_fill(pts)
+    if fill is not None:
+        return fill
+    best, gap = None, 0.0
     for (r1, a1), (r2, a2) in zip(pts, pts[1:], strict=False):
         if r2 / r1 > MIN_RATIO and abs(a1 - a2) > gap:
-            best, gap, knee_ratio = math.sqrt(r1 * r2), abs(a1 - a2), r2 / r1
-    if knee_ratio <= FILL_RATIO:
-        fill = _served_fill(pts)
-        if fill is not None:
-            return fill
+            best, gap = math.sqrt(r1 * r2), abs(a1 - a2)
     return best if gap > 0.02 else None
 
 
