@@ -95,6 +95,11 @@ def test_embedded_default_is_etc_janusd_toml():
         ("[devices]\nresident_mib = 3\n", "devices.resident_mib: must be a multiple"),
         ("[server]\napi_keys = ['', 'a']\n", "server.api_keys"),
         ("[server\nport = 1\n", "not valid TOML"),
+        ("[devices]\ncpu_cores = [[0]]\n", "devices.cpu_cores: 1 core lists for devices.count = 2"),
+        ("[devices]\ncpu_cores = [[0, 1], [1]]\n", "devices.cpu_cores[1]: core 1 is also device 0's"),
+        ("[devices]\ncpu_cores = [[0], []]\n", "devices.cpu_cores[1]: empty"),
+        ("[devices]\ncpu_cores = [[0], [-1]]\n", "devices.cpu_cores[1][0]: Expected `int` >= 0"),
+        ("[devices]\nkind = 'cuda'\ncpu_cores = [[0], [1]]\n", "devices.cpu_cores: pins cpu devices"),
     ],
 )
 def test_bad_files_name_file_and_key(tmp_path, text, needle):
@@ -132,3 +137,11 @@ def test_lifecycle_start_states_and_protocol_are_checked():
         parse_config('[devices]\ntransfer_protocol = "rdma"\n')
     with pytest.raises(ConfigError, match="lifecycle.copy_streams"):
         parse_config("[lifecycle]\ncopy_streams = 0\n")
+
+
+def test_pinned_cpu_devices_get_as_many_torch_threads_as_cores():
+    from janusd.config import parse_config
+
+    cfg = parse_config("[devices]\ncpu_cores = [[2, 3], [4, 5]]\n")
+    assert cfg.devices.cpu_cores == [[2, 3], [4, 5]] and cfg.devices.worker_torch_threads() == 2
+    assert parse_config("[devices]\ncpu_cores = [[1], [2]]\ntorch_threads = 3\n").devices.worker_torch_threads() == 3

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from janusd.oracle.dataset import read_points
-from janusd.oracle.profile import MIXES, in_knee, make_trace, point_seconds, pool_pages, settle_seconds
+from janusd.oracle.profile import (MIXES, in_knee, make_trace, point_seconds, pool_pages, settle_seconds,
+                                   split_cores)
 from daemon_harness import ROOT, SHARED_CACHE
 
 METRICS = """# TYPE janusd_pool_pages gauge
@@ -68,7 +69,7 @@ def test_profile_writes_points_of_a_real_run(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "janusd.cli", "profile", "demo:llama-tiny", "--budget-s", "40", "--point-s", "2",
          "--max-instances", "1", "--mixes", "tiny", "--start-rate", "4", "--memory-mib", "128", "--kv-cache-mib", "32",
-         "--cache-dir", str(SHARED_CACHE), "--out", str(out), "--repeats", "2", "--quiet"],
+         "--cache-dir", str(SHARED_CACHE), "--out", str(out), "--repeats", "2", "--quiet", "--pin-cores"],
         capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -89,6 +90,18 @@ def test_profile_writes_points_of_a_real_run(tmp_path):
     assert not list(scratch.glob("janus-profile-*"))
     # the host time per step was measured with the peaks and travels with the points
     assert pts.header["device"]["layer_overhead_s"] > 0
+    # --pin-cores: the worker on the top core, the daemon and the replayer on the others
+    cores = sorted(os.sched_getaffinity(0))
+    want = {"workers": [[cores[-1]]], "host": cores[:-1]} if len(cores) > 1 else "not pinned"
+    assert pts.header["notes"]["pinning"] == {"1": want}
+
+
+def test_cores_split_between_workers_and_the_host():
+    assert split_cores([0, 1], 1, 1) == ([[1]], [0])
+    assert split_cores([3, 0, 1, 2], 2, 1) == ([[2], [3]], [0, 1])
+    assert split_cores(range(8), 3, 2) == ([[2, 3], [4, 5], [6, 7]], [0, 1])
+    assert split_cores([0, 1], 2, 1) is None  # no core left for the daemon and the replayer: not pinned
+    assert split_cores([0, 1, 2], 1, 0) == ([[2]], [0, 1])  # torch's default threads: a core each
 
 
 def test_a_rate_the_client_could_not_offer_ends_the_mixs_growth():

@@ -124,3 +124,28 @@ def test_a_reader_that_never_catches_up_still_gets_the_death_within_a_second():
         assert h.state == "dead"
 
     uvloop.run(go())
+
+
+def _allowed_cores(pid: int) -> set[int]:
+    return os.sched_getaffinity(pid)
+
+
+def test_a_pinned_worker_and_its_threads_run_only_on_its_cores_and_a_missing_core_is_refused():
+    last = max(os.sched_getaffinity(0))
+
+    async def go():
+        h = WorkerHandle(0, DevicesConfig(count=1, memory_mib=64, cpu_cores=[[last]]), on_batch=lambda w, b: None,
+                         on_failed=lambda w, f: None, on_death=lambda w: None)
+        await h.start(60.0)
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{h.pid}/task")]
+            assert len(tids) > 1  # torch and the reader threads started after the pin ...
+            assert all(_allowed_cores(t) == {last} for t in tids)  # ... and inherited it
+        finally:
+            await h.stop(10.0)
+        bad = WorkerHandle(0, DevicesConfig(count=1, memory_mib=64, cpu_cores=[[4096]]), on_batch=lambda w, b: None,
+                           on_failed=lambda w, f: None, on_death=lambda w: None)
+        with pytest.raises(WorkerError, match=r"cannot pin to host cores \[4096\] \(devices.cpu_cores"):
+            await bad.start(60.0)
+
+    uvloop.run(go())

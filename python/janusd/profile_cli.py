@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-mib", type=int, default=d.kv_cache_mib)
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=d.dtype)
     p.add_argument("--torch-threads", type=int, default=d.torch_threads, help="torch threads per worker")
+    p.add_argument("--pin-cores", action="store_true",
+                   help="cpu: each worker on cores of its own (--torch-threads each, from the top), the daemon and "
+                        "the load generator on the rest; an instance count that leaves them none runs unpinned")
     p.add_argument("--cache-dir", default=None, help="checkpoint (and cpu peaks) cache dir")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--repeats", type=int, default=d.repeats,
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
                     ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms, mixes=mixes,
                     start_rate=args.start_rate, max_rate=args.max_rate, memory_mib=args.memory_mib,
                     kv_cache_mib=args.kv_cache_mib, dtype=args.dtype, torch_threads=args.torch_threads,
-                    cache_dir=args.cache_dir, seed=args.seed, repeats=args.repeats, quiet=args.quiet,
+                    cache_dir=args.cache_dir, seed=args.seed, repeats=args.repeats, quiet=args.quiet, pin_cores=args.pin_cores,
                     keep_dir=Path(args.keep_dir) if args.keep_dir else None)
     try:
         summary = profile(a)

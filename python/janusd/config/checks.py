@@ -56,6 +56,7 @@ def check_config(cfg: JanusConfig) -> None:
     if cfg.dispatch.requeue == "keep" and cfg.dispatch.policy == "lst_imh":
         raise ValueError("dispatch.requeue: 'keep' (serve late, never drop) is for the round_robin and least_load "
                          "baselines; lst_imh never selects a late request, so it would wait forever")
+    _check_cpu_cores(cfg)
     if cfg.devices.kind == "cpu" and cfg.devices.transfer_protocol not in ("auto", "tcp"):
         raise ValueError(f"devices.transfer_protocol: {cfg.devices.transfer_protocol!r} moves device memory; cpu "
                          "devices use tcp (auto)")
@@ -68,3 +69,24 @@ def check_config(cfg: JanusConfig) -> None:
         raise ValueError("devices.resident_mib: must be a multiple of devices.page_size_mib")
     if len(set(cfg.server.api_keys)) != len(cfg.server.api_keys) or any(not k for k in cfg.server.api_keys):
         raise ValueError("server.api_keys: keys must be non-empty and distinct")
+
+
+def _check_cpu_cores(cfg: JanusConfig) -> None:
+    """One non-empty core list per cpu device, no core in two lists (two pinned workers on
+    one core would each get half of it, which is what pinning is for avoiding)."""
+    cores = cfg.devices.cpu_cores
+    if not cores:
+        return
+    if cfg.devices.kind != "cpu":
+        raise ValueError(f"devices.cpu_cores: pins cpu devices' workers to host cores; kind is {cfg.devices.kind!r}")
+    if len(cores) != cfg.devices.count:
+        raise ValueError(f"devices.cpu_cores: {len(cores)} core lists for devices.count = {cfg.devices.count} "
+                         "(one list per device)")
+    seen: dict[int, int] = {}
+    for d, cs in enumerate(cores):
+        if not cs:
+            raise ValueError(f"devices.cpu_cores[{d}]: empty (every device needs at least one core)")
+        for c in cs:
+            if c in seen and seen[c] != d:
+                raise ValueError(f"devices.cpu_cores[{d}]: core {c} is also device {seen[c]}'s")
+            seen[c] = d

@@ -43,6 +43,8 @@ resident_mib = 0            # cpu: the top MiB of each pool faulted in at worker
                             # back: restores, forks and Cold starts into it run at memcpy speed (no
                             # page zeroing on first touch); costs that RSS per worker from start
 torch_threads = 0           # torch threads per worker; 0 = host cores / count (env JANUSD_WORKER_TORCH_THREADS overrides)
+cpu_cores = []              # cpu: host cores per device's worker, e.g. [[1], [2]] (a core each, 0 left to the
+                            # daemon); [] = not pinned
 transfer_protocol = "auto"  # Mooncake between workers (P/D KV, D2D forks): auto = tcp on cpu, rdma on cuda,
                             # ascend on npu (tcp | rdma | nvlink | ascend; non-tcp needs the CUDA/NPU wheel)
 transfer_nice = 10          # the transfer engine's threads and a fork's pull run this much nicer (0-19): a

@@ -84,7 +84,14 @@ class DevicesConfig(_Section):
     # first touch and given back when a model goes Cold (RSS follows use)
     resident_mib: NonNegInt = 0
     # torch intra-op threads per worker; 0 = share the host's cores evenly among workers
+    # (with cpu_cores: as many as the worker's cores)
     torch_threads: NonNegInt = 0
+    # cpu devices: the host cores each device's worker runs on (one list per device), e.g.
+    # [[1], [2]]; [] = no pinning (the kernel moves workers across all cores). A pinned
+    # engine does not share its core with the daemon or a load generator: on a 2-core VM a
+    # profile's bandwidth at the engine's limit spread 14% unpinned, 6% pinned
+    # (bench/RESULTS.md "The served range first")
+    cpu_cores: list[list[NonNegInt]] = []
     # Mooncake protocol between workers (P/D KV, D2D weight forks); auto: tcp on cpu,
     # rdma on cuda, ascend on npu (the CUDA and NPU Mooncake wheels are install extras)
     transfer_protocol: Literal["auto", "tcp", "rdma", "nvlink", "ascend"] = "auto"
@@ -97,6 +104,8 @@ class DevicesConfig(_Section):
         """Threads per worker: oversubscribed OpenMP pools make small matmuls far slower."""
         if self.torch_threads:
             return self.torch_threads
+        if self.cpu_cores:
+            return max(1, min(len(c) for c in self.cpu_cores))
         return max(1, (os.cpu_count() or 1) // self.count)
 
 

@@ -417,6 +417,20 @@ def _int_dict(d: Any) -> dict[str, int]:
     return {str(k): int(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def _pin(spec: str) -> None:
+    """Run on the given host cores (devices.cpu_cores), before torch starts its threads so
+    they inherit the set; ValueError naming the cores when the host has no such core."""
+    try:
+        cores = {int(c) for c in spec.split(",") if c.strip()}
+    except ValueError:
+        raise ValueError(f"--cpu-cores {spec!r}: not a comma-separated list of core numbers") from None
+    try:
+        os.sched_setaffinity(0, cores)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot pin to host cores {sorted(cores)} (devices.cpu_cores; this host lets this "
+                         f"process use {sorted(os.sched_getaffinity(0))}): {e}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m janusd.engine.worker", description=__doc__)
     p.add_argument("--fd", type=int, required=True, help="inherited socket fd connected to the daemon")
@@ -426,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--page-size", type=int, default=2 << 20)
     p.add_argument("--resident-bytes", type=int, default=0, help="top of the pool kept backed (cpu)")
     p.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--cpu-cores", default="", help="host cores to run on, comma-separated (empty: any)")
     p.add_argument("--transfer-protocol", default="auto", help="Mooncake protocol (auto: by device kind)")
     p.add_argument("--transfer-nice", type=int, default=0,
                    help="how much nicer the transfer engine's threads run (0-19)")
@@ -437,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     sock = socket.socket(fileno=args.fd)
     conn = BlockingFramedSocket(sock)
     try:
+        if args.cpu_cores:
+            _pin(args.cpu_cores)
         import torch
 
         if args.torch_threads > 0:

@@ -32,7 +32,10 @@ machine's state of the moment, so on a machine whose load drifts over minutes th
 understates the noise. A replay whose replayer fell behind schedule (lag bound) is
 dropped: it measured the client; its repeats are skipped and every series of that mix
 stays below that rate from then on (knee.series_next_rate: a retried rate lagged again,
-and one llama-small profile lost 9 replays and a third of its budget to it). The profiled daemon's own oracle is off (no online
+and one llama-small profile lost 9 replays and a third of its budget to it). With --pin-cores (cpu) each worker runs on cores of its own and the daemon and the
+replayer on the rest (split_cores; devices.cpu_cores), where the host has cores to spare:
+near the engine's limit a worker sharing its core with the load generator falls into
+small or large batches by chance (bench/RESULTS.md "Twice the budget ..."). The profiled daemon's own oracle is off (no online
 refits: a helper process fitting GPs would take CPU from the worker being measured). The
 points are written in dataset.py's format; the run's last line is one JSON object.
 """
@@ -87,6 +90,7 @@ class ProfileArgs:
     cache_dir: str | None = None
     seed: int = 0
     repeats: int = 2  # measurements of each load point (noise.py: their spread is the noise floor)
+    pin_cores: bool = False  # cpu: workers on cores of their own, the daemon and the replayer on the rest (split_cores)
     quiet: bool = False
     keep_dir: Path | None = None
 
@@ -165,14 +169,29 @@ def make_trace(rate: float, segments: Sequence[float], mix: str, rng: np.random.
                        np.full(n, ttft_ms), np.full(n, tpot_ms))
 
 
-def daemon_config(a: ProfileArgs, run_dir: Path, m: int) -> str:
+def split_cores(cores: Sequence[int], m: int, threads: int) -> tuple[list[list[int]], list[int]] | None:
+    """(each of m workers' cores, the host's cores) for a pinned cpu profile: workers take
+    `threads` cores each from the top, the daemon and the replayer keep the rest; None when
+    that leaves the host no core (then nothing is pinned and the header says the engine
+    shared its cores: on a 2-core VM the bandwidth of the same setting spread 14% that way
+    against 6% pinned, bench/RESULTS.md "The served range first")."""
+    cs = sorted(set(cores))
+    need = m * max(1, threads)
+    if need >= len(cs):
+        return None
+    top = cs[len(cs) - need:]
+    return [top[i * max(1, threads):(i + 1) * max(1, threads)] for i in range(m)], cs[:len(cs) - need]
+
+
+def daemon_config(a: ProfileArgs, run_dir: Path, m: int, cpu_cores: list[list[int]] | None = None) -> str:
     cache = f'cache_dir = "{a.cache_dir}"\n' if a.cache_dir else ""
+    pinned = f"cpu_cores = {cpu_cores}\n" if cpu_cores else ""
     return (
         f'[server]\nport = 0\nadmin_socket = "{run_dir / "admin.sock"}"\n{cache}queue_limit = 100000\n'
         # the daemon's own oracle stays idle: no online refits in a helper process competing
         # with the worker for the cores being measured
         f'[oracle]\nonline = false\nstate_dir = "{run_dir / "state"}"\n'
-        f'[devices]\nkind = "{a.device}"\ncount = {m}\nmemory_mib = {a.memory_mib}\n'
+        f'[devices]\nkind = "{a.device}"\ncount = {m}\nmemory_mib = {a.memory_mib}\n{pinned}'
         f'[[models]]\nname = "{MODEL_NAME}"\ncheckpoint = "{a.spec}"\ndevices = {list(range(m))}\n'
         f"ttft_slo_ms = {float(a.ttft_slo_ms)}\ntpot_slo_ms = {float(a.tpot_slo_ms)}\n"
         f'kv_cache_mib = {a.kv_cache_mib}\ndtype = "{a.dtype}"\n'
@@ -296,6 +315,8 @@ def run(a: ProfileArgs) -> dict[str, Any]:
     def elapsed() -> float:
         return time.monotonic() - t_start
 
+    own_cores = os.sched_getaffinity(0)
+    pinning: dict[str, Any] = {}  # m -> the cores used, or why not pinned
     try:
         knees: dict[str, float] = {}  # mix -> the highest rate one instance served at HIGH attainment
         lag_caps: dict[str, float] = {}  # mix -> below the lowest total rate the replayer could not offer
@@ -305,7 +326,17 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                 break
             run_dir = work / f"m{m}"
             run_dir.mkdir(parents=True, exist_ok=True)
-            proc, port = daemon_proc.start(daemon_config(a, run_dir, m), run_dir, a.torch_threads, {MODEL_NAME: m})
+            split = split_cores(sorted(own_cores), m, a.torch_threads) if a.pin_cores and a.device == "cpu" else None
+            pinning[str(m)] = {"workers": split[0], "host": split[1]} if split else "not pinned"
+            if split:  # the daemon starts from this thread and inherits the host's cores
+                os.sched_setaffinity(0, split[1])
+            try:
+                proc, port = daemon_proc.start(daemon_config(a, run_dir, m, split[0] if split else None), run_dir,
+                                               a.torch_threads, {MODEL_NAME: m})
+            finally:
+                os.sched_setaffinity(0, own_cores)
+            if split:  # the replayer (this thread) measures from the host's cores too
+                os.sched_setaffinity(0, split[1])
             try:
                 _warm(port)
                 series = [Series(m, mix) for mix in a.mixes]
@@ -366,6 +397,7 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                         knees[s.mix] = max(knees.get(s.mix, 0.0), rate)
             finally:
                 daemon_proc.stop(proc)
+                os.sched_setaffinity(0, own_cores)
     finally:
         bar.close()
         if not a.keep_dir:  # the per-point results are only for a kept run
@@ -379,7 +411,7 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                   "budget_s": a.budget_s, "max_instances": a.max_instances, "dropped_points": dropped,
                   "length_sigma": LENGTH_SIGMA, "dtype": a.dtype, "memory_mib": a.memory_mib,
                   "min_requests": MIN_REQUESTS, "repeats": a.repeats, "settle_fraction": SETTLE_FRACTION,
-                  "settle_min_s": SETTLE_MIN_S, "knee_stretch": KNEE_STRETCH, "trace": "stratified", "load_avg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)]},
+                  "settle_min_s": SETTLE_MIN_S, "knee_stretch": KNEE_STRETCH, "trace": "stratified", "pinning": pinning, "load_avg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)]},
     }
     pts = Points(header, np.array(rows_f, dtype=np.float64).reshape(n, 7), np.array(rows_m, dtype=np.int64),
                  np.array(rows_r, dtype=np.float64).reshape(n, 3), np.clip(np.array(rows_a, dtype=np.float64), 0, 1),

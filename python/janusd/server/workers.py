@@ -133,6 +133,8 @@ class WorkerHandle:
             "--torch-threads",
             os.environ.get("JANUSD_WORKER_TORCH_THREADS") or str(self.devices.worker_torch_threads()),
         ]
+        if self.devices.cpu_cores:
+            cmd += ["--cpu-cores", ",".join(map(str, self.devices.cpu_cores[self.device_index]))]
         try:
             self.proc = proc = await asyncio.create_subprocess_exec(
                 *cmd, pass_fds=(child.fileno(),), stdin=asyncio.subprocess.DEVNULL
