@@ -13,7 +13,7 @@ import pytest
 
 from janusd.oracle.dataset import read_points
 from janusd.oracle.profile import (MIXES, in_knee, make_trace, point_seconds, pool_pages, settle_seconds,
-                                   split_cores)
+                                   engine_counters, split_cores)
 from daemon_harness import ROOT, SHARED_CACHE
 
 METRICS = """# TYPE janusd_pool_pages gauge
@@ -90,10 +90,27 @@ def test_profile_writes_points_of_a_real_run(tmp_path):
     assert not list(scratch.glob("janus-profile-*"))
     # the host time per step was measured with the peaks and travels with the points
     assert pts.header["device"]["layer_overhead_s"] > 0
+    # the engine's own counters per row: it stepped and decoded, and its forward time is part of
+    # the replay's wall time (a step may prefill only, so steps and decoded tokens are not ordered)
+    eng = pts.header["notes"]["engine_per_row"]
+    assert eng["columns"] == ["steps", "decode_tokens", "forward_seconds", "wall_s"] and len(eng["rows"]) == len(pts)
+    for steps, decoded, fwd, wall in eng["rows"]:
+        assert steps > 0 and decoded > 0 and 0 < fwd < wall
     # --pin-cores: the worker on the top core, the daemon and the replayer on the others
     cores = sorted(os.sched_getaffinity(0))
     want = {"workers": [[cores[-1]]], "host": cores[:-1]} if len(cores) > 1 else "not pinned"
     assert pts.header["notes"]["pinning"] == {"1": want}
+
+
+def test_engine_counters_sum_the_profiled_models_instances():
+    text = METRICS + (
+        "# TYPE janusd_engine_steps counter\n"
+        'janusd_engine_steps_total{model="profiled",device="0"} 10.0\n'
+        'janusd_engine_steps_total{model="profiled",device="1"} 5.0\n'
+        'janusd_engine_steps_total{model="other",device="0"} 99.0\n'
+        "# TYPE janusd_engine_forward_seconds counter\n"
+        'janusd_engine_forward_seconds_total{model="profiled",device="0"} 1.5\n')
+    assert engine_counters(text) == {"steps": 15.0, "decode_tokens": 0.0, "forward_seconds": 1.5}
 
 
 def test_cores_split_between_workers_and_the_host():

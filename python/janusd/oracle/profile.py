@@ -27,7 +27,10 @@ only when the time left covers the longest point so far. Each load point (rate, 
 is measured `repeats` times back to back, each a fresh sample of the trace; the rows
 share the point's point_id (a held-out split keeps them together) and the knee search
 follows their mean. Their spread is the measurement's noise floor (noise.py), stored in
-the header's notes and shown by `janus oracle eval`. Back-to-back repeats share the
+the header's notes and shown by `janus oracle eval`. Each row's notes also keep the
+engine's own counters over its whole replay (steps, decode tokens, forward seconds, summed
+over the instances, and the replay's wall time: notes["engine_per_row"]), the busy time a
+bandwidth mean's time balance needs (bench/RESULTS.md "The served range first"). Back-to-back repeats share the
 machine's state of the moment, so on a machine whose load drifts over minutes the floor
 understates the noise. A replay whose replayer fell behind schedule (lag bound) is
 dropped: it measured the client; its repeats are skipped and every series of that mix
@@ -214,6 +217,30 @@ def pool_pages(text: str) -> dict[str, dict[str, float]]:
     return out
 
 
+ENGINE_COUNTERS = ("steps", "decode_tokens", "forward_seconds")
+
+
+def engine_counters(text: str) -> dict[str, float]:
+    """The profiled model's engine counters (janusd_engine_*: steps, decode tokens, forward
+    seconds), summed over its instances, from one /metrics scrape."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = dict.fromkeys(ENGINE_COUNTERS, 0.0)
+    for fam in text_string_to_metric_families(text):
+        key = fam.name.removeprefix("janusd_engine_").removesuffix("_total")  # exposition spells it either way
+        if key in out and fam.name.startswith("janusd_engine_"):
+            out[key] += sum(s.value for s in fam.samples
+                            if s.labels.get("model") == MODEL_NAME and not s.name.endswith("_created"))
+    return out
+
+
+async def _engine_counters(port: int) -> dict[str, float]:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+        return engine_counters(await resp.text())
+
+
 async def _poll_pools(port: int, peak: dict[str, dict[str, float]], period_s: float = 0.25) -> None:
     import aiohttp
 
@@ -238,6 +265,8 @@ async def _measure(port: int, trace: Any, out_dir: Path, a: ProfileArgs, span_s:
     from janusd.trace.results import RequestResult
 
     peak: dict[str, dict[str, float]] = {}
+    before = await _engine_counters(port)
+    t0 = time.monotonic()
     poller = asyncio.create_task(_poll_pools(port, peak))
     try:
         cfg = ReplayConfig(url=f"http://127.0.0.1:{port}", ttft_slo_ms=a.ttft_slo_ms, tpot_slo_ms=a.tpot_slo_ms,
@@ -246,6 +275,8 @@ async def _measure(port: int, trace: Any, out_dir: Path, a: ProfileArgs, span_s:
     finally:
         poller.cancel()
         await asyncio.gather(poller, return_exceptions=True)
+    after = await _engine_counters(port)
+    summary["engine"] = {k: after[k] - before[k] for k in ENGINE_COUNTERS} | {"wall_s": time.monotonic() - t0}
     dec = msgspec.json.Decoder(RequestResult)
     rows = [dec.decode(line) for line in (out_dir / "results.jsonl").read_bytes().splitlines() if line.strip()]
     return rows, summary, peak
@@ -304,6 +335,7 @@ def run(a: ProfileArgs) -> dict[str, Any]:
     rows_r: list[list[float]] = []
     rows_a: list[float] = []
     rows_p: list[int] = []  # load point of each row: repeats share one
+    rows_e: list[list[float]] = []  # the engine's own counters over each row's whole replay (header notes)
     next_point = 0
     dropped = 0
     longest_point = 0.0
@@ -383,6 +415,7 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                         rows_r.append([hbm, compute, bw])
                         rows_a.append(att)
                         rows_p.append(next_point)
+                        rows_e.append([round(v, 6) for v in summary["engine"].values()])
                         bar.set_postfix_str(f"m={m} {s.mix} {rate:.3g}/s att={att:.2f} pts={len(rows_f)}")
                         bar.n = min(int(elapsed()), int(a.budget_s))
                         bar.refresh()
@@ -411,7 +444,8 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                   "budget_s": a.budget_s, "max_instances": a.max_instances, "dropped_points": dropped,
                   "length_sigma": LENGTH_SIGMA, "dtype": a.dtype, "memory_mib": a.memory_mib,
                   "min_requests": MIN_REQUESTS, "repeats": a.repeats, "settle_fraction": SETTLE_FRACTION,
-                  "settle_min_s": SETTLE_MIN_S, "knee_stretch": KNEE_STRETCH, "trace": "stratified", "pinning": pinning, "load_avg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)]},
+                  "settle_min_s": SETTLE_MIN_S, "knee_stretch": KNEE_STRETCH, "trace": "stratified", "pinning": pinning,
+                  "engine_per_row": {"columns": [*ENGINE_COUNTERS, "wall_s"], "rows": rows_e}, "load_avg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)]},
     }
     pts = Points(header, np.array(rows_f, dtype=np.float64).reshape(n, 7), np.array(rows_m, dtype=np.int64),
                  np.array(rows_r, dtype=np.float64).reshape(n, 3), np.clip(np.array(rows_a, dtype=np.float64), 0, 1),
