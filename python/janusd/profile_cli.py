@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
                     ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms, mixes=mixes,
                     start_rate=args.start_rate, max_rate=args.max_rate, memory_mib=args.memory_mib,
                     kv_cache_mib=args.kv_cache_mib, dtype=args.dtype, torch_threads=args.torch_threads,
-                    cache_dir=args.cache_dir, seed=args.seed, repeats=args.repeats, quiet=args.quiet, pin_cores=args.pin_cores,
+                    cache_dir=args.cache_dir, seed=args.seed, repeats=args.repeats, quiet=args.quiet,
+                    pin_cores=args.pin_cores,
                     keep_dir=Path(args.keep_dir) if args.keep_dir else None)
     try:
         summary = profile(a)

@@ -35,12 +35,14 @@ machine's state of the moment, so on a machine whose load drifts over minutes th
 understates the noise. A replay whose replayer fell behind schedule (lag bound) is
 dropped: it measured the client; its repeats are skipped and every series of that mix
 stays below that rate from then on (knee.series_next_rate: a retried rate lagged again,
-and one llama-small profile lost 9 replays and a third of its budget to it). With --pin-cores (cpu) each worker runs on cores of its own and the daemon and the
+and one llama-small profile lost 9 replays and a third of its budget to it).
+With --pin-cores (cpu) each worker runs on cores of its own and the daemon and the
 replayer on the rest (split_cores; devices.cpu_cores), where the host has cores to spare:
 near the engine's limit a worker sharing its core with the load generator falls into
-small or large batches by chance (bench/RESULTS.md "Twice the budget ..."). The profiled daemon's own oracle is off (no online
-refits: a helper process fitting GPs would take CPU from the worker being measured). The
-points are written in dataset.py's format; the run's last line is one JSON object.
+small or large batches by chance (bench/RESULTS.md "Twice the budget ..."). The profiled
+daemon's own oracle is off (no online refits: a helper process fitting GPs would take CPU
+from the worker being measured). The points are written in dataset.py's format; the run's
+last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -360,15 +362,11 @@ def run(a: ProfileArgs) -> dict[str, Any]:
             run_dir.mkdir(parents=True, exist_ok=True)
             split = split_cores(sorted(own_cores), m, a.torch_threads) if a.pin_cores and a.device == "cpu" else None
             pinning[str(m)] = {"workers": split[0], "host": split[1]} if split else "not pinned"
-            if split:  # the daemon starts from this thread and inherits the host's cores
-                os.sched_setaffinity(0, split[1])
-            try:
-                proc, port = daemon_proc.start(daemon_config(a, run_dir, m, split[0] if split else None), run_dir,
-                                               a.torch_threads, {MODEL_NAME: m})
-            finally:
-                os.sched_setaffinity(0, own_cores)
-            if split:  # the replayer (this thread) measures from the host's cores too
-                os.sched_setaffinity(0, split[1])
+            # the daemon (started from this thread, its workers then pinning themselves) and the
+            # replayer (this thread) run on the host's cores; the run's end gives back own_cores
+            os.sched_setaffinity(0, split[1] if split else own_cores)
+            proc, port = daemon_proc.start(daemon_config(a, run_dir, m, split[0] if split else None), run_dir,
+                                           a.torch_threads, {MODEL_NAME: m})
             try:
                 _warm(port)
                 series = [Series(m, mix) for mix in a.mixes]
@@ -430,8 +428,8 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                         knees[s.mix] = max(knees.get(s.mix, 0.0), rate)
             finally:
                 daemon_proc.stop(proc)
-                os.sched_setaffinity(0, own_cores)
     finally:
+        os.sched_setaffinity(0, own_cores)
         bar.close()
         if not a.keep_dir:  # the per-point results are only for a kept run
             shutil.rmtree(work, ignore_errors=True)
@@ -445,7 +443,8 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                   "length_sigma": LENGTH_SIGMA, "dtype": a.dtype, "memory_mib": a.memory_mib,
                   "min_requests": MIN_REQUESTS, "repeats": a.repeats, "settle_fraction": SETTLE_FRACTION,
                   "settle_min_s": SETTLE_MIN_S, "knee_stretch": KNEE_STRETCH, "trace": "stratified", "pinning": pinning,
-                  "engine_per_row": {"columns": [*ENGINE_COUNTERS, "wall_s"], "rows": rows_e}, "load_avg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)]},
+                  "engine_per_row": {"columns": [*ENGINE_COUNTERS, "wall_s"], "rows": rows_e},
+                  "load_avg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)]},
     }
     pts = Points(header, np.array(rows_f, dtype=np.float64).reshape(n, 7), np.array(rows_m, dtype=np.int64),
                  np.array(rows_r, dtype=np.float64).reshape(n, 3), np.clip(np.array(rows_a, dtype=np.float64), 0, 1),
