@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from janusd.oracle.knee import next_rate
+from janusd.oracle.knee import GROWTH, next_rate
 
 
 def curve(rate: float, knee: float = 10.0) -> float:
@@ -35,8 +35,8 @@ def test_points_bracket_then_crowd_the_knee():
 
 
 def test_a_first_point_past_the_knee_goes_down_and_a_flat_series_stops():
-    assert next_rate([(9.0, 0.1)], 9.0, 0.5, 100.0) == 3.0
-    assert next_rate([(1.0, 1.0)], 1.0, 0.5, 2.5) is None  # cannot grow, nothing changes
+    assert next_rate([(9.0, 0.1)], 9.0, 0.5, 100.0) == 9.0 / GROWTH
+    assert next_rate([(1.0, 1.0)], 1.0, 0.5, 0.9 * GROWTH) is None  # cannot grow, nothing changes
     assert next_rate([(1.0, 0.95), (1.1, 0.5)], 1.0, 1.0, 1.1) is None  # adjacent rates closer than the ratio
 
 
@@ -51,7 +51,7 @@ def test_the_served_range_is_filled_before_the_knee_is_refined():
     knee_found = filled + [(15.6, 0.95)]
     assert math.isclose(next_rate(knee_found, 1.0, 0.5, 100.0), math.sqrt(3.0 * 15.6))
     # the bracket itself comes before any fill: a series still growing grows
-    assert next_rate([(1.0, 1.0), (3.0, 1.0)], 1.0, 0.5, 100.0) == 9.0
+    assert next_rate([(1.0, 1.0), (3.0, 1.0)], 1.0, 0.5, 100.0) == 3.0 * GROWTH
 
 
 def test_every_rate_stays_in_bounds_and_a_series_ends():

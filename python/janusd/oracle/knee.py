@@ -5,15 +5,19 @@ attainment curve of a server is flat (near 1) at low load, drops over a narrow r
 (the knee) and is flat again (near 0) past saturation. A uniform grid spends most points
 on the flat parts, so the next rate is chosen from what the series has measured:
 1. bracket the knee: divide the lowest rate by GROWTH while even that misses HIGH;
-   multiply the highest by GROWTH while even that reaches LOW (a large step: a series
-   often starts far below its knee, and the refinement below halves the gap each time);
+   multiply the highest by GROWTH while even that reaches LOW. GROWTH is 2, not a larger
+   step: every bracketing point below the knee is also a served point the Capacity GP
+   learns from, and a held-out served rate is predicted from its neighbours, so the step
+   is the distance the GP extrapolates at the top of the served range (at 3x the highest
+   served rate of every profile was the worst bandwidth error: bench/RESULTS.md
+   "Doubling steps");
 2. then refine: the adjacent pair of measured rates with the largest attainment change
    gets its geometric mean (rates act multiplicatively), while the pair's ratio exceeds
    MIN_RATIO; None when there is nothing left worth measuring;
 3. but before any refinement, the widest gap between two adjacent served rates (both at
    HIGH or above) wider than FILL_RATIO gets its geometric mean. Why: the Capacity GP
-   learns only from served points (fit.py), and the bracket leaves them a factor GROWTH
-   apart, so a held-out highest served rate is extrapolated from one 3x lower; and a served
+   learns only from served points (fit.py), and a start below the bracket's grid (a series
+   of m > 1 starts from one instance's knee) can leave them more than GROWTH apart; and a served
    point measures a window KNEE_STRETCH times shorter than a knee point (profile.py). The
    fill used to wait until the knee pair was within FILL_RATIO, and in three profiles
    it never fired: the budget went to knee points whose bandwidth is the least
@@ -31,7 +35,7 @@ from collections.abc import Sequence
 HIGH = 0.9
 LOW = 0.3
 MIN_RATIO = 1.12
-GROWTH = 3.0
+GROWTH = 2.0
 FILL_RATIO = 2.0
 
 
