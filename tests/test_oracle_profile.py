@@ -122,11 +122,11 @@ def test_cores_split_between_workers_and_the_host():
 
 
 def test_a_rate_the_client_could_not_offer_ends_the_mixs_growth():
-    from janusd.oracle.knee import series_next_rate
+    from janusd.oracle.knee import GROWTH, series_next_rate
 
     served = [(2.0, 1.0), (6.0, 1.0), (18.0, 1.0), (54.0, 1.0)]
-    assert series_next_rate(served, 1, 0.0, math.inf, 2.0, 1000.0) == 162.0  # still served: grow
-    cap = 162.0 / 1.12  # 162/s lagged
+    assert series_next_rate(served, 1, 0.0, math.inf, 2.0, 1000.0) == 54.0 * GROWTH  # still served: grow
+    cap = 54.0 * GROWTH / 1.12  # that rate lagged
     nxt = series_next_rate(served, 1, 0.0, cap, 2.0, 1000.0)
     assert nxt is not None and nxt < 54.0  # no retry at or past the lag: fill the served range instead
     assert series_next_rate([], 2, 54.0, cap, 2.0, 1000.0) == 54.0  # m x half the knee, under the cap
