@@ -126,10 +126,6 @@ def test_a_reader_that_never_catches_up_still_gets_the_death_within_a_second():
     uvloop.run(go())
 
 
-def _allowed_cores(pid: int) -> set[int]:
-    return os.sched_getaffinity(pid)
-
-
 def test_a_pinned_worker_and_its_threads_run_only_on_its_cores_and_a_missing_core_is_refused():
     last = max(os.sched_getaffinity(0))
 
@@ -140,7 +136,7 @@ def test_a_pinned_worker_and_its_threads_run_only_on_its_cores_and_a_missing_cor
         try:
             tids = [int(t) for t in os.listdir(f"/proc/{h.pid}/task")]
             assert len(tids) > 1  # torch and the reader threads started after the pin ...
-            assert all(_allowed_cores(t) == {last} for t in tids)  # ... and inherited it
+            assert all(os.sched_getaffinity(t) == {last} for t in tids)  # ... and inherited it
         finally:
             await h.stop(10.0)
         bad = WorkerHandle(0, DevicesConfig(count=1, memory_mib=64, cpu_cores=[[4096]]), on_batch=lambda w, b: None,
