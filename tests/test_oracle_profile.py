@@ -92,9 +92,8 @@ def test_profile_writes_points_of_a_real_run(tmp_path):
     assert pts.header["device"]["layer_overhead_s"] > 0
     # the engine's own counters per row: it stepped and decoded, and its forward time is part of
     # the replay's wall time (a step may prefill only, so steps and decoded tokens are not ordered)
-    eng = pts.header["notes"]["engine_per_row"]
-    assert eng["columns"] == ["steps", "decode_tokens", "forward_seconds", "wall_s"] and len(eng["rows"]) == len(pts)
-    for steps, decoded, fwd, wall in eng["rows"]:
+    assert pts.engine.shape == (len(pts), 4) and "engine_per_row" not in pts.header["notes"]
+    for steps, decoded, fwd, wall in pts.engine:
         assert steps > 0 and decoded > 0 and 0 < fwd < wall
     # --pin-cores: the worker on the top core, the daemon and the replayer on the others
     cores = sorted(os.sched_getaffinity(0))

@@ -135,3 +135,55 @@ def test_fit_factor_recovers_the_factor_of_rows_measured_on_several_instances():
                             bw_form="step-rate", instances=m)
     pred = cap.predict(f, m)[0][:, 2]
     assert np.abs(pred / meas - 1).max() < 0.05  # the mean alone carries it; the GP has nothing left
+
+
+def engine_rows(truth: step_rate.StepTime, feats: np.ndarray, batch: np.ndarray, noise: float, seed: int = 0
+                ) -> np.ndarray:
+    """dataset.py engine rows (steps, decode tokens, forward s, wall s) of 30 s replays at
+    the given tokens per step, forward time from `truth` with multiplicative noise."""
+    rng = np.random.default_rng(seed)
+    wall = np.full(len(feats), 30.0)
+    dec = feats[:, 0] * feats[:, 5] * wall
+    steps = dec / batch
+    ctx = feats[:, 3] + feats[:, 5] / 2.0
+    fwd = steps * truth.seconds(batch, ctx) * np.exp(rng.normal(0.0, noise, len(feats)))
+    return np.stack([steps, dec, fwd, wall], axis=1)
+
+
+def test_fit_step_time_recovers_the_engine_step_time_from_its_counters():
+    truth = step_rate.StepTime(per_step=4e-4, per_seq=5e-4, per_seq_ctx=2e-6)
+    rates = np.array([2.0, 4, 8, 16, 32, 2, 4, 8, 16])
+    lin = np.array([96.0] * 5 + [381.0] * 4)
+    feats = np.concatenate([rows(rates[i:i + 1], lin[i], lin[i] / 4) for i in range(len(rates))])
+    batch = np.array([1.0, 1.1, 1.3, 1.8, 2.7, 1.2, 1.6, 4.0, 21.0])
+    got = step_rate.fit_step_time(feats, engine_rows(truth, feats, batch, noise=0.03))
+    assert got is not None
+    b, ctx = np.array([1.0, 4.0, 20.0, 20.0]), np.array([112.0, 112.0, 112.0, 430.0])
+    assert got.seconds(b, ctx) == pytest.approx(truth.seconds(b, ctx), rel=0.1)
+    # too few rows with counters, or one batch size only: nothing to read a step time off
+    eng = engine_rows(truth, feats, batch, noise=0.0)
+    eng[step_rate.MIN_ENGINE_ROWS - 1:] = np.nan
+    assert step_rate.fit_step_time(feats, eng) is None
+    assert step_rate.fit_step_time(feats, engine_rows(truth, feats, np.full(len(feats), 2.0), 0.0)) is None
+    with pytest.raises(ValueError, match="per_seq must be finite"):
+        step_rate.StepTime(1e-3, float("nan"), 0.0)
+
+
+def test_a_measured_per_sequence_cost_makes_the_batch_climb_to_the_engine_limit():
+    """Step time c x b: by Little's law b = 1 + tok x factor x c x b, so b = 1 / (1 - rho),
+    rho = tok x factor x c, and steps/s = tok x (1 - e^-N) / N, N = b - 1 (step_fraction,
+    m = 1): the steps per second rise, peak and fall as rho goes to 1, where the device's
+    step time (cheap sequences) keeps them rising."""
+    c, factor = 1e-3, 1.5
+    per_seq = step_rate.StepTime(per_step=0.0, per_seq=c, per_seq_ctx=0.0)
+    tok_cap = 1.0 / (factor * c)
+    lout = 32.0
+    rates = np.array([0.1, 0.3, 0.5, 0.7, 0.9, 0.95]) * tok_cap / lout
+    f = rows(rates, 96.0, lout)
+    got = step_rate.steps_per_s(DEMO, CPU, f, factor, measured=per_seq)
+    tok = rates * lout
+    n = 1.0 / (1.0 - tok * factor * c) - 1.0
+    assert got == pytest.approx(tok * -np.expm1(-n) / n, rel=1e-6)
+    assert np.argmax(got) not in (0, len(got) - 1) and got[-1] < 0.6 * got.max()
+    device = step_rate.steps_per_s(DEMO, CPU, f, factor)
+    assert np.all(np.diff(device) > 0)

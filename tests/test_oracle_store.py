@@ -30,7 +30,14 @@ def points(n: int = 30, seed: int = 0) -> Points:
     m = rng.integers(1, 3, n)
     res = np.stack([0.1 + 0.001 * rate / m, 0.01 * rate / m, 0.02 * rate / m], axis=1)
     att = np.clip(1.1 - 0.08 * rate / m, 0, 1)
-    return Points({"model": "demo/a:1", "source": "test"}, f, m, res, att, np.arange(n) // 2)
+    # the engine's counters (dataset.py ENGINE_COLUMNS) on every other row, from a known step time
+    wall = np.full(n, 30.0)
+    dec = rate * lout * wall
+    steps = dec / (1.0 + 0.5 * rate / m)
+    fwd = steps * 4e-4 + dec * (5e-4 + 2e-6 * (lin + lout / 2))
+    engine = np.stack([steps, dec, fwd, wall], axis=1)
+    engine[1::2] = np.nan
+    return Points({"model": "demo/a:1", "source": "test"}, f, m, res, att, np.arange(n) // 2, engine)
 
 
 PRIOR = RooflinePrior(SPEC, device_spec("h100"), 1.0, 0.05)
@@ -48,7 +55,24 @@ def test_points_file_round_trips_and_refuses_foreign_or_corrupt_files(tmp_path):
     q = read_points(tmp_path / "p.npz")
     for k in ("features", "instances", "resources", "attainment", "point_id"):
         assert np.array_equal(getattr(p, k), getattr(q, k))
-    assert q.header["format"] == "janusd-oracle-points" and q.header["source"] == "test"
+    assert np.array_equal(p.engine, q.engine, equal_nan=True) and np.isnan(q.engine[1::2]).all()
+    assert q.header["format"] == "janusd-oracle-points" and q.header["source"] == "test" and q.header["version"] == 2
+    # a version 1 file (no engine array) reads, its rows without counters; a version 2 file without one is refused
+    v1 = {k: getattr(p, k) for k in ("features", "instances", "resources", "attainment", "point_id")}
+    for version, ok in ((1, True), (2, False)):
+        head = json.dumps({**p.header, "format": "janusd-oracle-points", "version": version}).encode()
+        np.savez(tmp_path / f"v{version}.npz", header=np.frombuffer(head, dtype=np.uint8), **v1)
+        if ok:
+            old = read_points(tmp_path / f"v{version}.npz")
+            assert np.isnan(old.engine).all() and old.engine.shape == (len(p), 4)
+        else:
+            with pytest.raises(DatasetError, match=r"v2.npz: missing arrays \['engine'\]"):
+                read_points(tmp_path / f"v{version}.npz")
+    neg = p.engine.copy()
+    neg[0, 2] = -1.0
+    with pytest.raises(DatasetError, match="engine counters must be NaN"):
+        write_points(tmp_path / "x.npz", Points(p.header, p.features, p.instances, p.resources, p.attainment,
+                                                p.point_id, neg))
     (tmp_path / "bad.npz").write_bytes(b"garbage")
     with pytest.raises(DatasetError, match="bad.npz: not a readable npz"):
         read_points(tmp_path / "bad.npz")
@@ -80,6 +104,10 @@ def test_store_round_trips_predictions_exactly(tmp_path, fitted):
     # the bandwidth's step-rate mean (capacity.py) keeps its form and fitted factor exactly
     assert cap.bw_form == cap2.bw_form == header["capacity_bw"]["form"] == "step-rate"
     assert cap2.step_factor == cap.step_factor == header["capacity_bw"]["step_factor"]
+    # ... and the step time it read off the points' engine counters (step_rate.fit_step_time), with them
+    assert cap.step_time is not None and cap2.step_time == cap.step_time
+    assert header["capacity_bw"]["step_time"] == cap.step_time.to_list()
+    assert np.array_equal(q.engine, p.engine, equal_nan=True)
     # every input set (fit.choose_input_set picks one per fit) round-trips, the calibrated one with its
     # pressure link, and a foreign set or a broken link is refused
     for other in INPUT_SETS:
@@ -104,6 +132,10 @@ def test_store_round_trips_predictions_exactly(tmp_path, fitted):
     jpath.write_text(json.dumps({**h, "elasticity_link": None}))
     with pytest.raises(store.StoreError, match="pressure link goes with the 'calibrated' input set"):
         store.load(tmp_path, "demo/a:1", SPEC.identity(), PRIOR)
+    for bad, why in (([1e-3, -2e-4, 0.0], "per_seq must be finite and >= 0"), ([1e-3], "expected null or 3 numbers")):
+        jpath.write_text(json.dumps({**h, "capacity_bw": {**h["capacity_bw"], "step_time": bad}}))
+        with pytest.raises(store.StoreError, match=why):
+            store.load(tmp_path, "demo/a:1", SPEC.identity(), PRIOR)
     jpath.write_text(json.dumps({**h, "elasticity_inputs": "everything"}))
     with pytest.raises(store.StoreError, match="unknown elasticity input set 'everything'"):
         store.load(tmp_path, "demo/a:1", SPEC.identity(), PRIOR)

@@ -25,7 +25,9 @@ Bandwidth has two mean forms (BW_FORMS); fit.py uses "step-rate" whenever there 
   almost linearly with the token rate; a profile's bend over (the prior 1.5-3x high at the
   highest served rates), and a linear trend in log-load carried a local slope to held-out
   rates where the bend had changed it. The saturating mean has the bend in its shape, and
-  far from the data the GP falls back to it, not to a line.
+  far from the data the GP falls back to it, not to a line. Its steps are timed by a
+  step_rate.StepTime measured from the engine's counters when the training points carry
+  them (fit.py), else by the device's step time.
 """
 
 from __future__ import annotations
@@ -59,13 +61,14 @@ def check_bw_form(bw_form: str, prior: Any | None) -> None:
 
 
 def base_demand(prior: Any, features: np.ndarray, bw_form: str = "prior", step_factor: float = 1.0,
-                instances: np.ndarray | None = None) -> np.ndarray:
+                instances: np.ndarray | None = None, step_time: step_rate.StepTime | None = None) -> np.ndarray:
     """(n, 3) the mean the GPs correct: the prior's demand, its bandwidth replaced by
     step_rate.py's when bw_form is "step-rate" (which counts the steps of a load spread over
-    `instances` per row; None: one)."""
+    `instances` per row, None: one, timed by `step_time`, None: the device's)."""
     base = prior_demand(prior, features)
     if bw_form == "step-rate":
-        base[:, _BW] = step_rate.bandwidth(prior.model, prior.device, np.atleast_2d(features), step_factor, instances)
+        base[:, _BW] = step_rate.bandwidth(prior.model, prior.device, np.atleast_2d(features), step_factor, instances,
+                                           step_time)
     return base
 
 
@@ -76,7 +79,7 @@ def gp_trends(bw_form: str) -> list[bool]:
 
 class CapacityModel:
     def __init__(self, gps: list[GPRegressor], prior: Any | None = None, bw_form: str = "prior",
-                 step_factor: float = 1.0) -> None:
+                 step_factor: float = 1.0, step_time: step_rate.StepTime | None = None) -> None:
         if len(gps) != len(RESOURCE_DIMS):
             raise ValueError(f"need {len(RESOURCE_DIMS)} GPs, got {len(gps)}")
         check_bw_form(bw_form, prior)
@@ -86,34 +89,40 @@ class CapacityModel:
         self.prior = prior
         self.bw_form = bw_form
         self.step_factor = float(step_factor)
+        self.step_time = step_time
 
     @staticmethod
     def targets(features: np.ndarray, measured: np.ndarray, prior: Any | None, bw_form: str = "prior",
-                step_factor: float = 1.0, instances: np.ndarray | None = None) -> np.ndarray:
+                step_factor: float = 1.0, instances: np.ndarray | None = None,
+                step_time: step_rate.StepTime | None = None) -> np.ndarray:
         """What the GPs learn from measured demand: log(measured / base_demand), or the demand itself."""
         t = np.asarray(measured, dtype=np.float64)
         if prior is None:
             return t
-        return np.log(np.maximum(t, FLOOR)) - np.log(base_demand(prior, features, bw_form, step_factor, instances))
+        return np.log(np.maximum(t, FLOOR)) - np.log(base_demand(prior, features, bw_form, step_factor, instances,
+                                                                 step_time))
 
     @classmethod
     def fit(cls, features: np.ndarray, measured: np.ndarray, prior: Any | None = None, seed: int = 0,
-            bw_form: str = "prior", instances: np.ndarray | None = None) -> CapacityModel:
+            bw_form: str = "prior", instances: np.ndarray | None = None,
+            step_time: step_rate.StepTime | None = None) -> CapacityModel:
         """features: (n, 7) LoadFeatures rows of the load one instance carried; measured:
         (n, 3) that instance's demand; prior: a RooflinePrior to learn the correction of;
         bw_form: one of BW_FORMS (module doc); instances: (n,) how many instances shared
-        each row's load (None: one), which the step-rate mean counts steps with."""
+        each row's load (None: one), which the step-rate mean counts steps with; step_time:
+        the engine's measured step time for that mean (None: the device's)."""
         t = np.asarray(measured, dtype=np.float64)
         if t.ndim != 2 or t.shape[1] != len(RESOURCE_DIMS) or len(t) != len(features):
             raise ValueError(f"measured must have shape ({len(features)}, {len(RESOURCE_DIMS)}), got {t.shape}")
         check_bw_form(bw_form, prior)
         factor = 1.0
         if bw_form == "step-rate" and prior is not None:  # check_bw_form: step-rate has a prior
-            factor = step_rate.fit_factor(prior.model, prior.device, np.atleast_2d(features), t[:, _BW], instances)
+            factor = step_rate.fit_factor(prior.model, prior.device, np.atleast_2d(features), t[:, _BW], instances,
+                                          step_time)
         x = capacity_inputs(features)
-        y = cls.targets(features, t, prior, bw_form, factor, instances)
+        y = cls.targets(features, t, prior, bw_form, factor, instances, step_time)
         gps = [GPRegressor.fit(x, y[:, k], seed=seed, trend=tr) for k, tr in enumerate(gp_trends(bw_form))]
-        return cls(gps, prior, bw_form, factor)
+        return cls(gps, prior, bw_form, factor, step_time if bw_form == "step-rate" else None)
 
     def predict(self, features: np.ndarray, instances: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(mean, std), each (n, 3), of one instance per row of per-instance load, the load
@@ -124,7 +133,7 @@ class CapacityModel:
         std = np.stack([s for _, s in out], axis=1)
         if self.prior is None:
             return np.maximum(mean, 0.0), std
-        base = base_demand(self.prior, features, self.bw_form, self.step_factor, instances)
+        base = base_demand(self.prior, features, self.bw_form, self.step_factor, instances, self.step_time)
         scaled = base * np.exp(mean)
         return scaled, scaled * std
 

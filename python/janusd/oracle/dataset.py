@@ -16,6 +16,11 @@ anywhere) holding
   resources   float64 (n, 3)   per-instance demand, RESOURCE_DIMS order
   attainment  float64 (n,)     per-token SLO attainment in [0, 1]
   point_id    int64 (n,)
+  engine      float64 (n, 4)   the engine's own counters over the row's replay, ENGINE_COLUMNS
+              order (steps, decode tokens, forward seconds summed over the instances; the
+              replay's wall seconds), NaN where a row has none (the daemon's online points;
+              version 1 files). step_rate.fit_step_time reads the step time off them.
+Version 1 files (no engine array) are read with every engine row NaN; version 2 added it.
 A file with another format name, a newer version, missing or misshaped arrays or values
 out of range is refused with a DatasetError naming the file and what is wrong.
 """
@@ -36,7 +41,9 @@ from janusd.oracle.inputs import N_FEATURES
 from janusd.oracle.types import RESOURCE_DIMS
 
 FORMAT = "janusd-oracle-points"
-VERSION = 1
+VERSION = 2
+ENGINE_COLUMNS = ("steps", "decode_tokens", "forward_s", "wall_s")
+_ARRAYS = ("features", "instances", "resources", "attainment", "point_id", "engine")
 
 
 class DatasetError(ValueError):
@@ -51,6 +58,11 @@ class Points:
     resources: np.ndarray
     attainment: np.ndarray
     point_id: np.ndarray
+    engine: np.ndarray | None = None  # None: no row has counters (NaN rows)
+
+    def __post_init__(self) -> None:
+        if self.engine is None:
+            self.engine = np.full((len(self.instances), len(ENGINE_COLUMNS)), np.nan)
 
     def __len__(self) -> int:
         return len(self.instances)
@@ -58,7 +70,7 @@ class Points:
     def check(self, where: str = "<points>") -> None:
         n = len(self.instances)
         shapes = {"features": (n, N_FEATURES), "instances": (n,), "resources": (n, len(RESOURCE_DIMS)),
-                  "attainment": (n,), "point_id": (n,)}
+                  "attainment": (n,), "point_id": (n,), "engine": (n, len(ENGINE_COLUMNS))}
         for name, shape in shapes.items():
             arr = getattr(self, name)
             if arr.shape != shape:
@@ -70,19 +82,20 @@ class Points:
             raise DatasetError(f"{where}: instances must be >= 1 and attainment in [0, 1]")
         if np.any(self.features < 0) or np.any(self.resources < 0):
             raise DatasetError(f"{where}: negative load features or resource demands")
+        eng = self.engine[np.isfinite(self.engine).all(axis=1)]
+        if np.any(eng < 0) or np.isinf(self.engine).any():
+            raise DatasetError(f"{where}: engine counters must be NaN (none) or finite and >= 0")
 
     def take(self, mask: np.ndarray) -> Points:
-        return Points(self.header, self.features[mask], self.instances[mask], self.resources[mask],
-                      self.attainment[mask], self.point_id[mask])
+        return Points(self.header, *(getattr(self, k)[mask] for k in _ARRAYS))
 
     @classmethod
     def empty(cls, header: dict[str, Any]) -> Points:
         return cls(header, np.zeros((0, N_FEATURES)), np.zeros(0, np.int64), np.zeros((0, len(RESOURCE_DIMS))),
-                   np.zeros(0), np.zeros(0, np.int64))
+                   np.zeros(0), np.zeros(0, np.int64), np.zeros((0, len(ENGINE_COLUMNS))))
 
     def append(self, other: Points) -> Points:
-        return Points(self.header, *(np.concatenate([getattr(self, k), getattr(other, k)])
-                                     for k in ("features", "instances", "resources", "attainment", "point_id")))
+        return Points(self.header, *(np.concatenate([getattr(self, k), getattr(other, k)]) for k in _ARRAYS))
 
 
 def encode(points: Points) -> bytes:
@@ -92,7 +105,7 @@ def encode(points: Points) -> bytes:
     np.savez(buf, header=np.frombuffer(json.dumps(header, sort_keys=True).encode(), dtype=np.uint8),
              features=points.features.astype(np.float64), instances=points.instances.astype(np.int64),
              resources=points.resources.astype(np.float64), attainment=points.attainment.astype(np.float64),
-             point_id=points.point_id.astype(np.int64))
+             point_id=points.point_id.astype(np.int64), engine=np.asarray(points.engine, dtype=np.float64))
     return buf.getvalue()
 
 
@@ -121,12 +134,13 @@ def decode(data: bytes, where: str) -> Points:
         raise DatasetError(f"{where}: format {got!r} is not {FORMAT!r}")
     if not isinstance(header.get("version"), int) or header["version"] > VERSION:
         raise DatasetError(f"{where}: version {header.get('version')!r} is newer than this janusd reads ({VERSION})")
-    missing = [k for k in ("features", "instances", "resources", "attainment", "point_id") if k not in arrays]
+    missing = [k for k in _ARRAYS[:-1] + (("engine",) if header["version"] >= 2 else ()) if k not in arrays]
     if missing:
         raise DatasetError(f"{where}: missing arrays {missing}")
+    engine = arrays["engine"].astype(np.float64) if "engine" in arrays else None
     pts = Points(header, arrays["features"].astype(np.float64), arrays["instances"].astype(np.int64),
                  arrays["resources"].astype(np.float64), arrays["attainment"].astype(np.float64),
-                 arrays["point_id"].astype(np.int64))
+                 arrays["point_id"].astype(np.int64), engine)
     pts.check(where)
     return pts
 

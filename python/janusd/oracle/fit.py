@@ -20,6 +20,8 @@ daemon's online refit, so the three report errors the same way. Pure.
   saturating steps per second). Choosing between it and "prior" per fit by 3 inner folds
   (as the Elasticity inputs) was tried and not kept: on 7-10 load points the choice
   flipped between folds and did no better than either form (bench/RESULTS.md "oracle").
+  Its steps are timed by step_rate.fit_step_time on the training points' engine counters
+  (all rows that have them, served or not), or by the device's step time without them.
 - Errors: attainment as absolute error in percentage points; capacity as relative error
   in percent, |pred - measured| / measured, over rows whose measured demand is at least
   REL_FLOOR of a device (below that a relative error measures noise, not the model).
@@ -31,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from janusd.oracle import step_rate
 from janusd.oracle.capacity import CapacityModel
 from janusd.oracle.dataset import Points
 from janusd.oracle.elasticity import INPUT_SETS, ElasticityModel, monotone_curve
@@ -89,8 +92,11 @@ def choose_input_set(points: Points, prior: Any | None, seed: int = 0) -> tuple[
 
 def _fit_capacity(points: Points, prior: Any | None, seed: int, bw_form: str) -> CapacityModel:
     served = served_mask(points.attainment)
+    # the step time from every row with engine counters, served or not: the large batches
+    # past the knee are what price a sequence in a step
+    measured = step_rate.fit_step_time(points.features, points.engine) if bw_form == "step-rate" else None
     return CapacityModel.fit(per_instance(points.features[served], points.instances[served]), points.resources[served],
-                             prior, seed=seed, bw_form=bw_form, instances=points.instances[served])
+                             prior, seed=seed, bw_form=bw_form, instances=points.instances[served], step_time=measured)
 
 
 def _thinned(points: Points) -> Points:

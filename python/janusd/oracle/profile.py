@@ -29,8 +29,8 @@ share the point's point_id (a held-out split keeps them together) and the knee s
 follows their mean. Their spread is the measurement's noise floor (noise.py), stored in
 the header's notes and shown by `janus oracle eval`. Each row's notes also keep the
 engine's own counters over its whole replay (steps, decode tokens, forward seconds, summed
-over the instances, and the replay's wall time: notes["engine_per_row"]), the busy time a
-bandwidth mean's time balance needs (bench/RESULTS.md "The served range first"). Back-to-back repeats share the
+over the instances, and the replay's wall time: dataset.py's engine array), from which
+step_rate.fit_step_time reads the engine's step time under load. Back-to-back repeats share the
 machine's state of the moment, so on a machine whose load drifts over minutes the floor
 understates the noise. A replay whose replayer fell behind schedule (lag bound) is
 dropped: it measured the client; its repeats are skipped and every series of that mix
@@ -317,7 +317,7 @@ def run(a: ProfileArgs) -> dict[str, Any]:
     from janusd.hw.cpu_peaks import machine_identity
     from janusd.hw.devices import DEFAULT_FOR_KIND, device_spec
     from janusd.hw.model_spec import ModelSpec
-    from janusd.oracle.dataset import Points, write_points
+    from janusd.oracle.dataset import ENGINE_COLUMNS, Points, write_points
     from janusd.oracle.features import (features_from_results, hbm_fraction, in_window, token_attainment,
                                         usage_in_window)
     from janusd.oracle.noise import noise_floor
@@ -337,7 +337,7 @@ def run(a: ProfileArgs) -> dict[str, Any]:
     rows_r: list[list[float]] = []
     rows_a: list[float] = []
     rows_p: list[int] = []  # load point of each row: repeats share one
-    rows_e: list[list[float]] = []  # the engine's own counters over each row's whole replay (header notes)
+    rows_e: list[list[float]] = []  # the engine's own counters over each row's whole replay (Points.engine)
     next_point = 0
     dropped = 0
     longest_point = 0.0
@@ -443,12 +443,11 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                   "length_sigma": LENGTH_SIGMA, "dtype": a.dtype, "memory_mib": a.memory_mib,
                   "min_requests": MIN_REQUESTS, "repeats": a.repeats, "settle_fraction": SETTLE_FRACTION,
                   "settle_min_s": SETTLE_MIN_S, "knee_stretch": KNEE_STRETCH, "trace": "stratified", "pinning": pinning,
-                  "engine_per_row": {"columns": [*ENGINE_COUNTERS, "wall_s"], "rows": rows_e},
                   "load_avg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)]},
     }
     pts = Points(header, np.array(rows_f, dtype=np.float64).reshape(n, 7), np.array(rows_m, dtype=np.int64),
                  np.array(rows_r, dtype=np.float64).reshape(n, 3), np.clip(np.array(rows_a, dtype=np.float64), 0, 1),
-                 np.array(rows_p, dtype=np.int64))
+                 np.array(rows_p, dtype=np.int64), np.array(rows_e, dtype=np.float64).reshape(n, len(ENGINE_COLUMNS)))
     pts.header["notes"]["noise"] = noise_floor(pts)
     write_points(a.out, pts)
     return {"out": str(a.out), "points": n, "load_points": next_point, "dropped_points": dropped,

@@ -34,14 +34,31 @@ time per step + the roofline of hw/model_spec.py's step FLOPs and bytes: what th
 measured on an idle engine) and `factor` (>= FACTOR_MIN) the one number fitted from a
 profile (fit_factor: least squares on log bandwidth over a grid). b solves its equation
 by fixed-point iteration (it grows linearly in b through the per-sequence terms; B_CAP
-when that diverges: overload). Bandwidth = (steps/s x weight bytes + tokens/s x KV bytes
+when that diverges: overload), or in closed form under a measured StepTime (linear in b:
+the iteration converges at rate rho and stalls near the limit, where that form matters). Bandwidth = (steps/s x weight bytes + tokens/s x KV bytes
 per token x (mean context + 1) + requests/s x prefill bytes) / the device's bandwidth,
 the measurement's own count.
+
+The step time: with the engine's own counters on enough rows (a profile's, dataset.py
+`engine`), t_step(b, ctx) = per_step + b x (per_seq + per_seq_ctx x ctx), fitted to them
+(fit_step_time: non-negative least squares of each row's forward seconds on its steps,
+decoded tokens and decoded tokens x mean context), instead of the device's. Why: the
+device's figures come from an idle engine's fastest step at a 16-token context
+(engine/step_probe.py), and under load a step cost far more per sequence than they say:
+on the demo models' profiles ~0.5 ms a sequence plus ~2 us per context token, against
+the probe's ~0.03 ms, so a step of 22 sequences at a 430-token context took 31 ms where
+the device said 3 ms. With the per-sequence cost right, b's fixed point climbs to the
+large batches the engine falls into near its limit (bench/RESULTS.md "The engine's step
+time"). Prefill time is not a separate term: the profiles' mixes hold prompt / output
+length near 4 in every mix, so it cannot be told apart from per-token decode time and
+lands in per_seq.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from dataclasses import dataclass
 
 from janusd.hw.devices import DeviceSpec
 from janusd.hw.model_spec import ModelSpec
@@ -52,10 +69,64 @@ GRID = np.exp(np.linspace(np.log(FACTOR_MIN), np.log(FACTOR_MAX), 121))  # ratio
 B_CAP = 1e4
 FLOOR = 1e-6  # a fraction of a device: the smallest bandwidth a mean returns (capacity.FLOOR)
 _ITERATIONS = 60
+MIN_ENGINE_ROWS = 4  # rows with counters, over at least two batch sizes, for a measured step time
 
 
-def step_time(model: ModelSpec, device: DeviceSpec, batch: np.ndarray, ctx: np.ndarray) -> np.ndarray:
-    """Seconds of one decode step of `batch` sequences at mean context `ctx` (elementwise)."""
+@dataclass(frozen=True)
+class StepTime:
+    """A step's seconds as measured on the engine (module doc): per_step + b x (per_seq +
+    per_seq_ctx x ctx)."""
+
+    per_step: float
+    per_seq: float
+    per_seq_ctx: float
+
+    def __post_init__(self) -> None:
+        for k in ("per_step", "per_seq", "per_seq_ctx"):
+            v = getattr(self, k)
+            if not (np.isfinite(v) and v >= 0):
+                raise ValueError(f"StepTime.{k} must be finite and >= 0, got {v!r}")
+        if self.per_step + self.per_seq <= 0:
+            raise ValueError("a StepTime must cost something per step or per sequence")
+
+    def seconds(self, batch: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+        b = np.maximum(batch, 1.0)
+        return self.per_step + b * (self.per_seq + self.per_seq_ctx * np.maximum(ctx, 0.0))
+
+    def to_list(self) -> list[float]:
+        return [self.per_step, self.per_seq, self.per_seq_ctx]
+
+
+def fit_step_time(features: np.ndarray, engine: np.ndarray) -> StepTime | None:
+    """The StepTime the rows' engine counters (dataset.py ENGINE_COLUMNS, whole-model
+    features: lengths are what matter here) say, or None with fewer than MIN_ENGINE_ROWS
+    usable rows (finite, with steps), fewer than two distinct tokens per step, or a fit
+    that prices nothing."""
+    from scipy.optimize import nnls
+
+    f = np.atleast_2d(np.asarray(features, dtype=np.float64))
+    e = np.atleast_2d(np.asarray(engine, dtype=np.float64))
+    ok = np.isfinite(e).all(axis=1) & (e[:, 0] > 0) & (e[:, 1] > 0) & (e[:, 2] > 0)
+    if ok.sum() < MIN_ENGINE_ROWS or len(np.unique(np.round(e[ok, 1] / e[ok, 0], 2))) < 2:
+        return None
+    ctx = f[ok, 3] + f[ok, 5] / 2.0
+    x = np.stack([e[ok, 0], e[ok, 1], e[ok, 1] * ctx], axis=1)
+    scale = x.max(axis=0)
+    scale[scale <= 0] = 1.0
+    coef, _ = nnls(x / scale, e[ok, 2])
+    coef = coef / scale
+    try:
+        return StepTime(*(float(c) for c in coef))
+    except ValueError:
+        return None
+
+
+def step_time(model: ModelSpec, device: DeviceSpec, batch: np.ndarray, ctx: np.ndarray,
+              measured: StepTime | None = None) -> np.ndarray:
+    """Seconds of one decode step of `batch` sequences at mean context `ctx` (elementwise):
+    the measured StepTime when given, else the device's host time plus the roofline."""
+    if measured is not None:
+        return measured.seconds(batch, ctx)
     b = np.maximum(batch, 1.0)
     host = device.step_time_floor(model.layers, 0.0) + b * device.seq_overhead_s
     flops = model.decode_step_flops(b, b * ctx) / device.peak_flops
@@ -90,15 +161,23 @@ def _instances(instances: np.ndarray | None, n: int) -> np.ndarray:
 
 
 def steps_per_s(model: ModelSpec, device: DeviceSpec, features: np.ndarray, factor: float,
-                instances: np.ndarray | None = None) -> np.ndarray:
+                instances: np.ndarray | None = None, measured: StepTime | None = None) -> np.ndarray:
     """(n,) decode steps per second of one instance for rows of per-instance LoadFeatures,
-    each row's load carried by `instances` of them (None: one)."""
+    each row's load carried by `instances` of them (None: one), steps timed by `measured`
+    (None: the device's step time)."""
     if not (np.isfinite(factor) and factor > 0):
         raise ValueError(f"the step-time factor must be finite and > 0, got {factor!r}")
     f = np.atleast_2d(np.asarray(features, dtype=np.float64))
     m = _instances(instances, len(f))
     tok = np.maximum(f[:, 0] * f[:, 5], 0.0)  # requests/s x mean output length
     ctx = f[:, 3] + f[:, 5] / 2.0
+    if measured is not None:  # linear in b: b = 1 + k (per_step + b s) solves in closed form
+        k = tok * factor
+        s = measured.per_seq + measured.per_seq_ctx * np.maximum(ctx, 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            b = np.where(k * s < 1.0, (1.0 + k * measured.per_step) / (1.0 - k * s), B_CAP)
+        b = np.clip(b, 1.0, B_CAP)  # b >= 1 covers the batch-of-one floor of StepTime.seconds
+        return tok * step_fraction(m * (b - 1.0), m)
     b = np.ones_like(tok)
     for _ in range(_ITERATIONS):
         nb = np.minimum(1.0 + tok * factor * step_time(model, device, b, ctx), B_CAP)
@@ -110,23 +189,24 @@ def steps_per_s(model: ModelSpec, device: DeviceSpec, features: np.ndarray, fact
 
 
 def bandwidth(model: ModelSpec, device: DeviceSpec, features: np.ndarray, factor: float,
-              instances: np.ndarray | None = None) -> np.ndarray:
+              instances: np.ndarray | None = None, measured: StepTime | None = None) -> np.ndarray:
     """(n,) bandwidth of one instance as a fraction of the device's (module doc)."""
     f = np.atleast_2d(np.asarray(features, dtype=np.float64))
     tok = np.maximum(f[:, 0] * f[:, 5], 0.0)
     ctx = f[:, 3] + f[:, 5] / 2.0
     prefill = np.array([model.prefill_bytes(x) for x in f[:, 3]], dtype=np.float64).reshape(len(f))
-    nbytes = (steps_per_s(model, device, f, factor, instances) * model.weight_bytes
+    nbytes = (steps_per_s(model, device, f, factor, instances, measured) * model.weight_bytes
               + tok * model.kv_bytes_per_token * (ctx + 1.0) + np.maximum(f[:, 0], 0.0) * prefill)
     return np.maximum(nbytes / device.hbm_bw, FLOOR)
 
 
-def fit_factor(model: ModelSpec, device: DeviceSpec, features: np.ndarray, measured: np.ndarray,
-               instances: np.ndarray | None = None) -> float:
-    """The grid's factor whose bandwidth fits `measured` (n,) best in squared log error."""
-    m = np.log(np.maximum(np.asarray(measured, dtype=np.float64).reshape(-1), FLOOR))
+def fit_factor(model: ModelSpec, device: DeviceSpec, features: np.ndarray, measured_bw: np.ndarray,
+               instances: np.ndarray | None = None, measured: StepTime | None = None) -> float:
+    """The grid's factor whose bandwidth fits `measured_bw` (n,) best in squared log error."""
+    m = np.log(np.maximum(np.asarray(measured_bw, dtype=np.float64).reshape(-1), FLOOR))
     f = np.atleast_2d(np.asarray(features, dtype=np.float64))
     if len(f) != len(m) or len(m) == 0:
         raise ValueError(f"need one measured bandwidth per row, got {len(m)} for {len(f)} rows")
-    err = [float(np.mean((np.log(bandwidth(model, device, f, float(k), instances)) - m) ** 2)) for k in GRID]
+    err = [float(np.mean((np.log(bandwidth(model, device, f, float(k), instances, measured)) - m) ** 2))
+           for k in GRID]
     return float(GRID[int(np.argmin(err))])

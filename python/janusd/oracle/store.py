@@ -1,15 +1,16 @@
 """Fitted oracle models on disk, under the daemon's state directory: one pair per model.
 
-  NAME.json  {"format": "janusd-oracle-model", "version": 3, "model": name,
+  NAME.json  {"format": "janusd-oracle-model", "version": 4, "model": name,
               "model_spec": hw ModelSpec identity, "device": device name,
               "info": {"points", "fitted_at", "heldout": eval figures, ...},
               "kernels": {"capacity": [3 kernel strings], "elasticity": kernel string},
               "elasticity_inputs": one of elasticity.py INPUT_SETS ("full" when absent),
               "elasticity_link": pressure_link.py's {"knee", "slope", "interference"} under "calibrated" or
                                  "interference" (elasticity.py LINKED), else null,
-              "capacity_bw": {"form": one of capacity.py BW_FORMS, "step_factor": float}}
+              "capacity_bw": {"form": one of capacity.py BW_FORMS, "step_factor": float,
+                              "step_time": step_rate.StepTime as [per_step, per_seq, per_seq_ctx] or null}}
   NAME.npz   the training points (dataset.py's arrays: features, instances, resources,
-             attainment, point_id) and per GP its hyperparameters and input scaler:
+             attainment, point_id, engine) and per GP its hyperparameters and input scaler:
              cap0_theta, cap0_x_mean, cap0_x_std, ... cap2_*, ela_theta, ela_x_mean, ela_x_std
 NAME is the model name with every character outside [A-Za-z0-9._-] percent-encoded.
 Loading refits each GP with its stored hyperparameters on the stored points (no
@@ -37,10 +38,12 @@ from janusd.oracle.fit import per_instance, served_mask
 from janusd.oracle.gp import GPRegressor
 from janusd.oracle.inputs import capacity_inputs
 from janusd.oracle.pressure_link import PressureLink
+from janusd.oracle.step_rate import StepTime
 
 FORMAT = "janusd-oracle-model"
-VERSION = 3  # 2: the Capacity GPs have a linear mean; 3: the bandwidth mean form (capacity.py BW_FORMS). Older: refused, then refitted
-_POINT_ARRAYS = ("features", "instances", "resources", "attainment", "point_id")
+VERSION = 4  # 2: the Capacity GPs have a linear mean; 3: the bandwidth mean form (capacity.py BW_FORMS); 4: the
+# measured step time and the points' engine counters. Older: refused, then refitted
+_POINT_ARRAYS = ("features", "instances", "resources", "attainment", "point_id", "engine")
 
 
 class StoreError(ValueError):
@@ -77,7 +80,8 @@ def save(directory: str | os.PathLike[str], model: str, points: Points, cap: Cap
                           "elasticity": ela.gp.to_state()[0]["kernel"]},
               "elasticity_inputs": ela.input_set,
               "elasticity_link": None if ela.link is None else ela.link.to_state(),
-              "capacity_bw": {"form": cap.bw_form, "step_factor": cap.step_factor}}
+              "capacity_bw": {"form": cap.bw_form, "step_factor": cap.step_factor,
+                              "step_time": None if cap.step_time is None else cap.step_time.to_list()}}
     _atomic(stem.with_suffix(".json"), (json.dumps(header, indent=1, sort_keys=True) + "\n").encode())
     return stem.with_suffix(".json")
 
@@ -131,8 +135,12 @@ def load(directory: str | os.PathLike[str], model: str, model_spec: dict[str, An
             raise ValueError(f"capacity_bw is {bw!r}, expected {{'form': ..., 'step_factor': number}}")
         form, factor = bw.get("form"), float(bw["step_factor"])
         check_bw_form(str(form), cap_prior)
+        st = bw.get("step_time")
+        if st is not None and not (isinstance(st, list) and len(st) == 3 and all(isinstance(v, int | float) for v in st)):
+            raise ValueError(f"capacity_bw.step_time is {st!r}, expected null or 3 numbers")
+        step_time = None if st is None else StepTime(*(float(v) for v in st))
         cy = CapacityModel.targets(per, points.resources[served], cap_prior, str(form), factor,
-                                   points.instances[served])
+                                   points.instances[served], step_time)
         gps = [GPRegressor.from_state({"x": cx, "y": cy[:, k], "theta": arrays[f"cap{k}_theta"],
                                        "x_mean": arrays[f"cap{k}_x_mean"], "x_std": arrays[f"cap{k}_x_std"],
                                        "trend": trend})
@@ -149,7 +157,7 @@ def load(directory: str | os.PathLike[str], model: str, model_spec: dict[str, An
         raise StoreError(f"{npath}: missing array {e.args[0]!r}") from None
     except (ValueError, np.linalg.LinAlgError) as e:
         raise StoreError(f"{npath}: inconsistent: {e}") from None
-    return points, CapacityModel(gps, cap_prior, str(form), factor), elasticity, header
+    return points, CapacityModel(gps, cap_prior, str(form), factor, step_time), elasticity, header
 
 
 def load_into(oracle: Any, directory: str | os.PathLike[str], model: str, model_spec: dict[str, Any],
