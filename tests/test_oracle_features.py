@@ -73,7 +73,9 @@ def lockstep(starts, lengths, step_s, rng):
     return rows
 
 
-@given(st.lists(st.tuples(st.integers(0, 60), st.integers(1, 40)), min_size=1, max_size=12),
+# starts <= 59 and lengths <= 40: the last token (step 99) reaches the client by 0.992 s, inside
+# the 1 s window (a start of 60 put it at 1.000-1.002 s, past the window: hypothesis found it)
+@given(st.lists(st.tuples(st.integers(0, 59), st.integers(1, 40)), min_size=1, max_size=12),
        st.integers(0, 2**32 - 1))
 @settings(max_examples=60, deadline=None)
 def test_decode_steps_are_counted_exactly_on_one_instance_whatever_the_batch(reqs, seed):
