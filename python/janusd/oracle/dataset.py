@@ -7,7 +7,7 @@ setting (one replay), so a held-out split can hold out whole load points, not ro
 
 File: one .npz (numpy's zip of .npy arrays, read with allow_pickle=False: no pickle
 anywhere) holding
-  header      uint8, UTF-8 JSON: {"format": "janusd-oracle-points", "version": 1,
+  header      uint8, UTF-8 JSON: {"format": "janusd-oracle-points", "version": 2,
               "model": name, "model_spec": hw ModelSpec identity, "device": DeviceSpec
               fields, "machine": host identity, "slo": {"ttft_ms", "tpot_ms"},
               "created": ISO time, "source": "profile" | "online", "notes": {...}}

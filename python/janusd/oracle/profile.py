@@ -27,7 +27,7 @@ only when the time left covers the longest point so far. Each load point (rate, 
 is measured `repeats` times back to back, each a fresh sample of the trace; the rows
 share the point's point_id (a held-out split keeps them together) and the knee search
 follows their mean. Their spread is the measurement's noise floor (noise.py), stored in
-the header's notes and shown by `janus oracle eval`. Each row's notes also keep the
+the header's notes and shown by `janus oracle eval`. Each row also keeps the
 engine's own counters over its whole replay (steps, decode tokens, forward seconds, summed
 over the instances, and the replay's wall time: dataset.py's engine array), from which
 step_rate.fit_step_time reads the engine's step time under load. Back-to-back repeats share the
