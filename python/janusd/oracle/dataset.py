@@ -42,7 +42,7 @@ from janusd.oracle.types import RESOURCE_DIMS
 
 FORMAT = "janusd-oracle-points"
 VERSION = 2
-ENGINE_COLUMNS = ("steps", "decode_tokens", "forward_s", "wall_s")
+ENGINE_COLUMNS = ("steps", "decode_tokens", "forward_seconds", "wall_s")  # the first three: janusd_engine_* on /metrics
 _ARRAYS = ("features", "instances", "resources", "attainment", "point_id", "engine")
 
 

@@ -63,6 +63,7 @@ from typing import Any
 
 import numpy as np
 
+from janusd.oracle.dataset import ENGINE_COLUMNS
 from janusd.oracle.knee import HIGH, MIN_RATIO, series_next_rate
 
 MIXES: dict[str, tuple[float, float]] = {"tiny": (32.0, 16.0), "short": (96.0, 32.0), "long": (384.0, 96.0)}  # mean in, out
@@ -219,7 +220,7 @@ def pool_pages(text: str) -> dict[str, dict[str, float]]:
     return out
 
 
-ENGINE_COUNTERS = ("steps", "decode_tokens", "forward_seconds")
+ENGINE_COUNTERS = ENGINE_COLUMNS[:3]  # the rest of a row (wall_s) is the replay's own clock
 
 
 def engine_counters(text: str) -> dict[str, float]:
@@ -317,7 +318,7 @@ def run(a: ProfileArgs) -> dict[str, Any]:
     from janusd.hw.cpu_peaks import machine_identity
     from janusd.hw.devices import DEFAULT_FOR_KIND, device_spec
     from janusd.hw.model_spec import ModelSpec
-    from janusd.oracle.dataset import ENGINE_COLUMNS, Points, write_points
+    from janusd.oracle.dataset import Points, write_points
     from janusd.oracle.features import (features_from_results, hbm_fraction, in_window, token_attainment,
                                         usage_in_window)
     from janusd.oracle.noise import noise_floor
@@ -413,7 +414,7 @@ def run(a: ProfileArgs) -> dict[str, Any]:
                         rows_r.append([hbm, compute, bw])
                         rows_a.append(att)
                         rows_p.append(next_point)
-                        rows_e.append([round(v, 6) for v in summary["engine"].values()])
+                        rows_e.append([round(summary["engine"][k], 6) for k in ENGINE_COLUMNS])
                         bar.set_postfix_str(f"m={m} {s.mix} {rate:.3g}/s att={att:.2f} pts={len(rows_f)}")
                         bar.n = min(int(elapsed()), int(a.budget_s))
                         bar.refresh()

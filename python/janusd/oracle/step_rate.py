@@ -35,9 +35,9 @@ measured on an idle engine) and `factor` (>= FACTOR_MIN) the one number fitted f
 profile (fit_factor: least squares on log bandwidth over a grid). b solves its equation
 by fixed-point iteration (it grows linearly in b through the per-sequence terms; B_CAP
 when that diverges: overload), or in closed form under a measured StepTime (linear in b:
-the iteration converges at rate rho and stalls near the limit, where that form matters). Bandwidth = (steps/s x weight bytes + tokens/s x KV bytes
-per token x (mean context + 1) + requests/s x prefill bytes) / the device's bandwidth,
-the measurement's own count.
+the iteration converges at rate rho and stalls near the limit, where that form matters).
+Bandwidth = (steps/s x weight bytes + tokens/s x KV bytes per token x (mean context + 1)
++ requests/s x prefill bytes) / the device's bandwidth, the measurement's own count.
 
 The step time: with the engine's own counters on enough rows (a profile's, dataset.py
 `engine`), t_step(b, ctx) = per_step + b x (per_seq + per_seq_ctx x ctx), fitted to them
@@ -56,9 +56,9 @@ lands in per_seq.
 
 from __future__ import annotations
 
-import numpy as np
-
 from dataclasses import dataclass
+
+import numpy as np
 
 from janusd.hw.devices import DeviceSpec
 from janusd.hw.model_spec import ModelSpec
@@ -89,9 +89,12 @@ class StepTime:
         if self.per_step + self.per_seq <= 0:
             raise ValueError("a StepTime must cost something per step or per sequence")
 
+    def per_sequence(self, ctx: np.ndarray) -> np.ndarray:
+        """Seconds a step spends on each sequence at mean context `ctx`."""
+        return self.per_seq + self.per_seq_ctx * np.maximum(ctx, 0.0)
+
     def seconds(self, batch: np.ndarray, ctx: np.ndarray) -> np.ndarray:
-        b = np.maximum(batch, 1.0)
-        return self.per_step + b * (self.per_seq + self.per_seq_ctx * np.maximum(ctx, 0.0))
+        return self.per_step + np.maximum(batch, 1.0) * self.per_sequence(ctx)
 
     def to_list(self) -> list[float]:
         return [self.per_step, self.per_seq, self.per_seq_ctx]
@@ -121,12 +124,9 @@ def fit_step_time(features: np.ndarray, engine: np.ndarray) -> StepTime | None:
         return None
 
 
-def step_time(model: ModelSpec, device: DeviceSpec, batch: np.ndarray, ctx: np.ndarray,
-              measured: StepTime | None = None) -> np.ndarray:
-    """Seconds of one decode step of `batch` sequences at mean context `ctx` (elementwise):
-    the measured StepTime when given, else the device's host time plus the roofline."""
-    if measured is not None:
-        return measured.seconds(batch, ctx)
+def step_time(model: ModelSpec, device: DeviceSpec, batch: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+    """Seconds of one decode step of `batch` sequences at mean context `ctx` (elementwise),
+    by the device: its host time plus the roofline (a measured StepTime: StepTime.seconds)."""
     b = np.maximum(batch, 1.0)
     host = device.step_time_floor(model.layers, 0.0) + b * device.seq_overhead_s
     flops = model.decode_step_flops(b, b * ctx) / device.peak_flops
@@ -173,7 +173,7 @@ def steps_per_s(model: ModelSpec, device: DeviceSpec, features: np.ndarray, fact
     ctx = f[:, 3] + f[:, 5] / 2.0
     if measured is not None:  # linear in b: b = 1 + k (per_step + b s) solves in closed form
         k = tok * factor
-        s = measured.per_seq + measured.per_seq_ctx * np.maximum(ctx, 0.0)
+        s = measured.per_sequence(ctx)
         with np.errstate(divide="ignore", invalid="ignore"):
             b = np.where(k * s < 1.0, (1.0 + k * measured.per_step) / (1.0 - k * s), B_CAP)
         b = np.clip(b, 1.0, B_CAP)  # b >= 1 covers the batch-of-one floor of StepTime.seconds
