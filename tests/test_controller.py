@@ -91,9 +91,9 @@ def test_a_burst_activates_warm_instances_at_once_and_never_twice():
     ops = ctl.plan_fast(rig.now)
     assert [(o.device, o.target) for o in ops] == [(1, "active"), (2, "active")]
     assert ops[0].reason.startswith("scale out: m*=3")
-    assert ctl.demands["hot"][0] == 3
+    assert ctl.room.demands["hot"][0] == 3
     for o in ops:  # still in flight: not planned again
-        ctl.in_flight[("hot", o.device)] = (o, rig.now)
+        ctl.room.in_flight[("hot", o.device)] = (o, rig.now)
     rig.now += 0.5
     assert ctl.plan_fast(rig.now) == []
 
@@ -107,7 +107,7 @@ def test_the_debounce_holds_a_one_tick_dip():
     asyncio.run(_execute(ctl, ctl.plan_fast(rig.now)))
     rig.now += 2.0  # 6 arrivals over 3 s of window: 2 rps -> m* = 1, once
     assert ctl.plan_fast(rig.now) == [], "one low demand does not scale in"
-    assert ctl.last_scaling is not None and ctl.last_scaling.apps[0].count == 3
+    assert ctl.room.last_scaling is not None and ctl.room.last_scaling.apps[0].count == 3
 
 
 def test_scale_in_drains_the_idlest_active_instance_and_keeps_one():
@@ -149,7 +149,7 @@ def test_budget_compresses_two_elastic_models_to_their_shared_devices():
         rig.submit("a", max_tokens=2)
         rig.submit("b", max_tokens=2)
     ctl.plan_fast(rig.now)
-    plan = ctl.last_scaling
+    plan = ctl.room.last_scaling
     assert plan is not None and plan.budget == 2 and plan.given == 2 and plan.compressed
     assert [a.count for a in plan.apps] == [1, 1]
 
@@ -195,7 +195,7 @@ def test_a_failed_operation_is_recorded_and_planned_again():
     ops = ctl.plan_fast(rig.now)
     asyncio.run(_execute(ctl, ops))
     assert ctl.view(rig.now)["recent"][0]["outcome"] == "ValueError: out of device memory"
-    assert ctl.in_flight == {} and ctl.plan_fast(rig.now) == ops
+    assert ctl.room.in_flight == {} and ctl.plan_fast(rig.now) == ops
 
 
 def test_config_managed_section_parses_and_refuses_typos():
@@ -227,11 +227,11 @@ def test_an_auto_model_goes_elastic_on_a_burst_and_is_scaled_only_then():
             rig.submit("hot", max_tokens=1)
         assert ctl.plan_fast(rig.now) == []
         rig.now += 0.5
-    assert ctl.last_pools[0]["pool"] == "steady"
+    assert ctl.room.last_pools[0]["pool"] == "steady"
     _burst(rig, 40)
     ops = ctl.plan_fast(rig.now)
-    assert ctl.last_pools[0] == {"model": "hot", "pool": "elastic", "changed": True,
-                                 "reason": ctl.last_pools[0]["reason"]}
-    assert ctl.last_pools[0]["reason"].startswith("bursty")
+    assert ctl.room.last_pools[0] == {"model": "hot", "pool": "elastic", "changed": True,
+                                 "reason": ctl.room.last_pools[0]["reason"]}
+    assert ctl.room.last_pools[0]["reason"].startswith("bursty")
     assert [(o.device, o.target) for o in ops] == [(1, "active"), (2, "active")]
     assert ctl.view(rig.now)["pools"][0]["pool"] == "elastic"

@@ -17,6 +17,7 @@ from janusd.oracle.prefill_estimate import PrefillEstimator
 from janusd.oracle.types import LoadFeatures
 from janusd.policy.demand import prefill_share
 from janusd.policy.policy_config import ScalingConfig
+from janusd.control.observe import measured_prefill_share
 from janusd.server.controller import Controller
 from test_controller import Host, _execute
 
@@ -50,7 +51,7 @@ def test_a_burst_splits_a_pd_app_and_a_resting_instance_comes_up_in_the_short_ro
     for _ in range(8):
         rig.submit("pd", tokens=10, max_tokens=2)
     ops = ctl.plan_fast(rig.now)
-    a = ctl.last_scaling.apps[0]
+    a = ctl.room.last_scaling.apps[0]
     assert (a.count, a.prefill, a.decode) == (4, 2, 2)
     assert [(o.device, o.target, o.role, o.reassign) for o in ops] == [(2, "active", "decode", False),
                                                                       (3, "active", "prefill", False)]
@@ -80,7 +81,7 @@ def test_an_active_surplus_instance_is_reassigned_when_none_rests():
     for _ in range(6):  # m* 3
         rig.submit("pd", tokens=200, max_tokens=1)
     ops = ctl.plan_fast(rig.now)
-    a = ctl.last_scaling.apps[0]
+    a = ctl.room.last_scaling.apps[0]
     assert (a.count, a.prefill, a.decode) == (3, 2, 1)
     assert [(o.device, o.target, o.role, o.reassign) for o in ops] == [(2, "active", "prefill", True)]
     asyncio.run(_execute(ctl, ops))
@@ -100,10 +101,10 @@ def test_an_operation_in_flight_counts_where_it_goes():
         rig.submit("pd", tokens=200, max_tokens=1)
     ops = ctl.plan_fast(rig.now)
     for o in ops:
-        ctl.in_flight[("pd", o.device)] = (o, rig.now)
+        ctl.room.in_flight[("pd", o.device)] = (o, rig.now)
     rig.now += 0.25
     assert ctl.plan_fast(rig.now) == []
-    assert ctl.roles["pd"].target == ((0, "prefill"), (1, "decode"), (2, "prefill"))
+    assert ctl.room.roles["pd"].target == ((0, "prefill"), (1, "decode"), (2, "prefill"))
 
 
 def test_one_instance_wanted_runs_mixed_and_the_decode_drain_waits_for_the_handoff():
@@ -144,7 +145,7 @@ def test_prefill_share_comes_from_the_measured_per_token_costs():
                         input_len_var=0.0, output_len_mean=20.0, output_len_var=0.0)
     # no samples: the estimators' priors
     want = prefill_share(load, PrefillEstimator().estimate(100) / 100, DecodeStepEstimator().step_s(1))
-    assert ctl._prefill_share(rig.core.registry.models["pd"], load) == pytest.approx(want)
+    assert measured_prefill_share(rig.core, rig.core.registry.models["pd"], load) == pytest.approx(want)
     # measured: 0.05 s per 100-token prefill on device 0; 20 ms steps with 4 sequences on device 1
     est = rig.core.dispatch.estimators[("pd", 0)]
     for n, t in ((50, 0.03), (100, 0.05), (150, 0.07)):
@@ -153,7 +154,7 @@ def test_prefill_share_comes_from_the_measured_per_token_costs():
     for _ in range(3):
         rig.core.guard.fit.setdefault(1, DecodeStepEstimator()).observe(4, 0.02)
     p, d = 0.05 / 100, 0.02 / 4
-    assert ctl._prefill_share(rig.core.registry.models["pd"], load) == pytest.approx(200 * p / (200 * p + 40 * d),
+    assert measured_prefill_share(rig.core, rig.core.registry.models["pd"], load) == pytest.approx(200 * p / (200 * p + 40 * d),
                                                                                      rel=1e-6)
 
 

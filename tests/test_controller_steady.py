@@ -20,7 +20,7 @@ from janusd.lifecycle.states import InstanceState
 from janusd.oracle.types import LoadFeatures, ResourceEstimate
 from janusd.policy.policy_config import PlacementConfig
 from janusd.server.controller import Controller
-from janusd.server.steady_snapshot import placement_snapshot
+from janusd.control.steady_snapshot import placement_snapshot
 
 from core_fakes import Rig
 from test_controller import PerTwoRps
@@ -114,9 +114,8 @@ def slow_tick(ctl: Controller, rig: Rig) -> None:
 
     async def go() -> None:
         ctl.start(ctl.plan_slow(rig.now))
-        ctl.steady.pump()
-        while ctl.steady.running:
-            await asyncio.gather(*[r.task for r in ctl.steady.running if r.task is not None])
+        while ctl._tasks:
+            await asyncio.gather(*list(ctl._tasks))
 
     asyncio.run(go())
 
@@ -132,7 +131,7 @@ def test_consolidation_forks_the_target_then_drains_the_source():
     host = Host(rig, ControlConfig(managed=True), {"a": (0.3, 0.2, 0.2), "b": (0.3, 0.3, 0.1)})
     ctl = Controller(host, clock=lambda: rig.now)
     slow_tick(ctl, rig)
-    p = ctl.steady.plan
+    p = ctl.room.steady.plan
     assert p is not None and p.bins_used == 1 and len(p.moves) == 1
     mv = p.moves[0]
     assert mv.kind == "migrate" and not mv.forced and {mv.src, mv.dst} == {0, 1}
@@ -143,9 +142,9 @@ def test_consolidation_forks_the_target_then_drains_the_source():
     assert rig.core.instance(mv.model, mv.src).state is S.COLD
     done = ctl.view(rig.now)["steady"]["recent"]
     assert done[0]["outcome"] == "ok" and done[0]["up"]["path"] == "d2d" and done[0]["kind"] == "migrate"
-    assert ctl.in_flight == {}
+    assert ctl.room.in_flight == {}
     slow_tick(ctl, rig)  # settled: the next plan has nothing to do
-    assert ctl.steady.plan.moves == () and len(host.calls) == 2
+    assert ctl.room.steady.plan.moves == () and len(host.calls) == 2
 
 
 def test_a_new_replica_forks_from_a_live_one_and_a_lone_model_loads():
@@ -160,13 +159,13 @@ def test_a_new_replica_forks_from_a_live_one_and_a_lone_model_loads():
     for _ in range(2):
         rig.submit("big", max_tokens=2)
     slow_tick(ctl, rig)  # 2 rps: compute 0.7, fits one device
-    assert host.calls == [] and ctl.steady.plan.bins_used == 1
+    assert host.calls == [] and ctl.room.steady.plan.bins_used == 1
     for _ in range(2):
         rig.submit("big", max_tokens=2)
     slow_tick(ctl, rig)  # 4 rps: compute 1.4, two replicas at 2 rps each
     assert [c[:4] for c in host.calls] == [("fork", "big", 1, 0)]
     assert serving(rig, "big") == [0, 1] and serving(rig, "resting") == []
-    assert sorted(a.key for a in ctl.steady.plan.assignment) == ["big", "big#1"]
+    assert sorted(a.key for a in ctl.room.steady.plan.assignment) == ["big", "big#1"]
 
 
 def test_the_migration_budget_bounds_optional_moves_per_plan():
@@ -179,7 +178,7 @@ def test_the_migration_budget_bounds_optional_moves_per_plan():
     used = []
     for _ in range(4):
         slow_tick(ctl, rig)
-        p = ctl.steady.plan
+        p = ctl.room.steady.plan
         assert p is not None and p.migrations <= 1
         assert sum(1 for m in p.moves if m.kind == "migrate" and not m.forced) <= 1
         used.append(len({d for k in range(4) for d in serving(rig, f"m{k}")}))
@@ -198,7 +197,7 @@ def test_a_failed_move_leaves_the_source_serving_and_is_planned_again():
     assert v["recent"][0]["outcome"].startswith("ValueError") and v["failed_plans"] == 1
     # never half done: the source still serves, no drain was sent
     assert serving(rig, "a") == [0] and serving(rig, "b") == [1]
-    assert [c[0] for c in host.calls] == ["fork"] and not ctl.steady.busy and ctl.in_flight == {}
+    assert [c[0] for c in host.calls] == ["fork"] and not ctl.room.steady.busy and ctl.room.in_flight == {}
     host.fail.clear()
     slow_tick(ctl, rig)  # the next period plans the move again, and it goes through
     assert serving(rig, "a") == serving(rig, "b") and [c[0] for c in host.calls] == ["fork", "fork", "cold"]
@@ -220,15 +219,14 @@ def test_transfers_per_device_are_bounded():
             nonlocal peak
             host.gate = asyncio.Event()  # activations wait here while we look
             ctl.start(ctl.plan_slow(rig.now))
-            ctl.steady.pump()
             for _ in range(10):
                 await asyncio.sleep(0)
-            dst = {m.dst for m in ctl.steady.plan.moves}
-            assert len(dst) == 1 and [m.kind for m in ctl.steady.plan.moves] == ["migrate", "migrate"]
-            peak = ctl.steady.transfers[dst.pop()]
+            dst = {m.dst for m in ctl.room.steady.plan.moves}
+            assert len(dst) == 1 and [m.kind for m in ctl.room.steady.plan.moves] == ["migrate", "migrate"]
+            peak = ctl.room.steady.transfers[dst.pop()]
             host.gate.set()
-            while ctl.steady.running:
-                await asyncio.gather(*[r.task for r in ctl.steady.running if r.task is not None])
+            while ctl._tasks:
+                await asyncio.gather(*list(ctl._tasks))
 
         asyncio.run(go())
         assert peak == limit
@@ -248,7 +246,7 @@ def test_pinned_models_never_move_and_count_on_their_device():
     slow_tick(ctl, rig)
     assert host.calls and all(c[1] != "pinned" for c in host.calls)
     assert serving(rig, "pinned") == [2]
-    p = ctl.steady.plan
+    p = ctl.room.steady.plan
     assert p is not None and p.bins_used == 2 and 2 in {d.device for d in p.devices}
     # the pinned vector counts: device 2 never holds more than one of a and b besides it
     assert all(max(d.load) <= 1.0 + 1e-9 for d in p.devices)
@@ -259,10 +257,10 @@ def test_a_model_the_oracle_cannot_size_stays_where_it_is():
     managed(rig, "a", 0)
     managed(rig, "unknown", 1)
     host = Host(rig, ControlConfig(managed=True), {"a": (0.3, 0.3, 0.3)})
-    snap, notes = placement_snapshot(host.cfg, rig.core.registry, rig.core.telemetry, host.pred, [], {}, rig.now)
+    ctl = Controller(host, clock=lambda: rig.now)
+    snap, notes = placement_snapshot(ctl.snapshot(rig.now), host.cfg.control.demand, [], {})
     assert [(i.key, i.pinned_device) for i in snap.items] == [("a", None), ("unknown@1", 1)]
     assert notes and "unknown" in notes[0]
-    ctl = Controller(host, clock=lambda: rig.now)
     slow_tick(ctl, rig)
     assert serving(rig, "unknown") == [1]
 
@@ -279,11 +277,11 @@ def test_the_elastic_budget_is_what_the_steady_pool_leaves():
     host = Host(rig, ControlConfig(managed=True), {"s": (0.3, 0.3, 0.3), "hot": (0.2, 0.2, 0.2)})
     ctl = Controller(host, clock=lambda: rig.now)
     slow_tick(ctl, rig)
-    assert ctl.steady.managed_devices() == {3}
+    assert ctl.room.steady.managed_devices() == {3}
     for _ in range(8):  # 8 requests now: 8 rps -> m* = 4
         rig.submit("hot", max_tokens=2)
     ops = ctl.plan_fast(rig.now)
-    sp = ctl.last_scaling
+    sp = ctl.room.last_scaling
     assert sp is not None and sp.budget == 3 and sp.apps[0].demand == 4 and sp.apps[0].count == 3
     assert [(o.device, o.target) for o in ops] == [(3, "warm")]
 
@@ -355,23 +353,23 @@ def test_a_placed_model_gets_extra_replicas_on_free_devices_and_gives_them_back(
     pool leaves, never moved by the placement, and drained to Cold when m* falls."""
     rig, host, ctl, fast = _extras_rig()
     slow_tick(ctl, rig)
-    assert ctl.steady.plan is not None and ctl.steady.plan_devices() == [0, 1]
+    assert ctl.room.steady.plan is not None and ctl.room.steady.plan_devices() == [0, 1]
     for _ in range(6):  # 6 rps: m* = 3, one steady instance besides: 2 extra replicas
         rig.submit("hot", max_tokens=2)
     ops = fast()
     assert [(o.device, o.target) for o in ops] == [(2, "active"), (3, "active")]
     assert [c[:4] for c in host.calls] == [("fork", "hot", 2, 0), ("fork", "hot", 3, 0)]
-    assert ctl.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
-    assert ctl.last_scaling is not None and ctl.last_scaling.budget == 2
+    assert ctl.room.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
+    assert ctl.room.last_scaling is not None and ctl.room.last_scaling.budget == 2
     n = len(host.calls)
     slow_tick(ctl, rig)  # the placement leaves the extras alone
-    assert len(host.calls) == n and ctl.steady.plan.moves == ()
-    assert sorted(ctl.steady.plan.assignment, key=lambda a: a.key)[0].device == 0
+    assert len(host.calls) == n and ctl.room.steady.plan.moves == ()
+    assert sorted(ctl.room.steady.plan.assignment, key=lambda a: a.key)[0].device == 0
     rig.now += 60.0  # the window empties but for new arrivals: 1 request, m* = 1
     rig.submit("hot", max_tokens=2)
     fast()
     fast()  # the debounce: two low demands
-    assert serving(rig, "hot") == [0] and ctl.extras == {}
+    assert serving(rig, "hot") == [0] and ctl.room.extras == {}
     assert {rig.core.instance("hot", d).state for d in (2, 3)} == {S.COLD}
 
 
@@ -386,7 +384,7 @@ def test_extra_replicas_go_when_their_model_leaves_the_elastic_pool():
     for _ in range(6):  # m* = 3: two extra replicas
         rig.submit("hot", max_tokens=2)
     fast()
-    assert ctl.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
+    assert ctl.room.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
     m = rig.core.registry.models["hot"]
     m.cfg = msgspec.structs.replace(m.cfg, pool="steady")
     for _ in range(6):  # the same traffic: only the pool changed
@@ -394,8 +392,8 @@ def test_extra_replicas_go_when_their_model_leaves_the_elastic_pool():
     ops = fast()
     assert sorted((o.device, o.target) for o in ops) == [(2, "cold"), (3, "cold")]
     assert all("back in the steady pool" in o.reason for o in ops)
-    assert serving(rig, "hot") == [0] and ctl.extras == {}
-    assert ctl.steady.plan is not None and 0 in ctl.steady.plan_devices()
+    assert serving(rig, "hot") == [0] and ctl.room.extras == {}
+    assert ctl.room.steady.plan is not None and 0 in ctl.room.steady.plan_devices()
 
 
 def test_an_extra_replica_coming_up_counts_as_one():
@@ -416,8 +414,8 @@ def test_an_extra_replica_coming_up_counts_as_one():
             await asyncio.sleep(0)
         assert {rig.core.instance("hot", d).state for d in (2, 3)} == {S.FORKING}
         forking = ctl.plan_fast(rig.now)  # they fork, waiting at the gate
-        snap, _ = placement_snapshot(host.cfg, rig.core.registry, rig.core.telemetry, host.pred, ["hot"], {},
-                                     rig.now, extras=ctl.extras)
+        snap, _ = placement_snapshot(ctl.snapshot(rig.now), host.cfg.control.demand, ["hot"], {},
+                                     extras=ctl.room.extras)
         host.gate.set()
         await asyncio.gather(*ctl._tasks)
         return first, again, forking, snap
@@ -427,7 +425,7 @@ def test_an_extra_replica_coming_up_counts_as_one():
     assert again == [] and forking == []
     assert [a.device for a in snap.current if a.key.startswith("hot")] == [0]
     assert set(snap.elastic_devices) >= {2, 3}
-    assert ctl.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
+    assert ctl.room.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
 
 
 def test_a_failed_scale_out_is_no_extra_and_is_planned_again():
@@ -440,14 +438,14 @@ def test_a_failed_scale_out_is_no_extra_and_is_planned_again():
     host.fail = {("hot", 2)}
     ops = fast()
     assert [(o.device, o.target) for o in ops] == [(2, "active"), (3, "active")]
-    assert ctl.extras == {"hot": {3}} and serving(rig, "hot") == [0, 3]
-    assert [d.outcome == "ok" for d in ctl.recent] == [False, True]
+    assert ctl.room.extras == {"hot": {3}} and serving(rig, "hot") == [0, 3]
+    assert [d.outcome == "ok" for d in ctl.room.recent] == [False, True]
     host.fail = set()
     for _ in range(6):
         rig.submit("hot", max_tokens=2)
     ops = fast()
     assert [(o.device, o.target) for o in ops] == [(2, "active")]
-    assert ctl.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
+    assert ctl.room.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
 
 
 def test_an_extra_coming_up_is_drained_only_once_it_is_up():
@@ -471,7 +469,7 @@ def test_an_extra_coming_up_is_drained_only_once_it_is_up():
         return falls
 
     assert asyncio.run(go()) == []
-    assert ctl.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
+    assert ctl.room.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
     ops = fast()
     assert sorted((o.device, o.target) for o in ops) == [(2, "cold"), (3, "cold")]
-    assert serving(rig, "hot") == [0] and ctl.extras == {}
+    assert serving(rig, "hot") == [0] and ctl.room.extras == {}

@@ -22,10 +22,11 @@ from typing import Any
 import msgspec
 
 from janusd.config import LifecycleConfig
+from janusd.control.wake import wake_op
 from janusd.core.registry import Instance
 from janusd.core.requests import Failure
 from janusd.lifecycle.restore_path import Bandwidths, choose, options_for
-from janusd.lifecycle.states import COMING_UP, RESTORABLE, InstanceState, check_transition
+from janusd.lifecycle.states import InstanceState, check_transition
 from janusd.log import log
 from janusd.server.model_ops import ModelOps
 from janusd.server.workers import WorkerError
@@ -123,18 +124,13 @@ class LifecycleOps:
         m = self.core.registry.model(name)
         if m is None:
             return None
-        insts = list(m.instances.values())
-        if any(i.state in COMING_UP for i in insts) or m.serving or (not m.pd and m.active):
-            return None
-        free = [i for i in insts if i.state in RESTORABLE and (i.model, i.device) not in self._busy]
-        if not free:
-            return None
         nbytes = self.weight_bytes.get(name, 1 << 30)
-        inst = min(free, key=lambda i: (self.bw.estimate_s(choose(options_for(i.state.value, False), nbytes, self.bw),
-                                                           nbytes), i.device))
-        # a P/D model: one instance that serves alone (mixed), or the decode partner of an
-        # Active prefill instance; the controller splits it again as its counts say
-        role = None if not m.pd else "decode" if any(i.role == "prefill" for i in m.active) else "mixed"
+        busy = {d for (model, d) in self._busy if model == name}
+        op = wake_op(name, m.instances, m.pd, lambda st: self.bw.estimate_s(
+            choose(options_for(st.value, False), nbytes, self.bw), nbytes), busy)
+        if op is None:
+            return None
+        inst, role = m.instances[op.device], op.role
 
         async def go() -> None:
             try:
@@ -175,8 +171,9 @@ class LifecycleOps:
         m = self.core.registry.models[inst.model]
         cfg = m.engine_cfg(inst.device)
         life = life or self.cfg
-        return lambda seq: wm.SetState(seq, cfg, self.ops.engine, self.ops.cache_dir, target,  # type: ignore[arg-type]
-                                       life, fork, probe)
+        model, engine, carried = wm.WorkerModel.of(cfg), wm.WorkerEngine.of(self.ops.engine), wm.WorkerLifecycle.of(life)
+        return lambda seq: wm.SetState(seq, model, engine, self.ops.cache_dir, target,  # type: ignore[arg-type]
+                                       carried, fork, probe)
 
     def _fork_pace(self, source_device: int) -> LifecycleConfig:
         """The lifecycle settings a fork's target gets: its pull paced only while the source

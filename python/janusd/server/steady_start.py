@@ -1,4 +1,4 @@
-"""Where models without `devices` start (server/steady.py's module doc, "At start"):
+"""Where models without `devices` start, in the daemon (control/start.py's rule):
 at daemon start (`first_placement`, with control.place_at_start), before any model
 loads, the oracle reads every model's checkpoint for its prior (bounded by
 server.worker_ready_timeout_s) and policy/start_placement.py packs the models without
@@ -18,13 +18,17 @@ from typing import Any
 
 from janusd.config import JanusConfig, ModelConfig
 from janusd.core.registry import Registry
+from janusd.lifecycle.states import COMING_UP, InstanceState
+from janusd.control.observe import pool_devices
+from janusd.control.start import pack_start
 from janusd.log import log
 from janusd.oracle.types import CapacityPredictor, LoadFeatures
 from janusd.policy.demand import SteadyModel
 from janusd.policy.pinned import place
-from janusd.policy.start_placement import NO_LOAD, start_placement
-from janusd.server.steady_snapshot import pool_devices, serving_devices
+from janusd.policy.start_placement import NO_LOAD
 from janusd.telemetry.telemetry import Telemetry
+
+S = InstanceState
 
 
 def _log(msg: str, level: int = logging.INFO) -> None:
@@ -48,28 +52,11 @@ async def _describe(cfg: JanusConfig, models: Sequence[ModelConfig],
 
 def _pack(cfg: JanusConfig, managed: Sequence[ModelConfig], pinned: list[SteadyModel], elastic_devs: list[int],
           pred: CapacityPredictor, out: dict[str, list[int]], spread: bool = True) -> None:
-    """`out[m]` for each managed model: packed by policy/start_placement.py around the
-    pinned ones; those it cannot size or place round robin over the pool (`spread`), else
-    left as `out` has them (policy/pinned.py's)."""
-    pool = pool_devices(cfg)
-    try:
-        res = start_placement([m.name for m in managed], pinned, pool, pred, cfg.control.demand,
-                              cfg.control.placement, elastic_devs)
-    except ValueError as e:  # a policy's refusal of odd input: logged, round robin as before
-        _log(f"start placement: {e}; models without devices start round robin", logging.ERROR)
-        res = None
-    k = 0
-    for m in managed:
-        if res is not None and m.name in res.placed:
-            out[m.name] = list(res.placed[m.name])
-        elif pool and spread:
-            out[m.name] = [pool[k % len(pool)]]
-            k += 1
-    if res is not None:
-        p = res.plan
-        _log("start placement: " + ", ".join(f"{n} -> {out[n]}" for n in sorted(m.name for m in managed))
-             + (f" ({p.bins_used} device(s), Phi {p.phi:.4f})" if p is not None else "")
-             + "".join(f"; {n}" for n in res.notes))
+    """`out[m]` for each managed model, by the control room's start rule (control/start.py)."""
+    pool = pool_devices(cfg.devices.count, cfg.control.pool_devices)
+    for line in pack_start([m.name for m in managed], pinned, pool, pred, cfg.control.demand, cfg.control.placement,
+                           elastic_devs, out, spread):
+        _log(line, logging.ERROR if "round robin" in line else logging.INFO)
 
 
 def _configured(m: ModelConfig, pinned: list[SteadyModel], elastic_devs: list[int]) -> None:
@@ -117,7 +104,7 @@ async def added_placement(cfg: JanusConfig, added: Sequence[ModelConfig], regist
     elastic_devs: list[int] = []
     hot = set(elastic)
     for m in registry.models.values():
-        devs = tuple(serving_devices(m))
+        devs = tuple(sorted(d for d, i in m.instances.items() if i.state is S.ACTIVE or i.state in COMING_UP))
         if not devs:
             continue
         if m.name in hot or m.cfg.pool == "elastic" or m.cfg.prefill_devices:

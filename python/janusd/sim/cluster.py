@@ -209,6 +209,8 @@ class Cluster:
         self._held_now = 0  # devices of workers holding some instance (kept by set_state)
         self._insts_now = 0  # instances holding device memory
         self._draining: dict[int, set[str]] = {}  # worker -> models draining there
+        # (model, worker) draining -> the state it goes to and who hears when it got there
+        self._drain_to: dict[tuple[str, int], tuple[InstanceState, Callable[[float], None] | None]] = {}
         self.on_arrival: Callable[[int, float], None] | None = None  # (trace row, now): the controller's counts
         self.figures: Callable[[], dict[str, int]] | None = None  # the controller's own counts, for the summary
         self._cols = _Columns(trace, [self.req_model[k] for k in request_model.tolist()])
@@ -249,20 +251,32 @@ class Cluster:
                 self._held_now += delta * len(self.groups[lead])
             self._devices_dirty = True
 
-    def place(self, model: str, devices: list[int], now: float, load_s: float = 0.0) -> None:
-        """An instance of `model` on the group `devices`: Loading now, Active after load_s."""
+    def place(self, model: str, devices: list[int], now: float, load_s: float = 0.0,
+              via: InstanceState = InstanceState.LOADING,
+              on_done: Callable[[float], None] | None = None) -> None:
+        """An instance of `model` on the group `devices`: `via` (Loading, Restoring from
+        Warm or Cold, Forking) now, Active after load_s; then on_done(t)."""
         self.worker(devices)
-        self.set_state(model, devices[0], InstanceState.LOADING, now)
-        if load_s <= 0:
-            self._loaded(model, devices[0], now)
-        else:
-            lead = devices[0]
-            self.at(now + load_s, lambda t: self._loaded(model, lead, t))
+        lead = devices[0]
+        self.set_state(model, lead, via, now)
 
-    def drain(self, model: str, lead: int, now: float) -> None:
-        """Active -> Draining; Unloaded once the worker has finished its requests."""
+        def up(t: float) -> None:
+            self._loaded(model, lead, t)
+            if on_done is not None:
+                on_done(t)
+
+        if load_s <= 0:
+            up(now)
+        else:
+            self.at(now + load_s, up)
+
+    def drain(self, model: str, lead: int, now: float, to: InstanceState = InstanceState.UNLOADED,
+              on_done: Callable[[float], None] | None = None) -> None:
+        """Active -> Draining; `to` (Unloaded, Warm or Cold) once the worker has finished
+        its requests, then on_done(t)."""
         self.set_state(model, lead, InstanceState.DRAINING, now)
         self._draining.setdefault(lead, set()).add(model)
+        self._drain_to[(model, lead)] = (to, on_done)
         self._check_drained(lead, now)
 
     def _check_drained(self, lead: int, now: float) -> None:
@@ -270,13 +284,19 @@ class Cluster:
         if not models:
             return
         w = self.workers[lead]
+        done = []
         for m in sorted(models):
             r = w.residents.get(m)
             if r is None or (not r.running and not r.waiting):
                 models.discard(m)
-                self.set_state(m, lead, InstanceState.UNLOADED, now)
+                to, on_done = self._drain_to.pop((m, lead), (InstanceState.UNLOADED, None))
+                self.set_state(m, lead, to, now)
+                if on_done is not None:
+                    done.append(on_done)
         if not models:
             del self._draining[lead]
+        for fn in done:
+            fn(now)
 
     def _loaded(self, model: str, lead: int, now: float) -> None:
         inst = self.core.instance(model, lead)

@@ -73,9 +73,9 @@ def _proportional(cluster: Cluster, served: list[Served], trace: Trace, request_
 
 def _controlled(mode: str) -> Callable[[Cluster, list[Served], Trace, np.ndarray], None]:
     def setup(cluster: Cluster, served: list[Served], trace: Trace, request_model: np.ndarray) -> None:
-        from janusd.sim.controller import Controller
+        from janusd.sim.control_shell import SimControl
 
-        Controller(cluster, served, mode).start()
+        SimControl(cluster, served, mode).start()
 
     return setup
 

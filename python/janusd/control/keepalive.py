@@ -1,52 +1,55 @@
-"""Keep-alive executed (PAPER.md §8): each model's residency (its most-alive instance)
-for policy/keepalive.py, and its decisions turned into the controller's Warm / Cold
-operations. Apart from the controller's loops: the slow tick asks it between reading
-the models and planning the steady placement; coming back Active is the waking
-request's (server/lifecycle_ops.py), never this module's."""
+"""Keep-alive planned (PAPER.md §8): each model's residency (its most-alive instance) for
+policy/keepalive.py, and its decisions turned into Warm / Cold operations. The slow tick
+asks it between reading the models and planning the steady placement; coming back
+Active is the waking request's (control/wake.py), never this module's."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from janusd.core.registry import Model
-from janusd.core.requests import RequestTable
+from janusd.control.ops import Op
+from janusd.control.snapshot import ModelView
 from janusd.lifecycle.states import InstanceState
-from janusd.policy.snapshot import ModelActivity, ResidencyDecision
-from janusd.server.controller_ops import Op, serving
-from janusd.telemetry.telemetry import Telemetry
+from janusd.policy.snapshot import ModelActivity, Residency, ResidencyDecision
 
 S = InstanceState
 
 
-def activity(models: Iterable[Model], elastic: set[str], since_by_model: dict[str, tuple[str, float]],
-             tel: Telemetry, requests: RequestTable, now: float) -> tuple[list[ModelActivity], dict[str, Model]]:
+def residency_of(m: ModelView) -> Residency | None:
+    """Active while some instance serves, else Warm or Cold as its instances rest; None
+    for a model with nothing placed (unloaded or failed: not the keep-alive's)."""
+    states = {i.state for i in m.instances.values()}
+    if any(i.serving for i in m.instances.values()):
+        return "active"
+    return "warm" if S.WARM in states else "cold" if S.COLD in states else None
+
+
+def activity(models: Iterable[ModelView], elastic: set[str], since_by_model: dict[str, tuple[str, float]],
+             now: float) -> tuple[list[ModelActivity], dict[str, ModelView]]:
     """Each model's residency, since when, and its last request, for policy/keepalive.py.
     A P/D model only while it is in the elastic pool (`elastic`): its waking request
     brings back one mixed instance and only the fast loop splits it again, so a steady
     P/D model keeps its configured roles. `since_by_model` (model -> (residency, since))
-    is the controller's, updated here."""
+    is the room's, updated here."""
     acts: list[ModelActivity] = []
-    seen: dict[str, Model] = {}
+    seen: dict[str, ModelView] = {}
     for m in models:
         if not m.instances or (m.pd and m.name not in elastic):
             continue
-        states = {i.state for i in m.instances.values()}
-        res = "active" if any(serving(i) for i in m.instances.values()) else \
-              "warm" if S.WARM in states else "cold" if S.COLD in states else None
-        if res is None:  # unloaded or failed: not the keep-alive's
+        res = residency_of(m)
+        if res is None:
             continue
         prev = since_by_model.get(m.name)
         since = prev[1] if prev is not None and prev[0] == res else now
         since_by_model[m.name] = (res, since)
-        w = tel.model(m.name, now)
-        acts.append(ModelActivity(model=m.name, residency=res, since=since, last_request_at=w.last_arrival_s,
-                                  in_flight=requests.count(m.name),
-                                  pinned=m.cfg.pool == "steady"))
+        acts.append(ModelActivity(model=m.name, residency=res, since=since,
+                                  last_request_at=m.window.last_arrival_s, in_flight=m.requests,
+                                  pinned=m.pool == "steady"))
         seen[m.name] = m
     return acts, seen
 
 
-def keepalive_ops(decisions: Iterable[ResidencyDecision], models: Mapping[str, Model],
+def keepalive_ops(decisions: Iterable[ResidencyDecision], models: Mapping[str, ModelView],
                   in_flight: Mapping[tuple[str, int], object]) -> list[Op]:
     """Warm and Cold apply to every instance of the model (none with an operation in flight)."""
     ops: list[Op] = []

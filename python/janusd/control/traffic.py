@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections import deque
 
-from janusd.core.registry import Model
 from janusd.policy.classify import traffic_from_counts
 from janusd.policy.snapshot import AppTraffic
 
@@ -22,11 +21,11 @@ class ArrivalHistory:
     def __init__(self) -> None:
         self._arrivals: dict[str, deque[tuple[float, int]]] = {}  # model -> (t, arrivals so far)
 
-    def traffic(self, m: Model, total: int, now: float, window: float) -> AppTraffic:
+    def traffic(self, name: str, pool: str, total: int, now: float, window: float) -> AppTraffic:
         """Arrivals per BUCKET_S over the telemetry window, from samples of the model's
         arrival counter taken at each fast tick (a bucket edge reads the latest sample
-        at or before it). `total`: the counter now."""
-        hist = self._arrivals.setdefault(m.name, deque())
+        at or before it). `total`: the counter now; `pool`: the model's pin (auto: none)."""
+        hist = self._arrivals.setdefault(name, deque())
         hist.append((now, total))
         while len(hist) > 2 and hist[1][0] <= now - window:
             hist.popleft()
@@ -40,5 +39,5 @@ class ArrivalHistory:
                 j += 1
             at.append(seen[j][1] if seen[j][0] <= e else seen[0][1])
         counts = [max(0, b - a) for a, b in zip(at, at[1:])]
-        pin = None if m.cfg.pool == "auto" else m.cfg.pool
-        return traffic_from_counts(m.name, counts, BUCKET_S, SHORT_BUCKETS, pin=pin)  # type: ignore[arg-type]
+        pin = None if pool == "auto" else pool
+        return traffic_from_counts(name, counts, BUCKET_S, SHORT_BUCKETS, pin=pin)  # type: ignore[arg-type]

@@ -1,0 +1,72 @@
+"""Extra (elastic) replicas of models the steady placement places (PAPER.md §2): a model
+without `devices` that the classifier puts in the elastic pool keeps its steady
+instance(s), and m* beyond them become replicas on the pool devices nobody else holds.
+The room owns the set of them (`ControlRoom.extras`: model -> devices); these functions
+keep it, find the free devices, and plan the replicas' scale out and in. The steady and
+elastic pools meet only here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from janusd.control.ops import SCALE_IN, SCALE_OUT, InFlight, Op, fork_source
+from janusd.control.snapshot import ModelView
+from janusd.lifecycle.states import RESTORABLE, InstanceState
+
+S = InstanceState
+
+
+def prune_extras(extras: dict[str, set[int]], models: Mapping[str, ModelView], in_flight: InFlight) -> None:
+    """An extra replica that no longer serves (drained, failed, keep-alive) is no more;
+    one whose scale-out is in flight is one already (ControlRoom.started records it)."""
+    for name in list(extras):
+        m = models.get(name)
+        keep = {d for d in extras[name] if m is not None and ((name, d) in in_flight  # coming up
+                                                              or (d in m.instances and m.instances[d].serving))}
+        if keep:
+            extras[name] = keep
+        else:
+            del extras[name]
+
+
+def free_elastic_devices(pool: Iterable[int], steady_devices: Iterable[int], extras: Mapping[str, set[int]],
+                         models: Iterable[ModelView]) -> list[int]:
+    """Pool devices with no steady item and no extra replica: where extra replicas may
+    go (a pinned model's devices are the operator's and stay out)."""
+    taken = set(steady_devices) | {d for ds in extras.values() for d in ds}
+    for m in models:
+        taken.update(m.devices)
+        taken.update(d for d, i in m.instances.items() if i.serving)  # whoever serves there
+    return [d for d in pool if d not in taken]
+
+
+def meet_extras(m: ModelView, count: int, free: list[int], reason: str, extras: Mapping[str, set[int]],
+                in_flight: InFlight, load_on: Callable[[int], int]) -> list[Op]:
+    """Bring a placed model to `count` extra replicas: new ones on free devices (one
+    where it rests Warm or Cold first, then the lowest id; taken from `free`; an
+    Unloaded one forks from a live replica), surplus ones drained to Cold (the least
+    busy first)."""
+    mine = extras.get(m.name, set())
+    pending = {d: op.target for (name, d), (op, _) in in_flight.items() if name == m.name}
+    have = sum(1 for d in mine if pending.get(d, "active") == "active")
+    ops: list[Op] = []
+    if have < count:
+        def rank(d: int) -> tuple[int, int]:
+            i = m.instances.get(d)
+            return (0 if i is not None and i.state in RESTORABLE else 1, d)
+
+        for d in sorted((d for d in free if (m.name, d) not in in_flight), key=rank):
+            if have >= count:
+                break
+            free.remove(d)
+            i = m.instances.get(d)
+            src = fork_source(m.instances, d) if i is None or i.state is S.UNLOADED else None
+            ops.append(Op(m.name, d, "active", f"{SCALE_OUT}: {reason}", source=src))
+            have += 1
+    elif have > count:
+        for d in sorted((d for d in mine if d not in pending), key=lambda d: (load_on(d), -d)):
+            if have <= count:
+                break
+            ops.append(Op(m.name, d, "cold", f"{SCALE_IN}: {reason}"))
+            have -= 1
+    return ops

@@ -1,0 +1,291 @@
+"""The controller: two timescales over one snapshot (PAPER.md §2, §4, §5, §8), for both shells.
+
+- fast (control.fast_period_s, 0.5 s): the classifier (policy/classify.py, with
+  hysteresis) puts each model with `pool = "auto"` in the elastic pool while it is hot or
+  bursty (peak over short windows / mean, from arrivals bucketed per second over the
+  window); `pool = "steady"` / `"elastic"` pin it. Every elastic model that has traffic
+  gets m* from the oracle (policy/demand.py, through the snapshot's predictor: a fitted
+  GP or the roofline prior); the counts are debounced and compressed to the elastic
+  budget (policy/scaling.py) and met: a model with `devices` with its own instances there
+  (control/counts.py: Warm before Cold, a surplus Active one goes Warm after draining), a
+  model the steady placement places with extra replicas on the pool's free devices
+  beyond its steady instance(s) (control/extras.py: forked from a live instance, drained
+  to Cold when m* falls), a P/D model with a prefill / decode split (control/roles.py).
+  The elastic budget is the elastic models' devices less those the steady placement took.
+- slow (control.slow_period_s, 30 s): keep-alive (policy/keepalive.py, control/keepalive.py):
+  a model without a request for `warm_after_s` goes Warm on every device, after
+  `cold_after_s` Cold; its next request wakes it (control/wake.py); then the steady
+  placement (control/steady.py) packs the models without `devices` and paces its moves.
+Each plan returns Ops (control/ops.py); an operation in flight on an instance is never
+issued twice, and the shell reports each one's end (`finished`), which may release
+steady moves waiting for it. A failed one is planned again next period, never left half
+done (the lifecycle rolls an instance back to where it was)."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from janusd.config import ControlConfig
+from janusd.control.baselines import first_come
+from janusd.control.counts import meet_count
+from janusd.control.extras import free_elastic_devices, meet_extras, prune_extras
+from janusd.control.keepalive import activity, keepalive_ops
+from janusd.control.ops import SCALE_IN, Done, Op
+from janusd.control.roles import meet_roles
+from janusd.control.snapshot import ControlSnapshot, ModelView
+from janusd.control.steady import SteadyPlanner, model_of
+from janusd.control.traffic import ArrivalHistory
+from janusd.lifecycle.states import RESTORABLE
+from janusd.policy.classify import classify as classify_apps
+from janusd.policy.demand import elastic_demand
+from janusd.policy.keepalive import residency
+from janusd.policy.scaling import scale
+from janusd.policy.snapshot import AppCount, AppPool, ElasticApp, RolePlan, ScalingPlan, ScalingState
+
+ALLOCATORS = ("global", "first_come")
+
+
+def _nothing(*_: Any) -> None:
+    return None
+
+
+class ControlRoom:
+    """The two plans, their state between ticks and the operations in flight (module doc).
+    `allocator`: "global" (Janus: one budget, compressed by the quota method) or
+    "first_come" (the BlitzScale baseline of `janus sim`: each app its own m* by name
+    until the budget runs out). Hooks: `on_op(target, outcome)` per finished operation,
+    `on_elastic(model, m*, count, (prefill, decode) or None)` per elastic model at each
+    fast tick, `on_move(kind, outcome)` per finished steady move, `on_figure(name, value)`
+    for the plans' figures, `log(message, level)`."""
+
+    def __init__(self, cfg: ControlConfig, allocator: str = "global",
+                 on_op: Callable[[str, str], None] = _nothing,
+                 on_elastic: Callable[[str, int, int, tuple[int, int] | None], None] = _nothing,
+                 on_move: Callable[[str, str], None] = _nothing,
+                 on_figure: Callable[[str, float], None] = _nothing,
+                 log: Callable[[str, int], None] = _nothing) -> None:
+        if allocator not in ALLOCATORS:
+            raise ValueError(f"unknown allocator {allocator!r} (known: {', '.join(ALLOCATORS)})")
+        self.cfg = cfg
+        self.allocator = allocator
+        self.on_op, self.on_elastic, self.on_move, self.on_figure = on_op, on_elastic, on_move, on_figure
+        self.log = log
+        self.scaling_state = ScalingState()
+        self.pools: tuple[AppPool, ...] = ()  # the classifier's state between ticks
+        self.last_pools: list[dict[str, Any]] = []
+        self.arrivals = ArrivalHistory()
+        self.last_scaling: ScalingPlan | None = None
+        self.demands: dict[str, tuple[int, str]] = {}  # model -> (m*, reason) at the last fast tick
+        self.roles: dict[str, RolePlan] = {}  # P/D model -> its role plan at the last fast tick
+        self.residency: dict[str, tuple[str, float]] = {}  # model -> (residency, since)
+        self.last_keepalive: list[dict[str, Any]] = []
+        self.in_flight: dict[tuple[str, int], tuple[Op, float]] = {}
+        self.recent: deque[Done] = deque(maxlen=50)
+        self.extras: dict[str, set[int]] = {}  # placed model -> devices of its extra (elastic) replicas
+        self.decisions = 0  # policy calls made (the simulator's summary)
+        self.steady = SteadyPlanner(cfg.demand, cfg.placement, cfg.max_transfers_per_device, self._claim,
+                                    self._release, lambda msg: log(msg, logging.INFO))
+
+    # ------------------------------------------------------------ in flight
+    def _claim(self, op: Op, now: float) -> bool:
+        """Reserve the instances of an op (False: an operation is in flight on one)."""
+        keys = [(op.model, op.device)] + ([(op.then.model, op.then.device)] if op.then is not None else [])
+        if any(k in self.in_flight for k in keys):
+            return False
+        for k in keys:
+            self.in_flight[k] = (op, now)
+        return True
+
+    def _release(self, model: str, device: int) -> None:
+        self.in_flight.pop((model, device), None)
+
+    def _issue(self, snap: ControlSnapshot, ops: list[Op], now: float) -> list[Op]:
+        """The plan's ops not on an instance with one in flight, each claimed; a scale-out
+        of a placed model counts as its extra from now (else the next fast tick started
+        another, and the steady snapshot could take it for the steady instance)."""
+        out = []
+        for op in ops:
+            if not self._claim(op, now):
+                continue
+            m = snap.models.get(op.model)
+            if op.scales_out and m is not None and snap.placed_by_controller(m):
+                self.extras.setdefault(op.model, set()).add(op.device)
+            self.log(f"controller: {op.model} on device {op.device} -> {op.target} ({op.reason})", logging.INFO)
+            out.append(op)
+        return out + self.steady.pump(snap, now)
+
+    def finished(self, op: Op, outcome: str, now: float, snap: ControlSnapshot,
+                 phases: dict[str, float] | None = None, detail: dict[str, Any] | None = None) -> list[Op]:
+        """The shell carried `op` out (`outcome`: "ok" or the error; `phases`: its timed
+        phases; `detail`: what each half did, for `ctl plan`); returns the steady moves
+        this releases."""
+        if op.steady:
+            self.steady.done(op, outcome, now, detail)
+            self.on_move(op.target, "ok" if outcome == "ok" else "failed")
+            return self.steady.pump(snap, now) if self.steady.queue else []
+        t0 = self.in_flight.get((op.model, op.device), (op, now))[1]
+        self._release(op.model, op.device)
+        m = snap.models.get(op.model)
+        placed = m is not None and snap.placed_by_controller(m)
+        if (outcome == "ok" and placed and op.scales and op.target != "active") or \
+                (outcome != "ok" and op.scales_out):  # a scale-in ends an extra; a failed scale-out is none
+            self._drop_extra(op.model, op.device)
+        if outcome != "ok":
+            self.log(f"controller: {op.model} on device {op.device} -> {op.target} failed: {outcome}",
+                     logging.WARNING)
+        self.recent.append(Done(op, t0, now - t0, outcome, dict(phases or {})))
+        self.on_op(op.target, "ok" if outcome == "ok" else "failed")
+        return self.steady.pump(snap, now) if self.steady.queue else []
+
+    def _drop_extra(self, model: str, device: int) -> None:
+        left = self.extras.get(model)
+        if left is not None:
+            left.discard(device)
+            if not left:
+                del self.extras[model]
+
+    # ------------------------------------------------------------------ fast
+    def _elastic(self, snap: ControlSnapshot, now: float) -> list[ModelView]:
+        """The models in the elastic pool now (classified with hysteresis, pins obeyed)."""
+        models = [m for m in snap.models.values() if m.instances]
+        if not models:
+            return []
+        window = self.cfg.window_s
+        traffic = [self.arrivals.traffic(m.name, m.pool, m.window.arrivals_total, now, window) for m in models]
+        c = classify_apps(traffic, self.pools, now, self.cfg.classify)
+        self.decisions += 1
+        self.pools = c.state
+        self.last_pools = [{"model": d.app, "pool": d.pool, "changed": d.changed, "reason": d.reason}
+                           for d in c.decisions]
+        for d in c.decisions:
+            if d.changed:
+                self.log(f"controller: {d.app} -> {d.pool} pool ({d.reason})", logging.INFO)
+        elastic = {d.app for d in c.decisions if d.pool == "elastic"}
+        return [m for m in models if m.name in elastic]
+
+    def _elastic_app(self, snap: ControlSnapshot, m: ModelView, free: list[int],
+                     devices: set[int]) -> ElasticApp | None:
+        """One elastic model's ask of the budget (None: no traffic, or no prior yet); the
+        devices it may use join `devices`."""
+        w = m.window
+        if w.request_rate <= 0.0 and w.in_flight == 0:  # left to keep-alive (a request wakes it)
+            return None
+        try:
+            want, why = elastic_demand(m.name, m.load, snap.predictor, self.cfg.demand)
+        except KeyError as e:  # the oracle has no prior for it yet (its spec is being read)
+            self.log(f"controller: {m.name}: {e}; keeping its instances as they are", logging.DEBUG)
+            return None
+        if snap.placed_by_controller(m):
+            # its steady instance(s) stay the steady pool's; m* beyond them are extra
+            # replicas on the devices the steady pool leaves
+            extras = self.extras.get(m.name, set())
+            base = [d for d, i in m.instances.items() if i.serving and d not in extras]
+            if not base:  # resting (keep-alive): the waking request brings it back first
+                return None
+            mine = extras | set(free)
+            want = max(0, min(want - len(base), len(mine)))
+            self.demands[m.name] = (want, f"{why}; {len(base)} steady instance(s) besides")
+            devices.update(mine)
+            return ElasticApp(app=m.name, demand=want, current=len(extras))
+        usable = sum(1 for i in m.instances.values() if i.serving or i.state in RESTORABLE)
+        want = max(1, min(want, usable))
+        self.demands[m.name] = (want, why)
+        devices.update(m.instances)
+        return ElasticApp(app=m.name, demand=want, prefill_share=m.prefill_share if m.pd else 0.5,
+                          current=sum(1 for i in m.instances.values() if i.serving))
+
+    def plan_fast(self, snap: ControlSnapshot, now: float) -> list[Op]:
+        """Elastic scaling (module doc): m* per elastic model with traffic, debounced and
+        compressed to the budget, then met with instances."""
+        self.demands = {}
+        prune_extras(self.extras, snap.models, self.in_flight)
+        free = free_elastic_devices(snap.pool, self.steady.plan_devices(), self.extras, snap.models.values())
+        elastic = self._elastic(snap, now)
+        ops = self._extras_left_behind(snap, {m.name for m in elastic})
+        apps: list[ElasticApp] = []
+        devices: set[int] = set()
+        for m in elastic:
+            a = self._elastic_app(snap, m, free, devices)
+            if a is not None:
+                apps.append(a)
+        if apps:
+            # the steady pool has priority (PAPER.md §2): devices it took leave the elastic budget
+            plan = self._scale(apps, len(devices - self.steady.managed_devices()))
+            for a in plan.apps:
+                ops += self._meet(snap, snap.models[a.app], a, free)
+        return self._issue(snap, ops, now)
+
+    def _scale(self, apps: list[ElasticApp], budget: int) -> ScalingPlan:
+        if self.allocator == "first_come":
+            plan = first_come(apps, budget, self.scaling_state)
+        else:
+            plan = scale(apps, budget, self.scaling_state, self.cfg.scaling)
+        self.decisions += 1
+        self.scaling_state, self.last_scaling = plan.state, plan
+        for k, v in (("budget", plan.budget), ("asked", plan.asked), ("given", plan.given)):
+            self.on_figure(f"elastic_{k}", v)
+        return plan
+
+    def _meet(self, snap: ControlSnapshot, m: ModelView, a: AppCount, free: list[int]) -> list[Op]:
+        """Ops toward one elastic model's count (module doc's three kinds of model)."""
+        self.on_elastic(a.app, a.demand, a.count, (a.prefill, a.decode) if m.pd else None)
+        why = f"m*={a.demand} (debounced {a.debounced}, given {a.count}): {a.reason}"
+        if snap.placed_by_controller(m):
+            return meet_extras(m, a.count, free, f"extra replicas {why}", self.extras, self.in_flight, snap.load_on)
+        if m.pd:
+            plan, ops = meet_roles(m, a, why, self.in_flight)
+            self.roles[m.name] = plan
+            return ops
+        return meet_count(m, max(1, a.count), why, self.in_flight, snap.load_on, self.steady.managed_devices())
+
+    def _extras_left_behind(self, snap: ControlSnapshot, elastic: set[str]) -> list[Op]:
+        """Extra replicas of models no longer in the elastic pool go Cold. Only elastic
+        scaling shrinks extras and the steady snapshot leaves their devices out, so a
+        model that went back to the steady pool kept them serving, in no plan, for as
+        long as its traffic kept keep-alive away."""
+        ops: list[Op] = []
+        for name in sorted(self.extras):
+            m = snap.models.get(name)
+            if m is not None and name not in elastic:
+                ops += meet_extras(m, 0, [], f"{SCALE_IN}: back in the steady pool", self.extras, self.in_flight,
+                                   snap.load_on)
+        return ops
+
+    # ------------------------------------------------------------------ slow
+    def plan_slow(self, snap: ControlSnapshot, now: float) -> list[Op]:
+        """Keep-alive, then the steady placement (module doc). Warm and Cold apply to every
+        instance of the model; a P/D model only while it is in the elastic pool: its
+        waking request brings back one mixed instance and only the fast tick splits it
+        again, so a steady P/D model keeps its configured roles."""
+        elastic = {p.app for p in self.pools if p.pool == "elastic"}
+        acts, models = activity(snap.models.values(), elastic, self.residency, now)
+        decisions = residency(acts, now, self.cfg.keepalive)
+        self.decisions += 1
+        self._plan_steady(snap, now, {d.model for d in decisions if d.changed and d.residency != "active"})
+        self.last_keepalive = [{"model": d.model, "residency": d.residency, "changed": d.changed, "reason": d.reason}
+                               for d in decisions]
+        return self._issue(snap, keepalive_ops(decisions, models, self.in_flight), now)
+
+    def _plan_steady(self, snap: ControlSnapshot, now: float, resting: set[str]) -> None:
+        """The steady placement's plan, when the room places any model (its moves are
+        queued in self.steady and released by pump). `resting`: models keep-alive sends
+        Warm or Cold at this tick (they leave the steady pool without a move)."""
+        if not any(snap.placed_by_controller(m) for m in snap.models.values()):
+            return
+        elastic = [p.app for p in self.pools if p.pool == "elastic"]
+        try:
+            p = self.steady.plan_now(snap, now, elastic, resting, self.extras)
+        except ValueError as e:  # a policy's refusal of odd input: logged, keep-alive still runs
+            self.log(f"controller: steady placement: {e}", logging.ERROR)
+            return
+        if p is not None:
+            self.decisions += 1
+            for a in p.assignment:  # a device the steady pool now holds is no longer an extra
+                self.extras.get(model_of(a.key), set()).discard(a.device)
+            self.on_figure("steady_bins_used", p.bins_used)
+            self.on_figure("steady_phi", p.phi)
+            self.on_figure("steady_migrations", p.migrations)
+        self.on_figure("steady_pending_moves", len(self.steady.queue) + len(self.steady.running))

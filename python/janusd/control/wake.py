@@ -1,0 +1,45 @@
+"""Which instance a request wakes (PAPER.md §8, keep-alive's other half): a request for a
+model with no Active instance brings one of its resting instances back, the one whose
+restore is estimated fastest (a Warm one before a Cold one, by lifecycle/restore_path.py's
+estimate), unless one is already coming up. Both shells ask it: the daemon
+(server/lifecycle_ops.py wake) and the simulator (sim/control_shell.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+
+from janusd.control.ops import Op
+from janusd.lifecycle.states import COMING_UP, RESTORABLE, InstanceState
+
+S = InstanceState
+
+
+class Resting:
+    """An instance as the wake rule reads it (the core's Instance and the room's
+    InstanceView both have these fields)."""
+
+    device: int
+    state: InstanceState
+    role: str
+
+
+def wake_op(model: str, instances: Mapping[int, Resting], pd: bool, estimate_s: Callable[[InstanceState], float],
+            busy: Collection[int] = ()) -> Op | None:
+    """The activation a request for `model` starts, or None: when an instance serves or is
+    coming up already, or none rests (Warm or Cold) outside `busy` (devices with an
+    operation in flight). `estimate_s(state)`: the restore's estimated seconds from that
+    state. A P/D model comes back as one instance that serves alone (mixed), or as the
+    decode partner of an Active prefill instance; the controller splits it again."""
+    insts = list(instances.values())
+    if any(i.state in COMING_UP for i in insts):
+        return None
+    active = [i for i in insts if i.state is S.ACTIVE]
+    roles = {i.role for i in active}
+    if (active and not pd) or "mixed" in roles or {"prefill", "decode"} <= roles:  # it serves
+        return None
+    free = [i for i in insts if i.state in RESTORABLE and i.device not in busy]
+    if not free:
+        return None
+    inst = min(free, key=lambda i: (estimate_s(i.state), i.device))
+    role = None if not pd else "decode" if any(i.role == "prefill" for i in active) else "mixed"
+    return Op(model, inst.device, "active", f"woken by a request ({inst.state.value})", role=role)
