@@ -66,7 +66,7 @@ def pull(nbytes: int, source: str, cap_bytes_per_s: float = 0.0, thread_nice: in
     import threading
     import time
 
-    from janusd.engine.worker_lifecycle import pull_segment
+    from janusd.engine.worker_fork import pull_segment
     from janusd.lifecycle.transfer import GlobalRegionTransport
     from janusd.memory import DevicePool
 
@@ -110,8 +110,9 @@ def main() -> int:
         sys.stdin.read()
         return 0
     src = msgspec.convert(json.loads(sys.argv[2]), wm.ForkSource)
-    msg = lambda seq, target, fork=None: wm.SetState(seq, MC, EngineConfig(), str(CACHE), target,  # noqa: E731
-                                                     LifecycleConfig(copy_chunk_mib=1), fork)
+    carried = (wm.WorkerModel.of(MC), wm.WorkerEngine.of(EngineConfig()), str(CACHE))
+    moves = wm.WorkerLifecycle.of(LifecycleConfig(copy_chunk_mib=1))
+    msg = lambda seq, target, fork=None: wm.SetState(seq, *carried, target, moves, fork)  # noqa: E731
     r = run(life, msg(1, "active", src), sent)
     print(json.dumps({"path": r.path, "fallback": r.fallback, "sha": seg_sha(de), "greedy": greedy(de)}), flush=True)
     run(life, msg(2, "warm"), sent)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from janusd.config import EngineConfig, ModelConfig
+from janusd.config import EngineConfig, LifecycleConfig, ModelConfig
 from janusd.server import sdnotify
 from janusd.policy.pinned import place
 from janusd.server.openai_types import ApiError, parse_chat, parse_completion
@@ -26,7 +26,8 @@ from janusd.wire.framing import MAX_FRAME_BYTES, BlockingFramedSocket, FrameErro
 ENC = msgspec.msgpack.Encoder()
 
 TO_WORKER = [
-    wm.LoadModel(1, ModelConfig(name="m", checkpoint="demo:llama-tiny", devices=[1]), EngineConfig(), "/c"),
+    wm.LoadModel(1, wm.WorkerModel.of(ModelConfig(name="m", checkpoint="demo:llama-tiny", devices=[1])),
+                 wm.WorkerEngine.of(EngineConfig()), "/c", wm.WorkerLifecycle.of(LifecycleConfig())),
     wm.UnloadModel(2, "m"),
     wm.Tokenize(3, "m", prompt="hi"),
     wm.Tokenize(4, "m", messages=[wm.ChatMessage("user", "hé")]),

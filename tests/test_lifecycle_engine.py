@@ -12,16 +12,22 @@ import pytest
 import torch
 
 from engine_fixtures import cuda_available
-from janusd.config import EngineConfig, ModelConfig
+from janusd.config import EngineConfig, LifecycleConfig, ModelConfig
 from janusd.engine.device_engine import DeviceEngine
 from janusd.engine.restore import Copier
 from janusd.engine.types import EngineError, SamplingParams
 from janusd.engine.worker_lifecycle import checksums, layout_signature, sample_blocks
+from janusd.wire import worker_msgs as wm
 
 torch.set_num_threads(1)
 CACHE = Path(tempfile.gettempdir()) / "janusd-test-cache"
 MC = ModelConfig(name="m", checkpoint="demo:llama-tiny", kv_cache_mib=4)
 EC = EngineConfig()
+WMC, WEC = wm.WorkerModel.of(MC), wm.WorkerEngine.of(EC)  # as the daemon sends them
+
+
+def _life(**kw: object) -> wm.WorkerLifecycle:
+    return wm.WorkerLifecycle.of(LifecycleConfig(**kw))
 
 
 def rss_mib() -> float:
@@ -202,10 +208,8 @@ def test_cold_keeps_its_tokenizer():
     built from the image, encoding the same."""
     import queue
 
-    from janusd.config import LifecycleConfig
     from janusd.engine.worker_lifecycle import Done, Lifecycle
     from janusd.engine.worker_pd import PDLink
-    from janusd.wire import worker_msgs as wm
 
     de = DeviceEngine(memory_bytes=16 << 20)
     inbox: queue.Queue = queue.Queue()
@@ -213,7 +217,7 @@ def test_cold_keeps_its_tokenizer():
     life = Lifecycle(de, inbox, PDLink(de.pool, "cpu", inbox), sent.append, lambda *a: None)
 
     def run(seq: int, target: str, keep: bool = True) -> object:
-        life.set_state(wm.SetState(seq, MC, EC, str(CACHE), target, LifecycleConfig(cold_keeps_tokenizer=keep)))
+        life.set_state(wm.SetState(seq, WMC, WEC, str(CACHE), target, _life(cold_keeps_tokenizer=keep)))
         while True:
             item = inbox.get(timeout=60)
             if isinstance(item, Done):
@@ -246,10 +250,8 @@ def test_restored_models_host_copy_is_freed_when_the_worker_idles():
     import queue
     import time
 
-    from janusd.config import LifecycleConfig
     from janusd.engine import worker_lifecycle as wl
     from janusd.engine.worker_pd import PDLink
-    from janusd.wire import worker_msgs as wm
 
     de = DeviceEngine(memory_bytes=16 << 20)
     inbox: queue.Queue = queue.Queue()
@@ -257,7 +259,7 @@ def test_restored_models_host_copy_is_freed_when_the_worker_idles():
     life = wl.Lifecycle(de, inbox, PDLink(de.pool, "cpu", inbox), sent.append, lambda *a: None)
     try:
         for seq, target in enumerate(("active", "warm", "active")):
-            life.set_state(wm.SetState(seq, MC, EC, str(CACHE), target, LifecycleConfig()))
+            life.set_state(wm.SetState(seq, WMC, WEC, str(CACHE), target, _life()))
             while not isinstance(item := inbox.get(timeout=60), wl.Done):
                 pass
             life.done(item)
@@ -312,11 +314,9 @@ def test_going_cold_reads_the_host_image_into_the_page_cache():
     import queue
     import time
 
-    from janusd.config import LifecycleConfig
     from janusd.engine.host_image import cached_fraction, drop_cached
     from janusd.engine.worker_lifecycle import Done, Lifecycle
     from janusd.engine.worker_pd import PDLink
-    from janusd.wire import worker_msgs as wm
 
     de = DeviceEngine(memory_bytes=16 << 20)
     inbox: queue.Queue = queue.Queue()
@@ -324,7 +324,7 @@ def test_going_cold_reads_the_host_image_into_the_page_cache():
     life = Lifecycle(de, inbox, PDLink(de.pool, "cpu", inbox), sent.append, lambda *a: None)
 
     def msg(seq: int, target: str, prefetch: bool = True) -> wm.SetState:
-        return wm.SetState(seq, MC, EC, str(CACHE), target, LifecycleConfig(cold_prefetch_image=prefetch))
+        return wm.SetState(seq, WMC, WEC, str(CACHE), target, _life(cold_prefetch_image=prefetch))
 
     def run(seq: int, target: str, prefetch: bool = True) -> object:
         n = len(sent)
@@ -369,10 +369,10 @@ def test_going_cold_reads_the_host_image_into_the_page_cache():
         run(8, "cold")
         assert cached_within(weights, 10.0) >= 0.99
         drop_cached(weights)
-        life.prefetch_image(wm.LoadModel(9, MC, EC, str(CACHE), LifecycleConfig()))  # what a worker's load does
+        life.prefetch_image(wm.LoadModel(9, WMC, WEC, str(CACHE), _life()))  # what a worker's load does
         assert cached_within(weights, 10.0) >= 0.99
         drop_cached(weights)
-        life.prefetch_image(wm.LoadModel(10, MC, EC, str(CACHE), LifecycleConfig(cold_prefetch_image=False)))
+        life.prefetch_image(wm.LoadModel(10, WMC, WEC, str(CACHE), _life(cold_prefetch_image=False)))
         time.sleep(0.3)
         assert cached_fraction(weights) <= 0.5
         assert os.path.getsize(weights) > 0

@@ -214,7 +214,7 @@ def test_a_decode_role_model_outside_pd_loads_without_a_transfer_engine(tmp_path
     import socket
 
     from engine_fixtures import write_hf_checkpoint
-    from janusd.config import EngineConfig, ModelConfig
+    from janusd.config import EngineConfig, LifecycleConfig, ModelConfig
     from janusd.engine.device_engine import DeviceEngine
     from janusd.engine.worker import WorkerProc
     from janusd.wire import worker_msgs as wm
@@ -224,7 +224,8 @@ def test_a_decode_role_model_outside_pd_loads_without_a_transfer_engine(tmp_path
     a, b = socket.socketpair()
     wp = WorkerProc(BlockingFramedSocket(a), DeviceEngine(memory_bytes=16 << 20, page_size=64 << 10), 0, "cpu")
     cfg = ModelConfig(name="d", checkpoint=ck, kv_cache_mib=1, max_model_len=128, role="decode")
-    wp._handle(wm.LoadModel(1, cfg, EngineConfig(block_size=4), ""))
+    wp._handle(wm.LoadModel(1, wm.WorkerModel.of(cfg), wm.WorkerEngine.of(EngineConfig(block_size=4)), "",
+                            wm.WorkerLifecycle.of(LifecycleConfig())))
     wp._handle(wp.inbox.get(timeout=60))  # the loader thread's result
     assert "d" in wp.de.models and wp.pd.transport is None
     a.close()

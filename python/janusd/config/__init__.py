@@ -1,4 +1,4 @@
-"""janusd configuration: frozen msgspec Structs, TOML files, and the embedded default.
+"""janusd configuration: frozen msgspec Structs, TOML files, and the shipped default.
 
 Each component receives only its own section (ServerConfig, DevicesConfig, ...), never
 the whole JanusConfig. Unknown keys, wrong types and impossible values fail with a
@@ -6,18 +6,19 @@ ConfigError naming the file and the key path (e.g. `models[1].ttft_slo_ms`).
 
 types.py holds the shared value types and ConfigError, sections.py the component
 sections, model.py ModelConfig and JanusConfig, checks.py the cross-field rules,
-default.py the embedded default (= etc/janusd.toml); this module parses and loads.
+janusd.toml the default (package data, so it is in every install; etc/janusd.toml, the
+operator's copy to start from, is a link to it); this module parses and loads.
 """
 
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
 
 import msgspec
 
 from janusd.config.checks import check_config
-from janusd.config.default import DEFAULT_CONFIG_TOML
 from janusd.config.model import JanusConfig, ModelConfig
 from janusd.config.sections import (
     ControlConfig,
@@ -37,13 +38,11 @@ from janusd.config.types import (
     DispatchPolicy,
     DType,
     Name,
-    NonNegInt,
     Port,
-    PositiveFloat,
-    PositiveInt,
     RequeuePolicy,
     Role,
 )
+from janusd.settings import NonNegInt, PositiveFloat, PositiveInt
 
 __all__ = [
     "DEFAULT_CONFIG_TOML", "AdmissionPolicy", "ConfigError", "ControlConfig", "DType", "DeviceKind",
@@ -52,6 +51,10 @@ __all__ = [
     "PositiveFloat", "PositiveInt", "RequeuePolicy", "Role", "ServerConfig", "cache_dir", "check_config",
     "dump_config", "load_config", "parse_config",
 ]
+
+# What `janus serve` runs with no file: read from the package, where the wheel and an
+# editable install both put it (no second copy of its text in Python).
+DEFAULT_CONFIG_TOML = resources.files(__name__).joinpath("janusd.toml").read_text(encoding="utf-8")
 
 
 def _path_of(msg: str) -> str:
@@ -85,9 +88,9 @@ def parse_config(text: str | bytes, source: str = "<config>") -> JanusConfig:
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> JanusConfig:
-    """Load a TOML file, or the embedded default when `path` is None."""
+    """Load a TOML file, or the shipped default when `path` is None."""
     if path is None:
-        return parse_config(DEFAULT_CONFIG_TOML, "<embedded default>")
+        return parse_config(DEFAULT_CONFIG_TOML, "<default janusd.toml>")
     p = Path(path)
     try:
         text = p.read_bytes()

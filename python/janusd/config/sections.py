@@ -1,6 +1,7 @@
 """The daemon's config sections: one frozen Struct per component, each handed only its own
 section. Unknown keys are refused (forbid_unknown_fields); the cross-field rules live in
-checks.py, the documented default in default.py."""
+checks.py, the documented default in janusd.toml beside this file. The policies' sections
+are policy/policy_config.py's (the policies own their settings); [control] only nests them."""
 
 from __future__ import annotations
 
@@ -15,17 +16,14 @@ from janusd.config.types import (
     DispatchObjective,
     DispatchPlan,
     DispatchPolicy,
-    NonNegInt,
     Port,
-    PositiveFloat,
-    PositiveInt,
     RequeuePolicy,
-    _Section,
 )
 from janusd.policy.policy_config import ClassifyConfig, DemandConfig, KeepAliveConfig, PlacementConfig, ScalingConfig
+from janusd.settings import NonNegInt, PositiveFloat, PositiveInt, Section
 
 
-class ServerConfig(_Section):
+class ServerConfig(Section):
     """The daemon's front: HTTP API, admin socket, request limits, worker supervision."""
 
     host: str = "127.0.0.1"
@@ -70,7 +68,7 @@ class ServerConfig(_Section):
     cache_dir: str = "~/.cache/janusd"
 
 
-class DevicesConfig(_Section):
+class DevicesConfig(Section):
     """Devices the daemon owns: one worker process per device."""
 
     kind: DeviceKind = "cpu"
@@ -109,7 +107,7 @@ class DevicesConfig(_Section):
         return max(1, (os.cpu_count() or 1) // self.count)
 
 
-class EngineConfig(_Section):
+class EngineConfig(Section):
     """Per-model engine limits on a worker."""
 
     block_size: PositiveInt = 16
@@ -120,7 +118,7 @@ class EngineConfig(_Section):
     kv_wait_timeout_s: Annotated[float, Meta(ge=0)] = 30.0
 
 
-class ControlConfig(_Section):
+class ControlConfig(Section):
     """Control periods (PAPER.md §2): slow placement loop and fast scaling loop."""
 
     slow_period_s: PositiveFloat = 30.0
@@ -149,7 +147,7 @@ class ControlConfig(_Section):
     keepalive: KeepAliveConfig = KeepAliveConfig()
 
 
-class DispatchConfig(_Section):
+class DispatchConfig(Section):
     """Request dispatch (PAPER.md §6)."""
 
     policy: DispatchPolicy = "lst_imh"
@@ -176,7 +174,7 @@ class DispatchConfig(_Section):
     max_relax: NonNegInt = 2
 
 
-class LifecycleConfig(_Section):
+class LifecycleConfig(Section):
     """Model lifecycle (PAPER.md §8): Active / Warm / Cold and the moves between them."""
 
     # chunked copies in flight when weights move (H2D restore, D2D fork) and their size
@@ -209,7 +207,7 @@ class LifecycleConfig(_Section):
     overlap_restore: bool = True
 
 
-class OracleConfig(_Section):
+class OracleConfig(Section):
     """The performance oracle's daemon side (server/oracle_refit.py): a roofline prior per
     model, fits loaded from state_dir at start, online points from telemetry and refits
     in a helper process."""

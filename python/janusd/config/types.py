@@ -1,16 +1,14 @@
-"""The value types every config section shares: bounded numbers, names, the enums, and the
-one error a user sees. Kept apart so that sections and checks import them without
-importing each other."""
+"""The value types the daemon's config sections share: names, ports, the enums, and the one
+error a user sees (the bounded numbers and the Section base are janusd/settings.py's,
+shared with the policies' own settings). Kept apart so that sections and checks import
+them without importing each other."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from msgspec import Meta, Struct
+from msgspec import Meta
 
-PositiveInt = Annotated[int, Meta(gt=0)]
-NonNegInt = Annotated[int, Meta(ge=0)]
-PositiveFloat = Annotated[float, Meta(gt=0)]
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Name = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
 
@@ -26,7 +24,3 @@ DispatchObjective = Literal["tokens", "requests"]
 
 class ConfigError(ValueError):
     """A configuration problem a user can fix; the message names the file and the key."""
-
-
-class _Section(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    pass

@@ -6,10 +6,22 @@ moves a pinned one.
 
 from __future__ import annotations
 
-from janusd.config import ModelConfig
+from collections.abc import Sequence
+from typing import Protocol
 
 
-def place(models: list[ModelConfig], device_count: int) -> dict[str, list[int]]:
+class Pinnable(Protocol):
+    """What placement reads of a model (config.ModelConfig has it): policy/ never imports
+    config/, which composes the policies' settings and so sits above them."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def devices(self) -> Sequence[int]: ...
+
+
+def place(models: Sequence[Pinnable], device_count: int) -> dict[str, list[int]]:
     """Devices for each model: its own list, or round-robin for those without one."""
     out: dict[str, list[int]] = {}
     k = 0

@@ -15,21 +15,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import msgspec
 from msgspec import Meta
 
-NonNegFloat = Annotated[float, Meta(ge=0.0)]
-PositiveFloat = Annotated[float, Meta(gt=0.0)]
-NonNegInt = Annotated[int, Meta(ge=0)]
-PositiveInt = Annotated[int, Meta(ge=1)]
-Fraction = Annotated[float, Meta(ge=0.0, le=1.0)]
+from janusd.settings import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Section
 
 
-class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    pass
-
-
-class DemandConfig(_Section):
+class DemandConfig(Section):
     """How predictions become demands (demand.py)."""
 
     # capacity vector = mean + margin * std per dimension (PAPER.md §3: compute and
@@ -44,7 +35,7 @@ class DemandConfig(_Section):
     max_elastic_instances: PositiveInt = 64
 
 
-class PlacementConfig(_Section):
+class PlacementConfig(Section):
     """Steady pool (placement.py)."""
 
     # optional migrations (repack + consolidation) per slow period; forced moves (new
@@ -59,7 +50,7 @@ class PlacementConfig(_Section):
     min_phi_gain: NonNegFloat = 0.02
 
 
-class ScalingConfig(_Section):
+class ScalingConfig(Section):
     """Elastic pool (scaling.py)."""
 
     # debounce: a count moves only when the last `debounce_plans` demands all lie on the
@@ -72,7 +63,7 @@ class ScalingConfig(_Section):
     pd_min_instances: Annotated[int, Meta(ge=2)] = 2
 
 
-class ClassifyConfig(_Section):
+class ClassifyConfig(Section):
     """Bursty isolation (classify.py): an app goes elastic when it is hot or bursty and
     comes back only after staying below the lower thresholds for `quiet_s`."""
 
@@ -93,7 +84,7 @@ class ClassifyConfig(_Section):
                              f"elastic_volatility ({self.elastic_volatility}), or apps flap between pools")
 
 
-class KeepAliveConfig(_Section):
+class KeepAliveConfig(Section):
     """Residency of idle models (keepalive.py)."""
 
     warm_after_s: PositiveFloat = 300.0  # no request for this long: Active -> Warm
@@ -106,7 +97,7 @@ class KeepAliveConfig(_Section):
                              f"({self.warm_after_s})")
 
 
-class ControllerConfig(_Section):
+class ControllerConfig(Section):
     demand: DemandConfig = DemandConfig()
     placement: PlacementConfig = PlacementConfig()
     scaling: ScalingConfig = ScalingConfig()

@@ -86,7 +86,8 @@ class ModelOps:
             t0 = time.monotonic()
             try:
                 reply: wm.ModelLoaded = await w.call(
-                    lambda seq: wm.LoadModel(seq, cfg, self.engine, self.cache_dir, self.lifecycle), self.load_timeout_s)
+                    lambda seq: wm.LoadModel(seq, wm.WorkerModel.of(cfg), wm.WorkerEngine.of(self.engine), self.cache_dir,
+                                             wm.WorkerLifecycle.of(self.lifecycle)), self.load_timeout_s)
             except (WorkerError, asyncio.TimeoutError) as e:
                 err = str(e) or "load timed out"
                 if inst.state is S.LOADING and w.ready:

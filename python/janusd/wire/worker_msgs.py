@@ -7,19 +7,65 @@ Shaped like vLLM v1's engine messages: `array_like=True` (positional, small fram
 `omit_defaults=True`, `gc=False` (no cycles; cheap to allocate at token rate), and a
 closed tagged union per direction so an unknown message is a decode error, never code.
 
-Config sections (ModelConfig, EngineConfig) travel as the config Structs themselves:
-config/ sits below wire/ in the import order and is shared by both processes.
+What a worker needs of the daemon's configuration travels in this module's own Structs
+(WorkerModel, WorkerEngine, WorkerLifecycle), filled at the sender from the config
+sections by field name (`WorkerModel.of(model_config)`): config/ keeps the defaults and
+the checks, wire/ names what crosses the process edge and imports nothing of config/.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
 import msgspec
 
-from janusd.config import EngineConfig, LifecycleConfig, ModelConfig
-
 _OPTS = dict(array_like=True, omit_defaults=True, gc=False, tag=True)
+
+
+class _Carried(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A config section's part that travels to a worker. No defaults: the sender's config
+    section has them (one owner), and `of` copies every field, so a field added here and
+    missing there fails at the sender, not on the worker."""
+
+    @classmethod
+    def of(cls, section: object) -> Self:
+        """This Struct's fields read by name from `section` (the sender's config Struct)."""
+        return cls(**{f: getattr(section, f) for f in cls.__struct_fields__})
+
+
+class WorkerModel(_Carried):
+    """What a worker builds a model from (config.ModelConfig's fields of the same names;
+    `prefill_devices` non-empty marks an instance of a P/D model)."""
+
+    name: str
+    checkpoint: str
+    dtype: str
+    max_model_len: int
+    kv_cache_mib: int
+    role: str
+    prefill_devices: list[int]
+
+
+class WorkerEngine(_Carried):
+    """A model's engine limits on the worker (config.EngineConfig)."""
+
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_wait_timeout_s: float
+
+
+class WorkerLifecycle(_Carried):
+    """How a worker moves a model's weights (config.LifecycleConfig's worker half: copies
+    in flight, a fork's pace, the host image and what a Cold model keeps)."""
+
+    copy_streams: int
+    copy_chunk_mib: int
+    fork_bandwidth_mib_s: int
+    host_image: bool
+    cold_keeps_tokenizer: bool
+    cold_prefetch_image: bool
+    overlap_restore: bool
 
 
 class SamplingSpec(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -73,10 +119,10 @@ class KVExport(msgspec.Struct, kw_only=True):
 
 class LoadModel(msgspec.Struct, **_OPTS):
     seq: int
-    model: ModelConfig
-    engine: EngineConfig
+    model: WorkerModel
+    engine: WorkerEngine
     cache_dir: str
-    lifecycle: LifecycleConfig = LifecycleConfig()  # host_image / cold_prefetch_image
+    lifecycle: WorkerLifecycle  # host_image / cold_prefetch_image
 
 
 class UnloadModel(msgspec.Struct, **_OPTS):
@@ -155,11 +201,11 @@ class SetState(msgspec.Struct, **_OPTS):
     rolls back)."""
 
     seq: int
-    model: ModelConfig
-    engine: EngineConfig
+    model: WorkerModel
+    engine: WorkerEngine
     cache_dir: str
     target: Literal["active", "warm", "cold"]
-    lifecycle: LifecycleConfig = LifecycleConfig()
+    lifecycle: WorkerLifecycle
     fork: ForkSource | None = None
     probe: bool = True  # activation: run one greedy token before answering (first_token phase)
 
