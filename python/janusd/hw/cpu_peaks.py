@@ -15,7 +15,7 @@ measured again and replaced, never trusted.
 D2D on cpu is the Mooncake loopback TCP figure measured once here (DESIGN.md: about
 1.2 GB/s warm); H2D is the copy bandwidth (host and device memory are the same memory).
 
-The engine's host time per step (devices.py OVERHEAD_FIELDS) is measured on the real
+The engine's host time per step (spec.py OVERHEAD_FIELDS) is measured on the real
 engine, which hw/ must not import: a caller that may (`janus profile`, the daemon's
 oracle helper) passes engine/step_probe.py's `measure` as `overhead_probe`; its figures
 join the same cache entry, measured once. Without a probe the cached figures are used
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from janusd.hw.devices import OVERHEAD_FIELDS, DeviceSpec
+from janusd.hw.spec import OVERHEAD_FIELDS, DeviceSpec
 
 # (threads, {"peak_flops", "mem_bw"}) -> {OVERHEAD_FIELDS...}: engine/step_probe.py's measure
 OverheadProbe = Callable[[int, dict[str, float]], dict[str, float]]

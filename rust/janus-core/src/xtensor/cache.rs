@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::device::{Shared, State, MAINTENANCE_CHUNK};
+use super::device::{Shared, MAINTENANCE_CHUNK};
+use super::state::State;
 use super::error::{XtError, XtResult};
 use super::pool::PageId;
 

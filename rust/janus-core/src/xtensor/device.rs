@@ -2,14 +2,14 @@
 //! All state sits behind one mutex; mapping calls happen under it. The KV caches and
 //! their refill thread are in `cache.rs`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use super::backend::{self, Backend, DeviceKind};
 use super::error::{XtError, XtErrorKind, XtResult};
-use super::pool::{OwnerId, PagePool, PageId};
+use super::pool::{PagePool, PageId};
 use super::region::{consecutive_stretches, KvRegion, Segment, VirtualRange};
+use super::state::State;
 use super::stats::Stats;
 
 /// A weight segment as handed out: where it is and which pages back it.
@@ -36,23 +36,6 @@ pub const DEFAULT_CACHE_LOW: usize = 2;
 pub const DEFAULT_CACHE_HIGH: usize = 4;
 /// Most pages the background thread maps or unmaps per lock hold.
 pub(super) const MAINTENANCE_CHUNK: usize = 16;
-
-pub(super) struct State {
-    pub pool: PagePool,
-    pub owners: HashMap<String, OwnerId>,
-    pub names: HashMap<OwnerId, String>,
-    next_owner: OwnerId,
-    freed: HashSet<String>,
-    pub segments: BTreeMap<u64, Segment>,
-    pub regions: BTreeMap<u64, KvRegion>,
-    /// First page of every weight segment (a multiset: page -> count); its minimum is
-    /// the boundary between the KV zone (below) and the weight zone.
-    weight_starts: BTreeMap<PageId, usize>,
-    next_id: u64,
-    pub dirty: BTreeSet<u64>,
-    closed: bool,
-    pub stop: bool,
-}
 
 pub(super) struct Shared {
     pub backend: Arc<dyn Backend>,
@@ -86,20 +69,7 @@ impl DevicePool {
         let be = backend::create(kind, num_pages, page_size, device_index)?;
         let global = VirtualRange::reserve(&be, total)?;
         be.map(global.base, 0, num_pages)?;
-        let state = State {
-            pool,
-            owners: HashMap::new(),
-            names: HashMap::new(),
-            next_owner: 0,
-            freed: HashSet::new(),
-            segments: BTreeMap::new(),
-            regions: BTreeMap::new(),
-            weight_starts: BTreeMap::new(),
-            next_id: 1,
-            dirty: BTreeSet::new(),
-            closed: false,
-            stop: false,
-        };
+        let state = State::new(pool);
         let shared = Arc::new(Shared {
             backend: be,
             global,
@@ -242,7 +212,7 @@ impl DevicePool {
 
     pub fn check_integrity(&self) -> XtResult<()> {
         let st = self.lock()?;
-        super::stats::check_integrity(&st)
+        st.check_integrity()
     }
 
     /// Stop the refill thread and free every owner. Reservations still referenced by
@@ -287,42 +257,6 @@ pub(super) fn check_owner_name(owner: &str) -> XtResult<()> {
         return Err(XtError::invalid("owner must be a non-empty string"));
     }
     Ok(())
-}
-
-impl State {
-    /// The lowest page of any weight segment (u32::MAX when there are none).
-    pub fn weight_zone_start(&self) -> PageId {
-        self.weight_starts.keys().next().copied().unwrap_or(PageId::MAX)
-    }
-
-    pub(super) fn owner_id(&mut self, name: &str) -> OwnerId {
-        if let Some(&o) = self.owners.get(name) {
-            return o;
-        }
-        let o = self.next_owner;
-        self.next_owner += 1;
-        self.owners.insert(name.to_string(), o);
-        self.names.insert(o, name.to_string());
-        self.freed.remove(name);
-        o
-    }
-
-    /// Forget an owner that a failed first allocation registered.
-    fn drop_owner_if_empty(&mut self, name: &str) {
-        if let Some(&o) = self.owners.get(name) {
-            let has = self.segments.values().any(|s| s.owner == o) || self.regions.values().any(|r| r.owner == o);
-            if !has {
-                self.owners.remove(name);
-                self.names.remove(&o);
-            }
-        }
-    }
-
-    pub(super) fn take_id(&mut self) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        id
-    }
 }
 
 impl Shared {

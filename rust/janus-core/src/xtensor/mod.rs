@@ -6,7 +6,8 @@
 //! - [`device`]: one device's pool, global region, segments and regions, behind one lock.
 //! - `kv`: the KV-region methods of [`DevicePool`] (resize, page ids, global offsets).
 //! - `cache`: per-model caches of mapped-but-unused KV pages and the refill thread.
-//! - [`stats`]: statistics, the fragmentation definition, the whole-device integrity check.
+//! - `state`: what sits behind a device's lock, and the whole-device integrity check.
+//! - [`stats`]: statistics and the fragmentation definition.
 //! - [`mod@bench`]: the measurements behind `janus bench xtensor`.
 
 pub mod backend;
@@ -17,6 +18,7 @@ pub mod error;
 mod kv;
 pub mod pool;
 pub mod region;
+mod state;
 pub mod stats;
 #[cfg(test)]
 mod tests;

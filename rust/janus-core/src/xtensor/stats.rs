@@ -1,4 +1,4 @@
-//! Pool statistics and the whole-device integrity check.
+//! Pool statistics, read from the device's [`State`].
 //!
 //! Fragmentation (the paper's "~0.3% under continuous alloc/free", PAPER.md §7) is
 //! defined here as the share of the pool that is free or held but cannot serve the
@@ -18,10 +18,7 @@
 //! docs/xtensor.md states the same definitions for readers of the benchmark, with their
 //! caveats; keep the two in step.
 
-use std::collections::HashMap;
-
-use super::device::State;
-use super::error::{XtError, XtErrorKind, XtResult};
+use super::state::State;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stats {
@@ -85,57 +82,4 @@ impl Stats {
             kv_regions: st.regions.len(),
         }
     }
-}
-
-/// The pool's own invariants, plus: every allocated page belongs to exactly one segment
-/// or region of its owner, and every segment/region page is owned by its owner.
-pub(super) fn check_integrity(st: &State) -> XtResult<()> {
-    st.pool.check_integrity()?;
-    let fail = |m: String| Err(XtError::new(XtErrorKind::Backend, format!("device integrity: {m}")));
-    let mut holder: HashMap<u32, String> = HashMap::new();
-    let mut per_owner: HashMap<u32, usize> = HashMap::new();
-    let mut claim = |page: u32, owner: u32, what: String| -> Result<(), String> {
-        if st.pool.owner_of(page) != Some(owner) {
-            return Err(format!("{what}: page {page} is owned by {:?}, not {owner}", st.pool.owner_of(page)));
-        }
-        if let Some(prev) = holder.insert(page, what.clone()) {
-            return Err(format!("page {page} is in both {prev} and {what}"));
-        }
-        *per_owner.entry(owner).or_insert(0) += 1;
-        Ok(())
-    };
-    for (id, s) in &st.segments {
-        if s.contiguous && s.pages.windows(2).any(|w| w[1] != w[0] + 1) {
-            return fail(format!("segment {id} is marked contiguous but is not"));
-        }
-        for &p in &s.pages {
-            if let Err(m) = claim(p, s.owner, format!("segment {id}")) {
-                return fail(m);
-            }
-        }
-    }
-    for (id, r) in &st.regions {
-        if r.used > r.pages.len() || r.pages.len() > r.max_pages {
-            return fail(format!("region {id}: used {} mapped {} max {}", r.used, r.pages.len(), r.max_pages));
-        }
-        for &p in &r.pages {
-            if let Err(m) = claim(p, r.owner, format!("region {id}")) {
-                return fail(m);
-            }
-        }
-    }
-    for (o, n) in st.pool.owners() {
-        if per_owner.get(&o).copied().unwrap_or(0) != n {
-            return fail(format!("owner {o} holds {n} pages but its segments/regions list {:?}", per_owner.get(&o)));
-        }
-        if !st.names.contains_key(&o) {
-            return fail(format!("owner {o} has pages but no name"));
-        }
-    }
-    for (name, o) in &st.owners {
-        if st.names.get(o) != Some(name) {
-            return fail(format!("owner table mismatch for {name:?}"));
-        }
-    }
-    Ok(())
 }
