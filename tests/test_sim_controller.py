@@ -11,7 +11,7 @@ import pytest
 
 import janusd.sim as sim_pkg
 from janusd.policy import classify, demand, placement, scaling
-from janusd.sim import controller as ctl
+from janusd.sim import sim_oracle as ctl
 from janusd.sim.run import per_app, simulate
 from janusd.sim.specs import resolve
 from janusd.trace.formats import Trace
@@ -54,23 +54,27 @@ def test_a_burst_is_absorbed_by_janus_not_by_static(burst_runs):
 
 
 def test_the_controller_calls_the_daemons_policy_functions(monkeypatch):
-    assert ctl.classify is classify and ctl.demand is demand and ctl.placement is placement
-    assert ctl.scaling is scaling
+    from janusd.control import room, steady, steady_snapshot
+
+    assert room.classify_apps is classify.classify and room.scale is scaling.scale
+    assert room.elastic_demand is demand.elastic_demand and steady.placement_plan is placement.plan
     calls = {"classify": 0, "plan": 0, "scale": 0, "elastic_demand": 0, "steady_items": 0}
 
-    def spy(mod, name):
+    def spy(mod, name, where=()):
         real = getattr(mod, name)
 
         def wrapped(*a, **k):
             calls[name] += 1
             return real(*a, **k)
         monkeypatch.setattr(mod, name, wrapped)
+        for m, attr in where:  # the room imported the function by name
+            monkeypatch.setattr(m, attr, wrapped)
 
-    spy(classify, "classify")
-    spy(placement, "plan")
-    spy(scaling, "scale")
-    spy(demand, "elastic_demand")
-    spy(demand, "steady_items")
+    spy(classify, "classify", [(room, "classify_apps")])
+    spy(placement, "plan", [(steady, "placement_plan")])
+    spy(scaling, "scale", [(room, "scale")])
+    spy(demand, "elastic_demand", [(room, "elastic_demand")])
+    spy(demand, "steady_items", [(steady_snapshot, "steady_items")])
     tr = burst_trace(1)
     simulate(tr, resolve(tr.models), 8, "janus")
     assert all(v > 0 for v in calls.values()), calls
@@ -87,10 +91,12 @@ def test_baselines_keep_their_rules(burst_runs):
     archs = resolve(tr.models)
     steady, s_steady = simulate(tr, archs, 8, "steady-only")
     elastic, s_elastic = simulate(tr, archs, 8, "elastic-only")
-    # steady-only never holds an elastic instance; elastic-only never co-locates two models
+    # steady-only pins every app steady (no extra replica ever), elastic-only every app
+    # elastic (the classifier's pin: its steady instance plus extras, the daemon's rule)
     for c in (steady, elastic):
         assert c.outcome_counts.get("ok", 0) > 0
-    assert all(len({m for m in w.residents}) <= 1 for w in elastic.workers.values())
+    assert all(m.cfg.pool == "steady" for m in steady.core.registry.models.values())
+    assert all(m.cfg.pool == "elastic" for m in elastic.core.registry.models.values())
     assert s_steady["device_hours"] < burst_runs[1]["static"][1]["device_hours"]
 
 

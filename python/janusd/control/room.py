@@ -46,6 +46,11 @@ from janusd.policy.scaling import scale
 from janusd.policy.snapshot import AppCount, AppPool, ElasticApp, RolePlan, ScalingPlan, ScalingState
 
 ALLOCATORS = ("global", "first_come")
+# between slow ticks, the steady pool is re-planned without consolidation this often (and
+# at once when the classifier moved a model between pools): a device whose grown demand
+# vectors overfill it is relieved within seconds, not at the next 30 s tick (the plan's
+# forced moves only; consolidation stays the slow tick's)
+RECHECK_S = 5.0
 
 
 def _nothing(*_: Any) -> None:
@@ -202,8 +207,11 @@ class ControlRoom:
         compressed to the budget, then met with instances."""
         self.demands = {}
         prune_extras(self.extras, snap.models, self.in_flight)
-        free = free_elastic_devices(snap.pool, self.steady.plan_devices(), self.extras, snap.models.values())
         elastic = self._elastic(snap, now)
+        last = self.steady.planned_at
+        if any(d["changed"] for d in self.last_pools) or last is None or now - last >= RECHECK_S:
+            self._plan_steady(snap, now, set(), consolidate=False)
+        free = free_elastic_devices(snap.pool, self.steady.plan_devices(), self.extras, snap.models.values())
         ops = self._extras_left_behind(snap, {m.name for m in elastic})
         apps: list[ElasticApp] = []
         devices: set[int] = set()
@@ -269,7 +277,7 @@ class ControlRoom:
                                for d in decisions]
         return self._issue(snap, keepalive_ops(decisions, models, self.in_flight), now)
 
-    def _plan_steady(self, snap: ControlSnapshot, now: float, resting: set[str]) -> None:
+    def _plan_steady(self, snap: ControlSnapshot, now: float, resting: set[str], consolidate: bool = True) -> None:
         """The steady placement's plan, when the room places any model (its moves are
         queued in self.steady and released by pump). `resting`: models keep-alive sends
         Warm or Cold at this tick (they leave the steady pool without a move)."""
@@ -277,7 +285,7 @@ class ControlRoom:
             return
         elastic = [p.app for p in self.pools if p.pool == "elastic"]
         try:
-            p = self.steady.plan_now(snap, now, elastic, resting, self.extras)
+            p = self.steady.plan_now(snap, now, elastic, resting, self.extras, consolidate)
         except ValueError as e:  # a policy's refusal of odd input: logged, keep-alive still runs
             self.log(f"controller: steady placement: {e}", logging.ERROR)
             return

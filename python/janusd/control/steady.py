@@ -94,17 +94,23 @@ class SteadyPlanner:
         return [d.device for d in self.plan.devices] if self.plan is not None else []
 
     def plan_now(self, snap: ControlSnapshot, now: float, elastic: Iterable[str], resting: Iterable[str] = (),
-                 extras: dict[str, set[int]] | None = None) -> PlacementPlan | None:
-        """A new plan when the last one is done; its moves are queued."""
+                 extras: dict[str, set[int]] | None = None, consolidate: bool = True) -> PlacementPlan | None:
+        """A new plan when the last one is done; its moves are queued. Without
+        `consolidate` only the forced moves (an overfilled device, a model new to the
+        pool) are planned: the room's re-check between slow ticks. A model no device
+        fits is never removed from where it serves (the plan would leave it nowhere and
+        its requests waiting for a wake that a removal in progress blocks)."""
         if self.busy:
             return None
         ps, self.notes = placement_snapshot(snap, self.demand, elastic, self.last, resting, extras)
-        p = placement_plan(ps, self.placement, consolidate=True)
+        p = placement_plan(ps, self.placement, consolidate=consolidate)
         self.plan, self.planned_at = p, now
         self.managed_keys = {it.key for it in ps.items if it.pinned_device is None}
         self.last = {a.key: a.device for a in p.assignment}
         self.notes += [f"{u.key}: unplaced: {u.reason}" for u in p.unplaced]
-        moves = [mv for mv in p.moves if not self._kept(mv.model, mv.src) or mv.kind != "remove"]
+        unplaced = {u.key for u in p.unplaced}
+        moves = [mv for mv in p.moves
+                 if mv.kind != "remove" or not (self._kept(mv.model, mv.src) or mv.key in unplaced)]
         self.queue.extend(moves)
         if moves:
             self.log(f"steady placement: {len(moves)} move(s), {p.bins_used} device(s), Phi {p.phi:.4f}: "

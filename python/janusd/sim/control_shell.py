@@ -135,8 +135,8 @@ class SimControl:
     def _carry_all(self, ops: list[Op], now: float) -> None:
         for op in ops:
             self.ops.append((now, op))
-            if op.reason.startswith("keep-alive"):
-                self.counts["rested"] += 1
+            if op.reason.startswith("keep-alive") and self.c.core.instance(op.model, op.device).state is S.ACTIVE:
+                self.counts["rested"] += 1  # Active -> Warm or Cold (a Warm one going Cold rested already)
             self._carry(op, now)
 
     def _carry(self, op: Op, now: float) -> None:
