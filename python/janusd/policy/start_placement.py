@@ -2,7 +2,7 @@
 come up, packed by policy/placement.py instead of spread round robin (policy/pinned.py).
 
 At start nothing has served yet, so every model is sized at its load then: none (the
-telemetry window is empty), as the first slow tick will size it too (server/steady.py);
+telemetry window is empty), as the first slow tick will size it too (control/steady.py);
 its capacity vector is then its weights' share of a device's memory plus what the oracle
 adds at zero load. The snapshot is the one the slow tick would build: pinned steady
 models are pinned items on the devices they start Active on, the devices of pinned
