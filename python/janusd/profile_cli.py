@@ -1,5 +1,5 @@
 """`janus profile SPEC --device cpu|cuda|npu [--out FILE] [--budget-s S]`: measure a model
-on the real engine and write oracle training points (oracle/profile.py, oracle/dataset.py).
+on the real engine and write oracle training points (profiling/, oracle/dataset.py).
 The last line is one JSON object."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from janusd.hw.devices import DEVICE_NAMES
-    from janusd.oracle.profile import MIXES, ProfileArgs
+    from janusd.profiling.args import ProfileArgs
+    from janusd.profiling.load import MIXES
 
     d = ProfileArgs(spec="")
     p.add_argument("spec", help="checkpoint spec as `janus generate` takes it (HF dir, .gguf, builtin:NAME, demo:ARCH-SIZE)")
@@ -46,7 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from janusd.engine.loader import CheckpointError
-    from janusd.oracle.profile import MIXES, ProfileArgs, run as profile
+    from janusd.profiling.args import ProfileArgs
+    from janusd.profiling.load import MIXES
+    from janusd.profiling.run import run as profile
 
     mixes = tuple(x.strip() for x in args.mixes.split(",") if x.strip())
     bad = [x for x in mixes if x not in MIXES]

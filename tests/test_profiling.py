@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from janusd.oracle.dataset import read_points
-from janusd.oracle.profile import (MIXES, in_knee, make_trace, point_seconds, pool_pages, settle_seconds,
-                                   engine_counters, split_cores)
+from janusd.profiling.daemon import split_cores
+from janusd.profiling.load import MIXES, in_knee, make_trace, point_seconds, settle_seconds
+from janusd.profiling.measure import engine_counters, pool_pages
 from daemon_harness import ROOT, SHARED_CACHE
 
 METRICS = """# TYPE janusd_pool_pages gauge
