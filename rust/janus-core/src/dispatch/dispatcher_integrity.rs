@@ -19,6 +19,29 @@ impl Dispatcher {
     /// - every job id held in a group's load is a request assigned to an instance of that
     ///   group, at most once.
     pub fn check_integrity(&self) -> Result<(), String> {
+        let (live, queued_total) = self.check_queues()?;
+        let (queued, assigned) = self.check_requests(&live)?;
+        let held = self.check_instances()?;
+        self.check_groups()?;
+        let s = &self.stats;
+        if s.pending != queued || queued != queued_total {
+            return Err(format!(
+                "stats.pending is {} but {queued} requests are queued ({queued_total} by the models)",
+                s.pending
+            ));
+        }
+        if s.in_flight != assigned || assigned != held {
+            return Err(format!(
+                "stats.in_flight is {} but {assigned} requests are assigned ({held} held by instances)",
+                s.in_flight
+            ));
+        }
+        Ok(())
+    }
+
+    /// Each model's queue (live entries and their count, its instance list): the requests
+    /// live in the queues (id -> entries) and their total.
+    fn check_queues(&self) -> Result<(HashMap<i64, usize>, u64), String> {
         let mut live: HashMap<i64, usize> = HashMap::new();
         let mut queued_total = 0u64;
         for (m, model) in self.models.iter().enumerate() {
@@ -61,6 +84,12 @@ impl Dispatcher {
                 }
             }
         }
+        Ok((live, queued_total))
+    }
+
+    /// Each request's place against the queues (`live`) and the instances: the numbers
+    /// queued and assigned.
+    fn check_requests(&self, live: &HashMap<i64, usize>) -> Result<(u64, u64), String> {
         let (mut queued, mut assigned) = (0u64, 0u64);
         for (&id, r) in &self.requests {
             match r.place {
@@ -93,6 +122,11 @@ impl Dispatcher {
                 }
             }
         }
+        Ok((queued, assigned))
+    }
+
+    /// Each instance's assigned requests, model list and group: the number held.
+    fn check_instances(&self) -> Result<u64, String> {
         let mut held = 0u64;
         for (&i, inst) in &self.instances {
             for &id in inst.assigned.keys() {
@@ -122,6 +156,11 @@ impl Dispatcher {
                 ));
             }
         }
+        Ok(held)
+    }
+
+    /// Each group's members and the jobs its load holds.
+    fn check_groups(&self) -> Result<(), String> {
         for (&g, group) in &self.groups {
             if group.members.is_empty() || group.members.windows(2).any(|w| w[0] >= w[1]) {
                 return Err(format!("group {g}'s member list is empty or not ascending"));
@@ -152,19 +191,6 @@ impl Dispatcher {
                     return Err(format!("group {g}'s load holds job {id} twice"));
                 }
             }
-        }
-        let s = &self.stats;
-        if s.pending != queued || queued != queued_total {
-            return Err(format!(
-                "stats.pending is {} but {queued} requests are queued ({queued_total} by the models)",
-                s.pending
-            ));
-        }
-        if s.in_flight != assigned || assigned != held {
-            return Err(format!(
-                "stats.in_flight is {} but {assigned} requests are assigned ({held} held by instances)",
-                s.in_flight
-            ));
         }
         Ok(())
     }
