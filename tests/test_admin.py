@@ -145,7 +145,7 @@ def test_load_and_unload_a_model_on_two_devices(daemon):
     assert set(served) == {0, 1} and sum(served.values()) == 14, served
     # each instance fitted its prefill-time line from the prefill times its worker reported
     fits = [i for i in daemon.ctl(am.InstancesReq()).data["instances"] if i["model"] == "extra"]
-    from janusd.engine.worker import PROBE_TOKENS
+    from janusd.engine.worker_load import PROBE_TOKENS
 
     probes = len(PROBE_TOKENS) - 1  # timed at load (the first run warms up)
     assert sorted(i["prefill_samples"] - probes for i in fits) == sorted(served.values())

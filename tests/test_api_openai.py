@@ -42,7 +42,7 @@ def reference():
 
     from janusd.engine.device_engine import DeviceEngine
     from janusd.engine.types import SamplingParams
-    from janusd.engine.worker import tokenize_prompt
+    from janusd.engine.worker_tokenize import tokenize_prompt
     from janusd.wire.worker_msgs import ChatMessage
 
     torch.set_num_threads(1)

@@ -243,7 +243,7 @@ class _Daemon:
         import socket
         import threading
 
-        from janusd.engine.worker import WorkerProc
+        from janusd.engine.worker_proc import WorkerProc
         from janusd.wire import worker_msgs as wm
         from janusd.wire.framing import BlockingFramedSocket
 

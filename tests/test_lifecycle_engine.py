@@ -16,7 +16,7 @@ from janusd.config import EngineConfig, LifecycleConfig, ModelConfig
 from janusd.engine.device_engine import DeviceEngine
 from janusd.engine.restore import Copier
 from janusd.engine.types import EngineError, SamplingParams
-from janusd.engine.worker_lifecycle import checksums, layout_signature, sample_blocks
+from janusd.engine.worker_fork import checksums, layout_signature, sample_blocks
 from janusd.wire import worker_msgs as wm
 
 torch.set_num_threads(1)
@@ -228,18 +228,18 @@ def test_cold_keeps_its_tokenizer():
         run(1, "active")  # from the image, or the checkpoint (which writes the image)
         tok, ref = de.models["m"].tokenizer, generate(de)
         run(2, "cold")
-        assert life.tokenizers["m"][1] is tok
+        assert life.images.tokenizers["m"][1] is tok
         r = run(3, "active")
         assert r.path == "image" and de.models["m"].tokenizer is tok and generate(de) == ref
         run(4, "cold", keep=False)
-        assert "m" not in life.tokenizers
+        assert "m" not in life.images.tokenizers
         r = run(5, "active", keep=False)
         text = "the quick brown fox"
         assert r.path == "image" and de.models["m"].tokenizer is not tok
         assert de.models["m"].tokenizer.encode(text) == tok.encode(text) and generate(de) == ref
         run(6, "cold")
-        life.forget("m")  # unloaded: nothing of it stays
-        assert "m" not in life.tokenizers
+        life.images.forget("m")  # unloaded: nothing of it stays
+        assert "m" not in life.images.tokenizers
     finally:
         de.pool.close()
 
@@ -345,7 +345,7 @@ def test_going_cold_reads_the_host_image_into_the_page_cache():
 
     try:
         run(1, "active")  # from the image, or the checkpoint (which writes the image)
-        root = life._image_root(msg(0, "cold"))
+        root = life.images.root(msg(0, "cold"))
         assert root is not None
         run(2, "cold")
         weights = root / "weights.bin"
@@ -369,10 +369,10 @@ def test_going_cold_reads_the_host_image_into_the_page_cache():
         run(8, "cold")
         assert cached_within(weights, 10.0) >= 0.99
         drop_cached(weights)
-        life.prefetch_image(wm.LoadModel(9, WMC, WEC, str(CACHE), _life()))  # what a worker's load does
+        life.images.prefetch(wm.LoadModel(9, WMC, WEC, str(CACHE), _life()))  # what a worker's load does
         assert cached_within(weights, 10.0) >= 0.99
         drop_cached(weights)
-        life.prefetch_image(wm.LoadModel(10, WMC, WEC, str(CACHE), _life(cold_prefetch_image=False)))
+        life.images.prefetch(wm.LoadModel(10, WMC, WEC, str(CACHE), _life(cold_prefetch_image=False)))
         time.sleep(0.3)
         assert cached_fraction(weights) <= 0.5
         assert os.path.getsize(weights) > 0

@@ -174,7 +174,7 @@ def test_an_engine_failure_while_kv_bytes_arrive_frees_the_blocks_only_after_the
     from janusd.config import EngineConfig, ModelConfig
     from janusd.engine.device_engine import DeviceEngine
     from janusd.engine.runner import SamplingParams
-    from janusd.engine.worker import WorkerProc
+    from janusd.engine.worker_proc import WorkerProc
     from janusd.engine.worker_pd import Imported
     from janusd.wire import worker_msgs as wm
     from janusd.wire.framing import BlockingFramedSocket
@@ -216,7 +216,7 @@ def test_a_decode_role_model_outside_pd_loads_without_a_transfer_engine(tmp_path
     from engine_fixtures import write_hf_checkpoint
     from janusd.config import EngineConfig, LifecycleConfig, ModelConfig
     from janusd.engine.device_engine import DeviceEngine
-    from janusd.engine.worker import WorkerProc
+    from janusd.engine.worker_proc import WorkerProc
     from janusd.wire import worker_msgs as wm
     from janusd.wire.framing import BlockingFramedSocket
 
@@ -259,7 +259,7 @@ def test_an_unload_waits_for_kv_bytes_arriving_without_stalling_the_worker(tmp_p
     from janusd.config import EngineConfig, ModelConfig
     from janusd.engine.device_engine import DeviceEngine
     from janusd.engine.runner import SamplingParams
-    from janusd.engine.worker import WorkerProc
+    from janusd.engine.worker_proc import WorkerProc
     from janusd.wire import worker_msgs as wm
     from janusd.wire.framing import BlockingFramedSocket
 
@@ -301,7 +301,7 @@ def _decode_worker_with_a_full_region(tmp_path, timeout_s: float):
     from janusd.config import EngineConfig, ModelConfig
     from janusd.engine.device_engine import DeviceEngine
     from janusd.engine.runner import SamplingParams
-    from janusd.engine.worker import WorkerProc
+    from janusd.engine.worker_proc import WorkerProc
     from janusd.wire.framing import BlockingFramedSocket
 
     ck = str(write_hf_checkpoint(tmp_path / "ck", "llama", seed=0)[0])

@@ -11,7 +11,7 @@ a pool without a resident zone has them after a model went Cold (the kernel zero
   in flight), against one plain copy of the same bytes into the same resident pages, the
   two timed in turns (ABBA), 3 to 15 turns by size, medians (`h2d_vs_memcpy` = memcpy
   time / restore time);
-- D2D: engine/worker_lifecycle.pull_segment (match the pieces, chunked batch read over
+- D2D: engine/worker_fork.pull_segment (match the pieces, chunked batch read over
   Mooncake, sampled checksums) from a peer process into a new segment, against a raw
   Mooncake read of the same bytes from the same peer into the same kind of segment
   (`d2d_vs_raw_transfer`);
@@ -151,7 +151,7 @@ def _synthetic(sizes: list[int], args: argparse.Namespace, work: Path) -> tuple[
     import torch
 
     from janusd.engine.restore import Copier
-    from janusd.engine.worker_lifecycle import pull_segment
+    from janusd.engine.worker_fork import pull_segment
     from janusd.lifecycle.transfer import GlobalRegionTransport, Piece
     from janusd.memory import DevicePool, residency
     from janusd.wire import worker_msgs as wm

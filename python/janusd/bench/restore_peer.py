@@ -14,7 +14,7 @@ import torch
 
 
 def main() -> int:
-    from janusd.engine.worker_lifecycle import checksums, sample_blocks
+    from janusd.engine.worker_fork import checksums, sample_blocks
     from janusd.lifecycle.transfer import GlobalRegionTransport
     from janusd.memory import DevicePool
     from janusd.wire import worker_msgs as wm
