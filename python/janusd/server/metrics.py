@@ -45,111 +45,133 @@ class _Live(Collector):
         self.snapshot = snapshot
 
     def collect(self) -> Iterator[Any]:
+        """One snapshot per scrape, read by each family of figures in turn."""
         s = self.snapshot()
-        q = GaugeMetricFamily("janusd_queue_length", "requests waiting in the model's global queue", labels=["model"])
-        for model, n in s["queues"].items():
-            q.add_metric([model], n)
-        yield q
-        held = GaugeMetricFamily("janusd_requests_held", "requests waiting for an Active instance of their model "
-                                 "(loading, restarting or unloaded)", labels=["model"])
-        for model, n in s.get("held", {}).items():
-            held.add_metric([model], n)
-        yield held
-        inflight = GaugeMetricFamily("janusd_requests_in_flight", "admitted requests not yet finished",
-                                     labels=["model"])
-        for model, n in s["in_flight"].items():
-            inflight.add_metric([model], n)
-        yield inflight
-        rel = CounterMetricFamily("janusd_relaxed", "deadline extensions granted to the model's queued "
-                                  "requests (dispatch.requeue = relax)", labels=["model"])
-        for model, n in s.get("relaxed", {}).items():
-            rel.add_metric([model], n)
-        yield rel
-        tel = s.get("telemetry")
-        if tel is not None:  # telemetry/: the sliding window the oracle and controller read
-            for field, help_text in _WINDOW_FIELDS:
-                g = GaugeMetricFamily(f"janusd_window_{field}", f"{help_text} (sliding window)", labels=["model"])
-                for model, w in tel.models.items():
-                    g.add_metric([model], getattr(w, field))
-                yield g
-        d = s["dispatch"]
-        for key in ("submitted", "assigned", "completed", "rejected", "relaxed", "cancelled"):
-            c = CounterMetricFamily(f"janusd_dispatch_{key}", f"dispatcher: requests {key}")
-            c.add_metric([], d.get(key, 0))
-            yield c
-        st = GaugeMetricFamily("janusd_instance_state", "1 for the one state each (model, device) instance is in "
-                               "(lifecycle/states.py: loading | active | draining | unloaded | warm | cold | "
-                               "restoring | forking)", labels=["model", "device", "state"])
-        counts: dict[tuple[str, str], int] = {}
-        for model, device, state in s["instances"]:
-            st.add_metric([model, str(device), state], 1)
-            counts[(model, state)] = counts.get((model, state), 0) + 1
-        yield st
-        role = GaugeMetricFamily("janusd_instance_role", "1 for the engine role of each instance of a P/D model "
-                                 "(prefill | decode | mixed; the controller may change it at activation)",
-                                 labels=["model", "device", "role"])
-        for model, device, r in s.get("roles", ()):
-            role.add_metric([model, str(device), r], 1)
-        yield role
-        per = GaugeMetricFamily("janusd_instances", "instances of the model in each state", labels=["model", "state"])
-        for model in {m for m, _, _ in s["instances"]}:
-            for state in _STATES:
-                per.add_metric([model, state], counts.get((model, state), 0))
-        yield per
-        fb = CounterMetricFamily("janusd_fork_fallbacks", "D2D forks that failed (source gone, transfer stalled, "
-                                 "verification) and came up by H2D or a Cold load instead")
-        fb.add_metric([], s.get("fork_fallbacks", 0))
-        yield fb
-        up = GaugeMetricFamily("janusd_worker_up", "1 when the device's worker is ready", labels=["device"])
-        rs = CounterMetricFamily("janusd_worker_restarts", "worker restarts", labels=["device"])
-        for dev, (ready, restarts) in s["workers"].items():
-            up.add_metric([str(dev)], 1 if ready else 0)
-            rs.add_metric([str(dev)], restarts)
-        yield up
-        yield rs
-        hangs = CounterMetricFamily("janusd_worker_hangs", "worker processes declared hung (no heartbeat answer, "
-                                    "or a step past worker_step_timeout_s) and killed", labels=["device"])
-        failed = GaugeMetricFamily("janusd_device_failed", "1 when the device was given up after its restart "
-                                   "budget was spent", labels=["device"])
-        for dev, n in s.get("worker_hangs", {}).items():
-            hangs.add_metric([str(dev)], n)
-        for dev, f in s.get("worker_failed", {}).items():
-            failed.add_metric([str(dev)], 1 if f else 0)
-        yield hangs
-        yield failed
-        pages = GaugeMetricFamily("janusd_pool_pages", "xTensor page pool of each device in pages (last poll)",
-                                  labels=["device", "kind"])
-        other = GaugeMetricFamily("janusd_pool_stat", "other xTensor pool figures (bytes, counts, percent)",
-                                  labels=["device", "stat"])
-        for dev, stats in s["pools"].items():
-            for kind, v in stats.items():
-                if _is_page_count(kind):
-                    pages.add_metric([str(dev), kind], v)
-                else:
-                    other.add_metric([str(dev), kind], v)
-        yield pages
-        yield other
-        kv = GaugeMetricFamily("janusd_kv_cache_usage_ratio", "fraction of the model's KV region in use on the "
-                               "device (last poll; vLLM: gpu_cache_usage_perc)", labels=["model", "device"])
-        for dev, usage in s.get("kv_usage", {}).items():
-            for model, v in usage.items():
-                kv.add_metric([model, str(dev)], v)
-        yield kv
-        steps = CounterMetricFamily("janusd_engine_steps", "engine steps (each reads the model's weights once) since "
-                                    "the model was loaded on the device (last poll)", labels=["model", "device"])
-        dec = CounterMetricFamily("janusd_engine_decode_tokens", "tokens the engine decoded (one per running "
-                                  "sequence per step) since the model was loaded (last poll)", labels=["model", "device"])
-        fwd = CounterMetricFamily("janusd_engine_forward_seconds", "seconds in the model's forward pass since it "
-                                  "was loaded (last poll)", labels=["model", "device"])
-        for dev, per_model in s.get("engine", {}).items():
-            for model, (n_steps, n_dec, fwd_s) in per_model.items():
-                steps.add_metric([model, str(dev)], n_steps)
-                dec.add_metric([model, str(dev)], n_dec)
-                fwd.add_metric([model, str(dev)], fwd_s)
-        yield steps
-        yield dec
-        yield fwd
+        for part in (_request_families, _instance_families, _worker_families, _pool_families, _engine_families):
+            yield from part(s)
 
+
+def _request_families(s: dict[str, Any]) -> Iterator[Any]:
+    """Queues, held and in-flight requests, the telemetry window, the dispatcher's counters."""
+    q = GaugeMetricFamily("janusd_queue_length", "requests waiting in the model's global queue", labels=["model"])
+    for model, n in s["queues"].items():
+        q.add_metric([model], n)
+    yield q
+    held = GaugeMetricFamily("janusd_requests_held", "requests waiting for an Active instance of their model "
+                             "(loading, restarting or unloaded)", labels=["model"])
+    for model, n in s.get("held", {}).items():
+        held.add_metric([model], n)
+    yield held
+    inflight = GaugeMetricFamily("janusd_requests_in_flight", "admitted requests not yet finished",
+                                 labels=["model"])
+    for model, n in s["in_flight"].items():
+        inflight.add_metric([model], n)
+    yield inflight
+    rel = CounterMetricFamily("janusd_relaxed", "deadline extensions granted to the model's queued "
+                              "requests (dispatch.requeue = relax)", labels=["model"])
+    for model, n in s.get("relaxed", {}).items():
+        rel.add_metric([model], n)
+    yield rel
+    tel = s.get("telemetry")
+    if tel is not None:  # telemetry/: the sliding window the oracle and controller read
+        for field, help_text in _WINDOW_FIELDS:
+            g = GaugeMetricFamily(f"janusd_window_{field}", f"{help_text} (sliding window)", labels=["model"])
+            for model, w in tel.models.items():
+                g.add_metric([model], getattr(w, field))
+            yield g
+    d = s["dispatch"]
+    for key in ("submitted", "assigned", "completed", "rejected", "relaxed", "cancelled"):
+        c = CounterMetricFamily(f"janusd_dispatch_{key}", f"dispatcher: requests {key}")
+        c.add_metric([], d.get(key, 0))
+        yield c
+
+
+def _instance_families(s: dict[str, Any]) -> Iterator[Any]:
+    """Each instance's state and role, the count per state, D2D fork fallbacks."""
+    st = GaugeMetricFamily("janusd_instance_state", "1 for the one state each (model, device) instance is in "
+                           "(lifecycle/states.py: loading | active | draining | unloaded | warm | cold | "
+                           "restoring | forking)", labels=["model", "device", "state"])
+    counts: dict[tuple[str, str], int] = {}
+    for model, device, state in s["instances"]:
+        st.add_metric([model, str(device), state], 1)
+        counts[(model, state)] = counts.get((model, state), 0) + 1
+    yield st
+    role = GaugeMetricFamily("janusd_instance_role", "1 for the engine role of each instance of a P/D model "
+                             "(prefill | decode | mixed; the controller may change it at activation)",
+                             labels=["model", "device", "role"])
+    for model, device, r in s.get("roles", ()):
+        role.add_metric([model, str(device), r], 1)
+    yield role
+    per = GaugeMetricFamily("janusd_instances", "instances of the model in each state", labels=["model", "state"])
+    for model in {m for m, _, _ in s["instances"]}:
+        for state in _STATES:
+            per.add_metric([model, state], counts.get((model, state), 0))
+    yield per
+    fb = CounterMetricFamily("janusd_fork_fallbacks", "D2D forks that failed (source gone, transfer stalled, "
+                             "verification) and came up by H2D or a Cold load instead")
+    fb.add_metric([], s.get("fork_fallbacks", 0))
+    yield fb
+
+
+def _worker_families(s: dict[str, Any]) -> Iterator[Any]:
+    """Each device's worker: up, restarts, hangs, given up."""
+    up = GaugeMetricFamily("janusd_worker_up", "1 when the device's worker is ready", labels=["device"])
+    rs = CounterMetricFamily("janusd_worker_restarts", "worker restarts", labels=["device"])
+    for dev, (ready, restarts) in s["workers"].items():
+        up.add_metric([str(dev)], 1 if ready else 0)
+        rs.add_metric([str(dev)], restarts)
+    yield up
+    yield rs
+    hangs = CounterMetricFamily("janusd_worker_hangs", "worker processes declared hung (no heartbeat answer, "
+                                "or a step past worker_step_timeout_s) and killed", labels=["device"])
+    failed = GaugeMetricFamily("janusd_device_failed", "1 when the device was given up after its restart "
+                               "budget was spent", labels=["device"])
+    for dev, n in s.get("worker_hangs", {}).items():
+        hangs.add_metric([str(dev)], n)
+    for dev, f in s.get("worker_failed", {}).items():
+        failed.add_metric([str(dev)], 1 if f else 0)
+    yield hangs
+    yield failed
+
+
+def _pool_families(s: dict[str, Any]) -> Iterator[Any]:
+    """Each device's xTensor pool (pages apart from other figures) and KV usage per model."""
+    pages = GaugeMetricFamily("janusd_pool_pages", "xTensor page pool of each device in pages (last poll)",
+                              labels=["device", "kind"])
+    other = GaugeMetricFamily("janusd_pool_stat", "other xTensor pool figures (bytes, counts, percent)",
+                              labels=["device", "stat"])
+    for dev, stats in s["pools"].items():
+        for kind, v in stats.items():
+            if _is_page_count(kind):
+                pages.add_metric([str(dev), kind], v)
+            else:
+                other.add_metric([str(dev), kind], v)
+    yield pages
+    yield other
+    kv = GaugeMetricFamily("janusd_kv_cache_usage_ratio", "fraction of the model's KV region in use on the "
+                           "device (last poll; vLLM: gpu_cache_usage_perc)", labels=["model", "device"])
+    for dev, usage in s.get("kv_usage", {}).items():
+        for model, v in usage.items():
+            kv.add_metric([model, str(dev)], v)
+    yield kv
+
+
+def _engine_families(s: dict[str, Any]) -> Iterator[Any]:
+    """Each engine's own counters since its model was loaded."""
+    steps = CounterMetricFamily("janusd_engine_steps", "engine steps (each reads the model's weights once) since "
+                                "the model was loaded on the device (last poll)", labels=["model", "device"])
+    dec = CounterMetricFamily("janusd_engine_decode_tokens", "tokens the engine decoded (one per running "
+                              "sequence per step) since the model was loaded (last poll)", labels=["model", "device"])
+    fwd = CounterMetricFamily("janusd_engine_forward_seconds", "seconds in the model's forward pass since it "
+                              "was loaded (last poll)", labels=["model", "device"])
+    for dev, per_model in s.get("engine", {}).items():
+        for model, (n_steps, n_dec, fwd_s) in per_model.items():
+            steps.add_metric([model, str(dev)], n_steps)
+            dec.add_metric([model, str(dev)], n_dec)
+            fwd.add_metric([model, str(dev)], fwd_s)
+    yield steps
+    yield dec
+    yield fwd
 
 def _is_page_count(kind: str) -> bool:
     """Pool stats measured in pages (free_pages, largest_free_run, ...), not page_size in

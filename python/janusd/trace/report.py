@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -96,47 +97,60 @@ def markdown_table(rows: list[dict], notes: list[str]) -> str:
     return text
 
 
-def make_report(run_dirs: list[str | os.PathLike[str]], out_dir: str | os.PathLike[str], window_s: float | None = None) -> dict:
-    """Write the PNGs and summary.md into out_dir; return {"figures": [...], "table": path, "rows": [...]}."""
-    import matplotlib
+@dataclass
+class TimeAxis:
+    """The shared x axis of the time plots: the runs' span, the window and the unit."""
 
-    matplotlib.use("Agg")
-    import matplotlib.ticker
-    import matplotlib.pyplot as plt
+    t0: float
+    t1: float
+    w: float
+    unit: str
+    div: float
 
+    def x(self, start_s: np.ndarray) -> np.ndarray:
+        return (start_s + self.w / 2 - self.t0) / self.div
+
+    def label(self) -> str:
+        return f"time ({self.unit}), {self.w:g} s windows"
+
+
+def _load_runs(run_dirs: list[str | os.PathLike[str]]) -> list[Run]:
     if not run_dirs:
         raise ValueError("give at least one run directory")
     runs = [load_run(d) for d in run_dirs]
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise ValueError(f"run directories must have distinct names, got {names}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    return runs
+
+
+def _time_axis(runs: list[Run], window_s: float | None) -> TimeAxis:
     t0 = min(float(r.results.arrival_s.min()) for r in runs)
     t1 = max(float(r.results.arrival_s.max()) for r in runs)
     w = window_s or pick_window(t1 - t0, max(len(r.results) for r in runs))
-    minutes = (t1 - t0) > 600
-    unit, div = ("min", 60.0) if minutes else ("s", 1.0)
-    series = {r.name: slo.windows(r.outcomes, r.results.arrival_s, w, t0, t1) for r in runs}
-    notes = []
-    plt.rcParams.update({"font.size": 9, "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False})
+    unit, div = ("min", 60.0) if (t1 - t0) > 600 else ("s", 1.0)
+    return TimeAxis(t0, t1, w, unit, div)
+
+
+def _timeline(plt: Any, runs: list[Run], series: dict[str, dict], t: TimeAxis, path: Path) -> list[str]:
+    """Load, goodput and (where a run has devices.csv) active devices over time; the notes
+    the table needs."""
+    import matplotlib.ticker
 
     have_devices = any(r.devices is not None for r in runs)
-    if not have_devices:
-        notes.append("Active devices: no run has devices.csv, so that panel is omitted.")
+    notes = [] if have_devices else ["Active devices: no run has devices.csv, so that panel is omitted."]
     panels = 3 if have_devices else 2
     fig, axes = plt.subplots(panels, 1, figsize=(7.0, 2.0 * panels + 0.4), sharex=True)
     for k, r in enumerate(runs):
         s = series[r.name]
-        x = (s["start_s"] + w / 2 - t0) / div
         ls = STYLES[k % len(STYLES)]
-        axes[0].plot(x, s["load_rps"], lw=1.2, ls=ls, label=r.name)
-        axes[1].plot(x, s["goodput_rps"], lw=1.2, ls=ls, label=r.name)
+        axes[0].plot(t.x(s["start_s"]), s["load_rps"], lw=1.2, ls=ls, label=r.name)
+        axes[1].plot(t.x(s["start_s"]), s["goodput_rps"], lw=1.2, ls=ls, label=r.name)
         if have_devices and r.devices is not None:
             dt, dv = r.devices
-            if len(dt) and dt[-1] < t1:  # hold the last value to the end of the run
-                dt, dv = np.append(dt, t1), np.append(dv, dv[-1])
-            axes[2].step((dt - t0) / div, dv, where="post", lw=1.2, ls=ls, label=r.name)
+            if len(dt) and dt[-1] < t.t1:  # hold the last value to the end of the run
+                dt, dv = np.append(dt, t.t1), np.append(dv, dv[-1])
+            axes[2].step((dt - t.t0) / t.div, dv, where="post", lw=1.2, ls=ls, label=r.name)
     axes[0].set_ylabel("load (req/s)")
     axes[1].set_ylabel("goodput (req/s)")
     if have_devices:
@@ -144,26 +158,33 @@ def make_report(run_dirs: list[str | os.PathLike[str]], out_dir: str | os.PathLi
         axes[2].yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     for ax in axes:
         ax.set_ylim(bottom=0)
-    axes[-1].set_xlabel(f"time ({unit}), {w:g} s windows")
+    axes[-1].set_xlabel(t.label())
     axes[0].legend(loc="upper right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "timeline.png", dpi=130)
+    fig.savefig(path, dpi=130)
     plt.close(fig)
+    return notes
 
+
+def _attainment(plt: Any, runs: list[Run], series: dict[str, dict], t: TimeAxis, path: Path) -> None:
+    """Per-token, TTFT and TPOT attainment over time."""
     fig, axes = plt.subplots(3, 1, figsize=(7.0, 6.4), sharex=True)
     for key, ax, label in zip(("token_attainment", "ttft_attainment", "tpot_attainment"), axes,
                               ("per-token attainment", "TTFT attainment", "TPOT attainment"), strict=True):  # fmt: skip
         for k, r in enumerate(runs):
             s = series[r.name]
-            ax.plot((s["start_s"] + w / 2 - t0) / div, s[key], lw=1.2, ls=STYLES[k % len(STYLES)], marker=".", ms=3, label=r.name)
+            ax.plot(t.x(s["start_s"]), s[key], lw=1.2, ls=STYLES[k % len(STYLES)], marker=".", ms=3, label=r.name)
         ax.set_ylabel(label)
         ax.set_ylim(-0.02, 1.02)
     axes[0].legend(loc="lower right", fontsize=8)
-    axes[-1].set_xlabel(f"time ({unit}), {w:g} s windows")
+    axes[-1].set_xlabel(t.label())
     fig.tight_layout()
-    fig.savefig(out / "attainment.png", dpi=130)
+    fig.savefig(path, dpi=130)
     plt.close(fig)
 
+
+def _app_cdf(plt: Any, runs: list[Run], path: Path) -> None:
+    """The distribution of per-app per-token attainment, one curve per run."""
     fig, ax = plt.subplots(figsize=(5.0, 3.4))
     for k, r in enumerate(runs):
         att = slo.per_app(r.outcomes, r.results.app_id, len(r.results.apps))["token_attainment"]
@@ -177,12 +198,29 @@ def make_report(run_dirs: list[str | os.PathLike[str]], out_dir: str | os.PathLi
     ax.set_ylim(0, 1.02)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "app_cdf.png", dpi=130)
+    fig.savefig(path, dpi=130)
     plt.close(fig)
 
+
+def make_report(run_dirs: list[str | os.PathLike[str]], out_dir: str | os.PathLike[str], window_s: float | None = None) -> dict:
+    """Write the PNGs and summary.md into out_dir; return {"figures": [...], "table": path, "rows": [...]}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = _load_runs(run_dirs)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t = _time_axis(runs, window_s)
+    series = {r.name: slo.windows(r.outcomes, r.results.arrival_s, t.w, t.t0, t.t1) for r in runs}
+    plt.rcParams.update({"font.size": 9, "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False})
+    notes = _timeline(plt, runs, series, t, out / "timeline.png")
+    _attainment(plt, runs, series, t, out / "attainment.png")
+    _app_cdf(plt, runs, out / "app_cdf.png")
     rows = [headline(r) for r in runs]
     for r in runs:
         if r.valid is False:
             notes.append(f"{r.name}: the replayer fell behind schedule beyond its bound; its figures describe the client too.")
     (out / "summary.md").write_text(markdown_table(rows, notes))
-    return {"figures": [str(out / f) for f in FIGURES], "table": str(out / "summary.md"), "window_s": w, "rows": rows}
+    return {"figures": [str(out / f) for f in FIGURES], "table": str(out / "summary.md"), "window_s": t.w, "rows": rows}
