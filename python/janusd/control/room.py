@@ -128,8 +128,9 @@ class ControlRoom:
         phases; `detail`: what each half did, for `ctl plan`); returns the steady moves
         this releases."""
         if op.steady:
-            self.steady.done(op, outcome, now, detail)
-            self.on_move(op.target, "ok" if outcome == "ok" else "failed")
+            kind = self.steady.done(op, outcome, now, detail)
+            if kind is not None:
+                self.on_move(kind, "ok" if outcome == "ok" else "failed")
             return self.steady.pump(snap, now) if self.steady.queue else []
         t0 = self.in_flight.get((op.model, op.device), (op, now))[1]
         self._release(op.model, op.device)

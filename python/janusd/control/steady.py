@@ -187,12 +187,13 @@ class SteadyPlanner:
         self.recent.append({"kind": mv.kind, "model": mv.model, "src": mv.src, "dst": mv.dst, "reason": mv.reason,
                             "forced": mv.forced, "seconds": 0.0, "outcome": why})
 
-    def done(self, op: Op, outcome: str, now: float, detail: dict[str, Any] | None = None) -> bool:
-        """A released move's Op ended (`outcome`: "ok" or the error); False when the op is
-        not one of this planner's. A failure drops the rest of the plan."""
+    def done(self, op: Op, outcome: str, now: float, detail: dict[str, Any] | None = None) -> str | None:
+        """A released move's Op ended (`outcome`: "ok" or the error); returns the move's
+        kind, None when the op is not one of this planner's. A failure drops the rest of
+        the plan."""
         run = next((r for r in self.running if r.op is op), None)
         if run is None:
-            return False
+            return None
         self.running = [r for r in self.running if r is not run]
         mv = run.move
         for d in self._devices(mv):
@@ -206,7 +207,7 @@ class SteadyPlanner:
         self.recent.append({"kind": mv.kind, "model": mv.model, "src": mv.src, "dst": mv.dst, "reason": mv.reason,
                             "forced": mv.forced, "seconds": round(now - run.started, 3), "outcome": outcome,
                             **(detail or {})})
-        return True
+        return mv.kind
 
     # -------------------------------------------------------------------- view
     def view(self, now: float) -> dict[str, Any]:

@@ -277,7 +277,7 @@ class Daemon(RequestFront, WorkerSupervision):
         ctl = self.controller
 
         async def placer(cfg: JanusConfig, added: list[ModelConfig]) -> dict[str, list[int]]:
-            elastic = [p.app for p in ctl.pools if p.pool == "elastic"] if ctl is not None else []
+            elastic = [p.app for p in ctl.room.pools if p.pool == "elastic"] if ctl is not None else []
             return await added_placement(cfg, added, self.core.registry, self.core.telemetry,
                                          self.oracle.describe_now, self.predictor(), elastic, self.clock())
 
