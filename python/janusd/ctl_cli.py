@@ -14,6 +14,8 @@ import socket
 import sys
 from typing import Any
 
+from janusd.lifecycle.states import TARGETS
+
 SUBCOMMANDS = ("status", "models", "instances", "pools", "load", "unload", "remove", "drain", "config", "state", "fork",
                "oracle", "plan")
 _NAMED = ("load", "unload", "remove", "state", "fork")
@@ -37,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=_seconds, default=600.0, help="seconds to wait for the reply (load can be slow)")
     p.add_argument("action", choices=SUBCOMMANDS)
     p.add_argument("name", nargs="?", help="model name (load, unload, remove, state, fork)")
-    p.add_argument("target", nargs="?", choices=("active", "warm", "cold"), help="state: the state to move to")
+    p.add_argument("target", nargs="?", choices=tuple(TARGETS), help="state: the state to move to")
     p.add_argument("--checkpoint", help="load: checkpoint spec of a model not in the config")
     p.add_argument("--device", type=int, action="append", default=[],
                    help="load: device index (repeatable); state: the instance's device")

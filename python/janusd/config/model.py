@@ -17,6 +17,7 @@ from janusd.config.sections import (
     ServerConfig,
 )
 from janusd.config.types import DType, Name, Role
+from janusd.lifecycle.states import TargetWord
 from janusd.settings import NonNegInt, PositiveFloat, PositiveInt, Section
 
 
@@ -52,8 +53,8 @@ class ModelConfig(Section):
     # An idle auto or elastic model goes Warm, then Cold (control.keepalive).
     pool: Literal["auto", "steady", "elastic"] = "auto"
 
-    def start_state(self, device: int) -> str:
-        """"active", "warm" or "cold": the state this model starts in on `device`."""
+    def start_state(self, device: int) -> TargetWord:
+        """The state this model starts in on `device` (lifecycle/states.py's words)."""
         if device in self.warm_devices:
             return "warm"
         if device in self.cold_devices:

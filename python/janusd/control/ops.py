@@ -12,16 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 from janusd.control.snapshot import InstanceView
-from janusd.lifecycle.states import COMING_UP, InstanceState
+from janusd.lifecycle.states import COMING_UP, COMING_UP_WORD, FAILED_WORD, InstanceState, TargetWord
 
 S = InstanceState
 
 # the states a plan moves an instance to: the lifecycle's own words (lifecycle/states.py)
-Target = Literal["active", "warm", "cold"]
-TARGETS: tuple[str, ...] = (S.ACTIVE.value, S.WARM.value, S.COLD.value)
+Target = TargetWord
 # a scale-out or scale-in of elastic scaling: the reasons' first words (metrics, extras)
 SCALE_OUT = "scale out"
 SCALE_IN = "scale in"
@@ -68,9 +66,9 @@ InFlight = Mapping[tuple[str, int], tuple[Op, float]]
 def role_state(i: InstanceView) -> str:
     """An instance's state in policy/roles.py's words (RoleState)."""
     if i.state in COMING_UP:
-        return "coming_up"
+        return COMING_UP_WORD
     if i.state is S.UNLOADED:
-        return "failed" if i.error else "unloaded"
+        return FAILED_WORD if i.error else i.state.value
     return i.state.value
 
 

@@ -22,6 +22,7 @@ model), Draining (no new work; in-flight requests finish before leaving Active).
 from __future__ import annotations
 
 import enum
+from typing import Literal, get_args
 
 
 class InstanceState(enum.Enum):
@@ -105,3 +106,17 @@ def holds_device_memory(state: InstanceState) -> bool:
 def holds_host_copy(state: InstanceState) -> bool:
     """Whether the worker keeps a host copy of the instance's weights."""
     return state is S.WARM
+
+
+# ---- the words: every other module spells a state through these (one vocabulary) ----
+# Every state's word, in the enum's order (metric labels, ctl listings).
+STATE_WORDS: tuple[str, ...] = tuple(s.value for s in InstanceState)
+# The states a plan, `ctl state`, a waking request or a worker's SetState moves an instance
+# to, and a model's residency (keep-alive: its most-alive instance): Active, Warm, Cold.
+TargetWord = Literal["active", "warm", "cold"]
+TARGETS: dict[str, InstanceState] = {w: InstanceState(w) for w in get_args(TargetWord)}
+# A role plan's view of an instance (policy/roles.py): a resting or serving state's own
+# word, plus two of its own: on the way up (any of COMING_UP), and Unloaded after a failure.
+COMING_UP_WORD = "coming_up"
+FAILED_WORD = "failed"
+RoleStateWord = Literal["active", "coming_up", "draining", "warm", "cold", "unloaded", "failed"]

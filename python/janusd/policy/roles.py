@@ -40,11 +40,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from janusd.lifecycle.states import COMING_UP_WORD, InstanceState
 from janusd.policy.snapshot import AppCount, Role, RoleInstance, RoleOp, RolePlan
 
+S = InstanceState
+
 ROLES: tuple[Role, ...] = ("prefill", "decode", "mixed")
-_HOLDING = ("active", "coming_up")  # states that count toward a role
-_RESTING = ("warm", "cold")
+_HOLDING = (S.ACTIVE.value, COMING_UP_WORD)  # states that count toward a role
+_RESTING = (S.WARM.value, S.COLD.value)
 
 
 class RoleError(ValueError):

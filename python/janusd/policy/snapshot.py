@@ -18,9 +18,11 @@ from typing import Literal
 
 import msgspec
 
+from janusd.lifecycle.states import RoleStateWord, TargetWord
+
 Vec3 = tuple[float, float, float]
 Pool = Literal["steady", "elastic"]
-Residency = Literal["active", "warm", "cold"]  # the lifecycle's names ([L], PAPER.md §8)
+Residency = TargetWord  # the lifecycle's names (lifecycle/states.py; [L], PAPER.md §8)
 MoveKind = Literal["place", "migrate", "remove"]
 
 
@@ -157,7 +159,7 @@ class ScalingPlan(_Frozen):
 # ---- an elastic P/D app's roles (roles.py) -------------------------------------------
 
 Role = Literal["prefill", "decode", "mixed"]
-RoleState = Literal["active", "coming_up", "draining", "warm", "cold", "unloaded", "failed"]
+RoleState = RoleStateWord  # lifecycle/states.py
 RoleOpKind = Literal["activate", "reassign", "deactivate", "wait"]
 
 

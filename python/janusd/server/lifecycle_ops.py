@@ -26,14 +26,13 @@ from janusd.control.wake import wake_op
 from janusd.core.registry import Instance
 from janusd.core.requests import Failure
 from janusd.lifecycle.restore_path import Bandwidths, choose, options_for
-from janusd.lifecycle.states import InstanceState, check_transition
+from janusd.lifecycle.states import TARGETS, InstanceState, check_transition
 from janusd.log import log
 from janusd.server.model_ops import ModelOps
 from janusd.server.workers import WorkerError
 from janusd.wire import worker_msgs as wm
 
 S = InstanceState
-TARGETS = {"active": S.ACTIVE, "warm": S.WARM, "cold": S.COLD}
 
 
 def _log(msg: str, level: int = logging.INFO) -> None:

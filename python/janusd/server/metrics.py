@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from janusd.core.requests import Request
+from janusd.lifecycle.states import STATE_WORDS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # the `*_created` sample families carry no information an operator uses and double the
@@ -24,7 +25,7 @@ disable_created_metrics()
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
 _E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 300)
 _PHASE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-_STATES = ("loading", "active", "draining", "unloaded", "warm", "cold", "restoring", "forking")
+_STATES = STATE_WORDS  # lifecycle/states.py
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2)
 
 

@@ -19,6 +19,8 @@ from typing import Literal, Self
 
 import msgspec
 
+from janusd.lifecycle.states import TargetWord
+
 _OPTS = dict(array_like=True, omit_defaults=True, gc=False, tag=True)
 
 
@@ -204,7 +206,7 @@ class SetState(msgspec.Struct, **_OPTS):
     model: WorkerModel
     engine: WorkerEngine
     cache_dir: str
-    target: Literal["active", "warm", "cold"]
+    target: TargetWord
     lifecycle: WorkerLifecycle
     fork: ForkSource | None = None
     probe: bool = True  # activation: run one greedy token before answering (first_token phase)
