@@ -97,6 +97,7 @@ class ServingCore(InstanceMoves, Queueing, WorkerEvents):
         for inst in list(m.instances.values()):
             self.dispatch.leave(inst)
         self.registry.drop_model(name)
+        self.obs.removed(name)  # the shell's own waiters (admissions before tokenizing) end at once too
 
     # ---------------------------------------------------------- request end
     def _finished(self, req: Request) -> None:

@@ -32,4 +32,5 @@ class Observers:
     kv_transfer: Callable[[str, str, int, float | None], None] = _nothing
     estimate_error: Callable[[str, float], None] = _nothing  # (model, observed - estimated prefill s)
     serving: Callable[[str], None] = _nothing  # a model got an Active instance
+    removed: Callable[[str], None] = _nothing  # a model was forgotten: whoever waits for it stops now
     idle: Callable[[], None] = _nothing  # the last in-flight request ended

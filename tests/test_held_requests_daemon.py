@@ -1,0 +1,55 @@
+"""Held requests never wait out a timeout for something that has already happened ([U]),
+on a real daemon: a model removed by a SIGHUP reload ends the requests waiting for it at
+once with 404, as a new request for it gets (it used to leave them waiting the full
+model_wait_timeout_s for a 503)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from daemon_harness import DEMO_MODELS, server_section, start_daemon
+from janusd.wire import admin_msgs as am
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    text = server_section(Path("@RUN@")) + "[devices]\ncount = 2\nmemory_mib = 256\n" + DEMO_MODELS
+    d = start_daemon(text)
+    yield d
+    d.stop()
+
+
+def test_a_reload_that_removes_a_model_ends_its_held_requests_at_once(daemon):
+    r = daemon.ctl(am.UnloadReq("demo-qwen2"))
+    assert isinstance(r, am.AdminResult) and r.data["unloaded"] == "demo-qwen2"
+    states = {i["state"] for i in daemon.ctl(am.InstancesReq()).data["instances"] if i["model"] == "demo-qwen2"}
+    assert states == {"unloaded"}
+    results: list[tuple[int, float]] = []
+
+    def ask() -> None:
+        t0 = time.monotonic()
+        st, _, _ = daemon.http("POST", "/v1/completions", {"model": "demo-qwen2", "prompt": "hi", "max_tokens": 2})
+        results.append((st, time.monotonic() - t0))
+
+    waiting = [threading.Thread(target=ask) for _ in range(3)]
+    for t in waiting:
+        t.start()
+    time.sleep(1.0)  # they wait: the model is unloaded, nothing wakes it
+    assert results == []
+    text = daemon.config.read_text()
+    head, qwen = text.split('[[models]]\nname = "demo-qwen2"', 1)
+    daemon.config.write_text(head + qwen.split("\n\n", 1)[1] if "\n\n" in qwen else head)  # removed, nothing added
+    t_reload = time.monotonic()
+    daemon.proc.send_signal(signal.SIGHUP)
+    for t in waiting:
+        t.join(30.0)
+    took = time.monotonic() - t_reload
+    assert [st for st, _ in results] == [404, 404, 404], results
+    assert took < 10.0, (took, results)  # the reload itself, not the 30 s wait
+    assert daemon.http("POST", "/v1/completions", {"model": "demo-qwen2", "prompt": "hi"})[0] == 404
+    assert {m["name"] for m in daemon.ctl(am.ModelsReq()).data["models"]} == {"demo-llama"}
