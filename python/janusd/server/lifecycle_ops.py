@@ -60,7 +60,14 @@ class LifecycleOps:
         path the weights took and the seconds of each phase (with `probe`, an activation
         runs one greedy token first: the first_token phase). `role` (an activation of a P/D
         model's instance, the controller's choice): the engine role it comes up in; an
-        Active instance keeps its role (drain it to Warm first)."""
+        Active instance keeps its role (drain it to Warm first). A pinned model (config
+        `devices`) is moved only where it has an instance: elsewhere `ctl fork` places one
+        (a Warm copy on another device would hold host memory the config never gave it)."""
+        m = self.core.registry.model(name)
+        if m is not None and m.cfg.devices and device not in m.cfg.devices and \
+                (device not in m.instances or m.instances[device].state is S.UNLOADED):
+            raise ValueError(f"{name} is configured on devices {sorted(m.cfg.devices)}, not {device}: `ctl state` "
+                             f"moves an instance it has there; `ctl fork {name} --from D --to {device}` places one")
         inst = self._instance(name, device)
         if target not in TARGETS:
             raise ValueError(f"state must be active, warm or cold, got {target!r}")

@@ -1,7 +1,8 @@
-"""Held requests never wait out a timeout for something that has already happened ([U]),
-on a real daemon: a model removed by a SIGHUP reload ends the requests waiting for it at
-once with 404, as a new request for it gets (it used to leave them waiting the full
-model_wait_timeout_s for a 503)."""
+"""Operator faults on a real daemon ([U]): held requests never wait out a timeout for
+something that has already happened (a model removed by a SIGHUP reload ends the
+requests waiting for it at once with 404, as a new request for it gets; it used to leave
+them waiting the full model_wait_timeout_s for a 503), and `ctl state` refuses a device a
+pinned model has no instance on."""
 
 from __future__ import annotations
 
@@ -53,3 +54,13 @@ def test_a_reload_that_removes_a_model_ends_its_held_requests_at_once(daemon):
     assert took < 10.0, (took, results)  # the reload itself, not the 30 s wait
     assert daemon.http("POST", "/v1/completions", {"model": "demo-qwen2", "prompt": "hi"})[0] == 404
     assert {m["name"] for m in daemon.ctl(am.ModelsReq()).data["models"]} == {"demo-llama"}
+
+
+def test_ctl_state_refuses_a_device_a_pinned_model_has_no_instance_on(daemon):
+    """`ctl state demo-llama warm --device 1` for a model configured on device 0 is refused
+    by name (it used to be accepted and make a host copy there)."""
+    r = daemon.ctl(am.StateReq("demo-llama", 1, "warm"))
+    assert isinstance(r, am.AdminError) and "configured on devices [0], not 1" in r.message and "ctl fork" in r.message
+    insts = {i["device"]: i["state"] for i in daemon.ctl(am.InstancesReq()).data["instances"]
+             if i["model"] == "demo-llama"}
+    assert insts == {0: "active"}  # nothing made, nothing moved
