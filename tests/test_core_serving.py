@@ -349,3 +349,29 @@ def test_without_the_decode_guard_a_slow_device_still_takes_work():
     r2 = rig.submit("m", max_tokens=5, ttft_ms=400)
     rig.tick()
     assert rig.workers[0].generates() == [r1, r2]
+
+
+@pytest.mark.parametrize("waited", [False, True])
+def test_a_request_that_waited_in_its_shell_gets_a_fresh_ttft_budget_as_a_held_one_does(waited):
+    """One rule for both waits ([U]): a request the daemon kept before tokenizing (no
+    Active instance to tokenize on) is admitted `waited_since` its arrival and gets a
+    fresh TTFT budget from now, as one the core held; without it, its deadline passed
+    while it waited and it is rejected as late."""
+    rig = Rig()
+    rig.model("m", [0])
+    rig.activate("m", 0)
+    arrival = rig.now
+    rig.now += 5.0  # it waited 5 s for an instance (a worker's restart), past its 500 ms SLO
+    m = rig.core.begin_admission("m")
+    sink: list = []
+    try:
+        req = rig.core.admit(m, list(range(10)), wm.SamplingSpec(max_tokens=4), True, False, 500.0, None,
+                             arrival, rig.now, sink.append, waited_since=arrival if waited else None)
+    finally:
+        rig.core.end_admission("m")
+    rig.events[req.rid] = sink
+    rig.tick()
+    if waited:
+        assert rig.workers[0].generates() == [req.rid] and sink == []
+    else:
+        assert rig.workers[0].generates() == [] and isinstance(sink[-1], Failure) and sink[-1].status == 503

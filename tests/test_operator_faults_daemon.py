@@ -2,10 +2,13 @@
 something that has already happened (a model removed by a SIGHUP reload ends the
 requests waiting for it at once with 404, as a new request for it gets; it used to leave
 them waiting the full model_wait_timeout_s for a 503), and `ctl state` refuses a device a
-pinned model has no instance on."""
+pinned model has no instance on, and an activation a worker's death interrupted ends
+Active once the worker is back, its held requests served (it used to stay Cold, the
+requests waiting 30 s for a 503)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon_harness import DEMO_MODELS, server_section, start_daemon
+from daemon_harness import DEMO_MODELS, server_section, start_daemon, wait_until
 from janusd.wire import admin_msgs as am
 
 
@@ -23,6 +26,30 @@ def daemon():
     d = start_daemon(text)
     yield d
     d.stop()
+
+
+def test_an_activation_a_worker_death_interrupted_ends_active_when_the_worker_is_back(daemon):
+    r = daemon.ctl(am.StateReq("demo-qwen2", 1, "cold"))
+    assert isinstance(r, am.AdminResult), r
+    pid = daemon.worker_pids()[1]
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: daemon.ctl(am.StatusReq()).data["workers"][1]["state"] != "ready", 5.0, 0.02)
+    r = daemon.ctl(am.StateReq("demo-qwen2", 1, "active"))  # while the worker is away
+    assert isinstance(r, am.AdminError) and "becomes active when the worker is back" in r.message, r
+    results: list[int] = []
+    held = threading.Thread(target=lambda: results.append(daemon.http(
+        "POST", "/v1/completions", {"model": "demo-qwen2", "prompt": "hi", "max_tokens": 2, "ignore_eos": True})[0]))
+    t0 = time.monotonic()
+    held.start()
+
+    def active() -> bool:
+        insts = daemon.ctl(am.InstancesReq()).data["instances"]
+        return any(i["model"] == "demo-qwen2" and i["state"] == "active" for i in insts)
+
+    assert wait_until(active, 25.0, 0.1), daemon.log_text()[-3000:]
+    held.join(25.0)
+    assert results == [200] and time.monotonic() - t0 < 25.0, (results, daemon.log_text()[-2000:])
+    assert daemon.ctl(am.StatusReq()).data["workers"][1]["pid"] != pid
 
 
 def test_a_reload_that_removes_a_model_ends_its_held_requests_at_once(daemon):

@@ -61,8 +61,11 @@ class Queueing(CoreState):
 
     def admit(self, m: Model, ids: list[int], sampling: wm.SamplingSpec, max_tokens_given: bool, chat: bool,
               ttft_ms: float | None, tpot_ms: float | None, arrival: float, now: float,
-              sink: Callable[[Any], None], request_id: str = "") -> Request:
-        """Queue a tokenized request (its clock started at `arrival`); raises Refused."""
+              sink: Callable[[Any], None], request_id: str = "", waited_since: float | None = None) -> Request:
+        """Queue a tokenized request (its clock started at `arrival`); raises Refused.
+        `waited_since`: the request already waited (in its shell, before it could be
+        tokenized) for an Active instance of its model since then: it gets a fresh TTFT
+        budget from now, as a request the core held does (one rule for both waits)."""
         self._at(now)
         if self.registry.model(m.name) is not m:
             # removed (or replaced by a reload) while it was tokenized
@@ -78,14 +81,15 @@ class Queueing(CoreState):
         if not m.serving:
             self._hold(req, now)
             return req
-        self._submit(req, now)
-        late_by = self._hopeless(req, now)
+        req.held_since = waited_since
+        deadline = self._submit(req, now)
+        late_by = self._hopeless(req, now, deadline)
         if late_by is not None:
             self.dispatch.cancel(req.rid, now)
             self._reject(req.rid, retry_after_s=max(1.0, float(math.ceil(late_by))))
         return req
 
-    def _hopeless(self, req: Request, now: float) -> float | None:
+    def _hopeless(self, req: Request, now: float, deadline: float) -> float | None:
         """With admission = reject_early (and requeue = reject): when even the earliest-free
         instance of the model cannot finish the prefill by the deadline by the estimate,
         how long until it frees up (the Retry-After); None when the request may be on time."""
@@ -93,9 +97,11 @@ class Queueing(CoreState):
         if cfg.admission != "reject_early" or cfg.requeue != "reject":
             return None
         earliest = self.dispatch.earliest_free(self.registry.models[req.model], now)
-        return late_by(earliest, req.est_prefill_s, req.arrival + req.ttft_slo_s, now)
+        return late_by(earliest, req.est_prefill_s, deadline, now)
 
-    def _submit(self, req: Request, now: float) -> None:
+    def _submit(self, req: Request, now: float) -> float:
+        """Hand the request to the Dispatcher; returns its TTFT deadline (a fresh budget
+        from now for one that waited for an instance)."""
         m = self.registry.models[req.model]
         req.est_prefill_s = self.dispatch.estimate_model(m, len(req.prompt_ids))
         deadline = req.arrival + req.ttft_slo_s
@@ -105,6 +111,7 @@ class Queueing(CoreState):
         # its value under objective = "tokens": the output tokens it may produce (max_tokens,
         # already capped by the context at admission), the tokens its SLO accounting counts
         self.dispatch.submit(req.rid, req.model, req.arrival, deadline, req.est_prefill_s, req.sampling.max_tokens)
+        return deadline
 
     def _hold(self, req: Request, now: float) -> None:
         self.held.hold(req, now)

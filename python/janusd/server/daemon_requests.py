@@ -55,20 +55,25 @@ class RequestFront:
             raise Refused(Failure(503, "the server is shutting down", code="shutting_down"))
         m = self.core.begin_admission(p.model)
         try:
-            ids = p.prompt_ids if p.prompt_ids is not None else await self._tokenize(p, arrival)
+            ids, waited = (p.prompt_ids, False) if p.prompt_ids is not None else await self._tokenize(p, arrival)
             events: asyncio.Queue[Any] = asyncio.Queue()
             req = self.core.admit(m, ids, p.sampling, p.max_tokens_given, p.chat, p.ttft_ms, p.tpot_ms,
-                                  arrival, clock(), events.put_nowait, request_id=request_id)
+                                  arrival, clock(), events.put_nowait, request_id=request_id,
+                                  waited_since=arrival if waited else None)
             self._idle.clear()
             self.poke()
             return req, events
         finally:
             self.core.end_admission(p.model)
 
-    async def _tokenize(self, p: Parsed, arrival: float) -> list[int]:
-        """On a worker with an Active instance of the model; waits (bounded) for one."""
+    async def _tokenize(self, p: Parsed, arrival: float) -> tuple[list[int], bool]:
+        """On a worker with an Active instance of the model; waits (bounded) for one.
+        Returns the ids and whether it waited (the core then gives it a fresh TTFT
+        budget, as to a request it held itself)."""
         limit = self.cfg.server.model_wait_timeout_s
+        waited = False
         while (dev := self.core.tokenizer_device(p.model)) is None:
+            waited = True
             if self.core.registry.model(p.model) is None:
                 raise Refused(removed(p.model))
             waking = self.life.wake(p.model)  # scale to zero: a Warm or Cold instance comes up
@@ -94,7 +99,7 @@ class RequestFront:
             raise Refused(Failure(503, str(e), retry_after_s=1.0)) from None
         except asyncio.TimeoutError:
             raise Refused(Failure(503, "tokenization timed out", retry_after_s=1.0)) from None
-        return reply.token_ids
+        return reply.token_ids, waited
 
     def _serving(self, model: str) -> None:
         ev, self._serving_changed = self._serving_changed, asyncio.Event()

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgspec
@@ -50,6 +50,10 @@ class LifecycleOps:
         self.observe = observe
         self.bw = Bandwidths()
         self._busy: set[tuple[str, int]] = set()
+        # (model, device) -> the state a move was asked for when its worker went away mid-way:
+        # asked again when the worker is back (`resume`), so an activation a worker's death
+        # interrupted ends Active, and the requests held for it follow
+        self.wanted: dict[tuple[str, int], str] = {}
         self.weight_bytes: dict[str, int] = {}  # model -> bytes of its weight segment (learnt)
         self.fork_fallbacks = 0
 
@@ -121,6 +125,28 @@ class LifecycleOps:
                 _log(f"{inst.model} on device {inst.device}: cannot start warm: {e}", logging.WARNING)
             return
         await self.ops.load(inst)
+
+    def resume(self, device: int) -> list[Coroutine[Any, Any, None]]:
+        """The worker of `device` is back: the moves its death interrupted (`wanted`),
+        asked again, as coroutines for the caller to run."""
+        out = []
+        for (name, d), target in sorted(self.wanted.items()):
+            if d != device:
+                continue
+            del self.wanted[(name, d)]
+            if self.core.registry.model(name) is None:
+                continue
+
+            async def go(name: str = name, target: str = target) -> None:
+                try:
+                    await self.set_state(name, device, target, probe=False)
+                    _log(f"{name} on device {device}: {target} again after its worker came back")
+                except (ValueError, WorkerError) as e:
+                    _log(f"{name} on device {device}: going {target} after its worker came back failed: {e}",
+                         logging.WARNING)
+
+            out.append(go())
+        return out
 
     def wake(self, name: str) -> asyncio.Task[Any] | None:
         """A request for `name` found no Active instance: start activating one of its Warm
@@ -231,6 +257,11 @@ class LifecycleOps:
             if inst.state in (S.RESTORING, S.FORKING):
                 self.core.set_state(inst, prev, clock(), error=err)  # back where it was: Warm, Cold, Unloaded
             self.observe(name, "fork" if source else "activate", {}, "failed")
+            if self.ops.workers[inst.device].state != "ready":  # its worker went away: asked again on its return
+                self.wanted[(name, inst.device)] = S.ACTIVE.value
+                raise ValueError(f"{name} on device {inst.device}: its worker went away while it became active "
+                                 f"({err}); it is {inst.state.value} now and becomes active when the worker is "
+                                 "back") from None
             raise ValueError(f"{name} on device {inst.device} could not become active ({err}); it is "
                              f"{inst.state.value} again") from None
         total = time.monotonic() - t0

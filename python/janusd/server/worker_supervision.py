@@ -16,6 +16,7 @@ from janusd.config import JanusConfig
 from janusd.core.serving import ServingCore
 from janusd.log import log
 from janusd.server.daemon_clock import clock
+from janusd.server.lifecycle_ops import LifecycleOps
 from janusd.server.model_ops import ModelOps
 from janusd.server.restart_policy import RestartBudget
 from janusd.server.workers import WorkerError, WorkerHandle
@@ -33,6 +34,7 @@ class WorkerSupervision:
     core: ServingCore
     ops: ModelOps
     restarts: dict[int, RestartBudget]
+    life: LifecycleOps
 
     if TYPE_CHECKING:
         @property
@@ -41,6 +43,8 @@ class WorkerSupervision:
         def poke(self) -> None: ...
 
         def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]: ...
+
+        def _serving(self, model: str) -> None: ...
 
     def _on_batch(self, w: WorkerHandle, batch: wm.StepBatch) -> None:
         self.core.on_batch(w.device_index, batch, clock())
@@ -82,5 +86,8 @@ class WorkerSupervision:
             w.restarts += 1
             _log(f"worker for device {w.device_index} restarted (pid {w.pid}); reloading its models")
             await self.ops.reload_device(w.device_index)
+            for move in self.life.resume(w.device_index):  # moves its death interrupted, asked again
+                self._spawn(move, f"resume{w.device_index}")
+            self._serving("")  # admissions waiting for an instance look again (and wake one) now
             self.poke()
             return
