@@ -18,7 +18,8 @@ from janusd.config import DispatchConfig, JanusConfig
 from janusd.control.ops import Op
 from janusd.hw import device_spec
 from janusd.server.controller import Controller
-from janusd.sim.cluster import Cluster, served_models
+from janusd.sim.cluster import Cluster
+from janusd.sim.served import served_models
 from janusd.sim.control_shell import SimControl
 from janusd.sim.perfmodel import PerfModel
 from janusd.sim.specs import resolve

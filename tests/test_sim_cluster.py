@@ -11,7 +11,8 @@ from sim_fixtures import poisson_trace
 from janusd.config import DispatchConfig
 from janusd.core.serving import ServingCore
 from janusd.hw import device_spec
-from janusd.sim.cluster import Cluster, served_models
+from janusd.sim.cluster import Cluster
+from janusd.sim.served import served_models
 from janusd.sim.perfmodel import PerfModel
 from janusd.sim.run import simulate, write_run
 from janusd.sim.specs import resolve

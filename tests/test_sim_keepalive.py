@@ -12,7 +12,8 @@ from janusd.lifecycle.restore_path import Bandwidths
 from janusd.policy import keepalive as policy_keepalive
 from janusd.policy.policy_config import ControllerConfig, KeepAliveConfig
 from janusd.control import room as control_room
-from janusd.sim.cluster import Cluster, served_models
+from janusd.sim.cluster import Cluster
+from janusd.sim.served import served_models
 from janusd.sim.control_shell import Periods
 from janusd.sim.control_shell import SimControl as Controller
 from janusd.sim.perfmodel import PerfModel

@@ -37,7 +37,8 @@ from janusd.control.wake import wake_op
 from janusd.lifecycle.restore_path import Bandwidths, choose, options_for
 from janusd.lifecycle.states import COMING_UP, InstanceState
 from janusd.policy.policy_config import ControllerConfig
-from janusd.sim.cluster import Cluster, Served
+from janusd.sim.cluster import Cluster
+from janusd.sim.served import Served
 from janusd.sim.sim_oracle import ControllerError, build_oracle
 
 S = InstanceState

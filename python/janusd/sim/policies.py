@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from janusd.config import DispatchConfig
-from janusd.sim.cluster import Cluster, Served
+from janusd.sim.cluster import Cluster
+from janusd.sim.served import Served
 from janusd.sim.perfmodel import PerfModel
 from janusd.sim.placement import even, lay_out, split_groups
 from janusd.trace.formats import Trace

@@ -18,7 +18,8 @@ import msgspec
 import numpy as np
 
 from janusd.hw import device_spec
-from janusd.sim.cluster import Cluster, served_models
+from janusd.sim.cluster import Cluster
+from janusd.sim.served import served_models
 from janusd.sim.perfmodel import PerfModel
 from janusd.sim.policies import POLICIES
 from janusd.sim.specs import SimModel

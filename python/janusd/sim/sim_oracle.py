@@ -10,7 +10,8 @@ import msgspec
 from janusd.hw.devices import DeviceSpec
 from janusd.oracle.oracle import Oracle
 from janusd.oracle.prior import RooflinePrior
-from janusd.sim.cluster import Cluster, Served
+from janusd.sim.cluster import Cluster
+from janusd.sim.served import Served
 
 
 class ControllerError(ValueError):
