@@ -157,7 +157,7 @@ def test_the_cpu_simulation_predicts_a_recorded_real_replay():
     daemon's, the stream's and the replayer's host work shares the 2 cores with the two
     workers and grows with load, which one constant scale cannot follow (RESULTS.md)."""
     from janusd.sim.calibrate import scale_host
-    from janusd.trace.formats import read_trace
+    from janusd.trace.formats import Trace, read_trace
 
     lo = read_trace(DATA / "sim_calib_trace_lo.csv")
     real = json.loads((DATA / "sim_calib_real_lo.json").read_text())
@@ -173,3 +173,15 @@ def test_the_cpu_simulation_predicts_a_recorded_real_replay():
         assert abs(sim[key] - real[key]) <= ATTAINMENT_TOL, (key, sim[key], real[key])
     for key in ("ttft_p50_ms", "ttft_p90_ms", "tpot_p90_ms"):
         assert abs(sim[key] - real[key]) <= LATENCY_TOL * real[key], (key, sim[key], real[key])
+    # what a wrong model fails: the engine fit alone (host work not scaled in) misses the
+    # run's latencies by more than the tolerance, so the tolerance is not a pass for anything
+    raw = _cpu_sim(lo, f.perf)
+    assert any(abs(raw[key] - real[key]) > LATENCY_TOL * real[key] for key in ("tpot_p50_ms", "tpot_p90_ms"))
+    # and a load where attainment is below 1: the same requests at 6x the rate (18 req/s, ~3x
+    # the 5.77 req/s dispatch-replay measured) are mostly late on the calibrated model (0.37
+    # on 2026-12-07), where the engine fit alone still serves 0.91 of the tokens on time; at
+    # 2x (6 req/s, the real _hi run's knee: 0.62 there) both still say 1.0 (the docstring's gap)
+    fast = Trace.build(lo.arrival_s / 6.0, list(lo.apps[k] for k in lo.app_id), ["llm"] * len(lo),
+                       lo.input_tokens, lo.output_tokens, lo.ttft_slo_ms, lo.tpot_slo_ms)
+    over, over_raw = _cpu_sim(fast, perf), _cpu_sim(fast, f.perf)
+    assert over["token_attainment"] < 0.6 < over_raw["token_attainment"], (over, over_raw)
