@@ -12,7 +12,6 @@ vLLM's EngineCoreProc wraps EngineCore: the engine steps, this file talks. Threa
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import threading
@@ -25,7 +24,7 @@ import msgspec
 from janusd.engine.types import STALL_WAIT_S
 from janusd.engine.worker_lifecycle import Done, Lifecycle
 from janusd.engine.worker_load import Built, Loading
-from janusd.engine.worker_log import log
+from janusd.engine.worker_log import Caught, log
 from janusd.engine.worker_pd import Imported, PDLink
 from janusd.engine.worker_tokenize import tokenize
 from janusd.wire import worker_msgs as wm
@@ -43,6 +42,7 @@ class WorkerProc(Loading):
         self.req_model: dict[int, str] = {}
         self.running = True
         self.busy_since: float | None = None  # the main thread is in a step or command since (monotonic)
+        self.caught = Caught()  # errors served past, reported in Stats.errors
         self.pd = PDLink(engine.pool, kind, self.inbox, transfer_protocol, transfer_nice)
         self.life = Lifecycle(engine, self.inbox, self.pd, self._send, self._drop_requests)
 
@@ -64,7 +64,7 @@ class WorkerProc(Loading):
                 log(f"undecodable message from daemon ignored: {e}")
                 continue
             if isinstance(msg, wm.Tokenize):
-                self._send(tokenize(self.de.models, msg))
+                self._send(tokenize(self.de.models, msg, self.caught))
             elif isinstance(msg, wm.Ping):
                 since = self.busy_since
                 self._send(wm.Pong(msg.seq, time.monotonic() - since if since is not None else 0.0))
@@ -150,20 +150,28 @@ class WorkerProc(Loading):
         except Exception as e:
             log("exporting KV failed:\n" + traceback.format_exc())
             self.req_model.pop(rid, None)
-            with contextlib.suppress(Exception):
-                self.de.models[model].abort(str(rid))
+            if (me := self.de.models.get(model)) is not None:
+                self._abort(me, rid)
             return wm.RequestFailed(rid, f"cannot hand the KV to a decode instance: {e}", "internal")
 
     def _fail_all(self, message: str) -> None:
         for rid, model in list(self.req_model.items()):
             me = self.de.models.get(model)
             if me is not None and not self.pd.defer_abort(rid):  # bytes still arriving: abort after
-                try:
-                    me.abort(str(rid))
-                except Exception:
-                    pass
+                self._abort(me, rid)
             self._send(wm.RequestFailed(rid, message, "internal"))
         self.req_model.clear()
+
+    def _abort(self, me: Any, rid: int) -> None:
+        """Abort `rid` on its model engine. An abort that raises (after a failed step the
+        engine may be in any state) must not stop the requests after it from being failed
+        and freed, nor pass unseen: the request's KV pages may stay held, so it is logged
+        with its traceback and counted (Stats.errors["abort"], janusd_worker_errors)."""
+        try:
+            me.abort(str(rid))
+        except Exception:
+            self.caught("abort", f"aborting request {rid} of {getattr(me, 'name', '?')} failed; "
+                                 "its KV pages may stay held")
 
     def _handle(self, msg: Any) -> None:
         if isinstance(msg, wm.Generate):
@@ -172,7 +180,7 @@ class WorkerProc(Loading):
             model = self.req_model.pop(msg.req_id, None)
             me = self.de.models.get(model) if model else None
             if me is not None and not self.pd.defer_abort(msg.req_id):
-                me.abort(str(msg.req_id))
+                self._abort(me, msg.req_id)
         elif isinstance(msg, wm.ImportKV):
             self._import(msg)
         elif isinstance(msg, Imported):
@@ -205,7 +213,7 @@ class WorkerProc(Loading):
         return wm.Stats(seq, _int_dict(de.pool.stats()), sorted(de.models), len(self.req_model), held, usage,
                         {n: h.nbytes for n, h in de.host.items()},
                         {n: (me.stats.steps, me.stats.decode_tokens, me.stats.forward_s)
-                         for n, me in de.models.items()})
+                         for n, me in de.models.items()}, self.caught.counts())
 
     def _model_for(self, msg: wm.Generate | wm.ImportKV) -> Any:
         """The request's model engine, or None after telling the daemon it is not here."""
@@ -260,7 +268,7 @@ class WorkerProc(Loading):
                 self.pd.forget(rid)
                 me = self.de.models.get(model)
                 if me is not None:
-                    me.abort(str(rid))
+                    self._abort(me, rid)
                 self._send(wm.RequestFailed(rid, why, "internal"))
                 del self.req_model[rid]
 

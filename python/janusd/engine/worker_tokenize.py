@@ -1,14 +1,30 @@
-"""Prompts to token ids on the worker, for the daemon (which never imports a tokenizer).
+"""Prompts to token ids on the worker, for the daemon (which never imports a tokenizer),
+and which failures are the client's.
 
 Answered on the worker's reader thread, never queued behind a step: tokenizers release
 the GIL, so a prompt is tokenized while the main thread is inside a step.
+
+A template or tokenizer that rejects what the client sent is a 400: the client can fix
+it. Anything else raised while tokenizing is a bug, here or in the checkpoint's
+tokenizer: it is answered as an internal error, logged with its traceback and counted
+(Stats.errors["tokenize"]), never passed off as the client's mistake.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from jinja2 import TemplateError
+
+from janusd.engine.worker_log import Caught
 from janusd.wire import worker_msgs as wm
+
+# The client's input errors. ValueError covers ChatTemplateError (engine/chat_template.py:
+# the template refused the messages with raise_exception, failed on their content, or the
+# checkpoint has no template for chat messages), UnicodeError (text the tokenizer cannot
+# take, such as a lone surrogate) and neither a prompt nor messages; TemplateError is
+# Jinja's own, should a template raise one past render_chat.
+INPUT_ERRORS: tuple[type[Exception], ...] = (ValueError, TemplateError)
 
 
 def tokenize_prompt(tokenizer: Any, prompt: str | None, messages: list[wm.ChatMessage] | None) -> list[int]:
@@ -24,11 +40,15 @@ def tokenize_prompt(tokenizer: Any, prompt: str | None, messages: list[wm.ChatMe
     return list(tokenizer.encode(prompt, add_special_tokens=True))
 
 
-def tokenize(models: dict[str, Any], msg: wm.Tokenize) -> wm.Tokenized | wm.ErrorReply:
+def tokenize(models: dict[str, Any], msg: wm.Tokenize, caught: Caught) -> wm.Tokenized | wm.ErrorReply:
     me = models.get(msg.model)
     if me is None:
         return wm.ErrorReply(msg.seq, f"model {msg.model!r} is not loaded on this worker", "bad_request")
     try:
         return wm.Tokenized(msg.seq, tokenize_prompt(me.tokenizer, msg.prompt, msg.messages))
-    except Exception as e:  # a template or tokenizer error is the client's input
+    except INPUT_ERRORS as e:
         return wm.ErrorReply(msg.seq, f"cannot tokenize the prompt: {e}", "bad_request")
+    except Exception as e:
+        caught("tokenize", f"tokenizing a prompt for {msg.model} failed (not the client's input)")
+        return wm.ErrorReply(msg.seq, f"internal error while tokenizing the prompt for {msg.model!r} "
+                             f"(see the worker log): {type(e).__name__}", "internal")

@@ -291,6 +291,9 @@ class Stats(msgspec.Struct, **_OPTS):
     # model -> its engine's counters since it was loaded: steps (each reads the weights once),
     # decode tokens, seconds in the forward pass; the server's own count of the work done
     engine: dict[str, tuple[int, int, float]] = {}
+    # where -> errors the worker caught on the request path and went on after, since it
+    # started (engine/worker_log.py Caught: abort, tokenize); the daemon counts the growth
+    errors: dict[str, int] = {}
 
 
 class Pong(msgspec.Struct, **_OPTS):
