@@ -28,7 +28,6 @@ import os
 import signal
 import socket
 import time
-import traceback
 from typing import Any
 
 from janusd.config import JanusConfig, ModelConfig, cache_dir, dump_config
@@ -47,6 +46,7 @@ from janusd.server.daemon_requests import RequestFront
 from janusd.server.oracle_refit import OracleRefit
 from janusd.server.restart_policy import RestartBudget
 from janusd.server.steady_start import added_placement, first_placement
+from janusd.server.tick_backoff import TickBackoff
 from janusd.server.worker_supervision import WorkerSupervision
 from janusd.server.workers import Liveness, WorkerError, WorkerHandle
 from janusd.telemetry import Telemetry
@@ -95,7 +95,8 @@ class Daemon(RequestFront, WorkerSupervision):
         sv = cfg.server
         live = Liveness(sv.worker_heartbeat_s, sv.worker_heartbeat_timeout_s, sv.worker_step_timeout_s)
         self.workers = [
-            WorkerHandle(i, cfg.devices, self._on_batch, self._on_failed, self._on_death, self._on_kv, live)
+            WorkerHandle(i, cfg.devices, self._on_batch, self._on_failed, self._on_death, self._on_kv, live,
+                         lambda w, where, n: self.metrics.worker_error(w.device_index, where, n))
             for i in range(cfg.devices.count)
         ]
         self.restarts = {w.device_index: RestartBudget(sv.worker_restart_budget, sv.worker_restart_window_s)
@@ -258,13 +259,21 @@ class Daemon(RequestFront, WorkerSupervision):
         self._tick_now.set()
 
     async def _tick_loop(self) -> None:
+        backoff = TickBackoff()
         while True:
             self._tick_now.clear()
             try:
                 wake_at = self.core.tick(clock())
-            except Exception:  # never let one bad tick stop dispatching for good
-                traceback.print_exc()
-                wake_at = clock() + 0.01
+            except Exception as e:  # never let one bad tick stop dispatching for good
+                self.metrics.tick_errors.inc()
+                v = backoff.failed(clock(), e)
+                if v.message is not None:
+                    log.error(v.message, exc_info=v.traceback)
+                # deaf to pokes meanwhile (events arrive at token rate): the next tick serves them
+                await asyncio.sleep(v.wait_s)
+                continue
+            if (note := backoff.succeeded(clock())) is not None:
+                log.warning(note)
             # at least 1 ms: a wake-up already due must not spin the loop
             timeout = None if wake_at is None else max(0.001, wake_at - clock())
             try:

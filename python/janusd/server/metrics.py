@@ -239,6 +239,13 @@ class Metrics:
         self.controller_plan = Gauge("janusd_controller_plan", "the controller's last plans (figure: steady_bins_used, "
                                      "steady_phi, steady_migrations, steady_pending_moves; elastic_budget, "
                                      "elastic_asked, elastic_given)", ["figure"], registry=r)
+        self.tick_errors = Counter("janusd_tick_errors", "core ticks that raised (logged rate-limited; the tick "
+                                   "loop backs off, 10 ms doubling to 1 s, and goes on)", registry=r)
+        self.worker_errors = Counter("janusd_worker_errors", "errors caught on a worker's request path and served "
+                                     "past, by where: handler (the daemon handling one of the worker's outputs), "
+                                     "abort (the worker could not abort a request: its KV pages may stay held), "
+                                     "tokenize (the tokenizer failed on something other than bad input)",
+                                     ["device", "where"], registry=r)
         r.register(_Live(snapshot))
         self._tot: dict[str, tuple[int, int]] = {}
 
@@ -302,6 +309,9 @@ class Metrics:
         if split is not None:
             self.elastic.labels(model, "prefill").set(split[0])
             self.elastic.labels(model, "decode").set(split[1])
+
+    def worker_error(self, device: int, where: str, n: int = 1) -> None:
+        self.worker_errors.labels(str(device), where).inc(n)
 
     def reject(self, model: str, reason: str) -> None:
         self.rejected.labels(model, reason).inc()

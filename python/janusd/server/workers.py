@@ -22,6 +22,11 @@ command. No answer within `heartbeat_timeout_s`, or a step running past
 `step_timeout_s`, and the worker is declared hung (`hung` says why): it is killed with
 SIGKILL (which also ends a stopped process) and its death then takes the usual path, so
 the owner fails its requests (as worker_hung) and restarts it.
+Errors: a handler of the owner's that raises on one output is logged with its traceback
+and counted (`on_error`, where="handler"); that request is ended (Abort to the worker, a
+RequestFailed to the owner) and the batch's other outputs are still delivered, one at a
+time. The errors the worker itself caught and served past arrive as counts in its Stats
+replies; their growth is counted the same way (where="abort", "tokenize", ...).
 This file knows processes and frames, nothing about requests.
 """
 
@@ -34,7 +39,6 @@ import os
 import socket
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -81,13 +85,17 @@ class WorkerHandle:
         on_death: Callable[[WorkerHandle], None],
         on_kv: Callable[[WorkerHandle, wm.KVReady | wm.KVImported], None] | None = None,
         liveness: Liveness | None = None,
+        on_error: Callable[[WorkerHandle, str, int], None] | None = None,
     ) -> None:
+        """`on_error(handle, where, n)`: n more errors caught on this worker's request path."""
         self.device_index = device_index
         self.devices = devices
         self._on_batch = on_batch
         self._on_failed = on_failed
         self._on_death = on_death
         self._on_kv = on_kv
+        self._on_error = on_error
+        self._worker_errors: dict[str, int] = {}  # the current process's Stats.errors last seen
         self.state = "stopped"  # stopped | starting | ready | dead
         self.pid: int | None = None
         self.restarts = 0
@@ -119,6 +127,7 @@ class WorkerHandle:
         self.proc = None
         self.pid = None
         self.hung = None
+        self._worker_errors = {}
         self.state = "starting"
         cmd = [
             sys.executable, "-m", "janusd.engine.worker",
@@ -203,17 +212,13 @@ class WorkerHandle:
                 if body is None:
                     break
                 msg = self._dec.decode(body)
-                if isinstance(msg, (wm.StepBatch, wm.RequestFailed, wm.KVReady, wm.KVImported)):
-                    try:
-                        if isinstance(msg, wm.StepBatch):
-                            self._on_batch(self, msg)
-                        elif isinstance(msg, wm.RequestFailed):
-                            self._on_failed(self, msg)
-                        elif self._on_kv is not None:
-                            self._on_kv(self, msg)
-                    except Exception:  # a bug in a handler must not look like a dead worker
-                        traceback.print_exc()
+                if isinstance(msg, wm.StepBatch):
+                    self._deliver_batch(msg)
+                elif isinstance(msg, (wm.RequestFailed, wm.KVReady, wm.KVImported)):
+                    self._deliver(msg)
                 else:
+                    if isinstance(msg, wm.Stats):
+                        self._count_worker_errors(msg.errors)
                     fut = self._pending.pop(getattr(msg, "seq", -1), None)
                     if fut is not None and not fut.done():
                         fut.set_result(msg)
@@ -221,6 +226,46 @@ class WorkerHandle:
             pass
         finally:
             self._died(proc)
+
+    def _deliver_batch(self, batch: wm.StepBatch) -> None:
+        """One output at a time: a handler that raises on one request's tokens must not
+        drop the tokens of the requests after it in the same step. The one it failed on is
+        ended: the worker stops generating it, the owner fails it (a clear 500, where
+        it would otherwise wait for tokens that no longer reach it)."""
+        outputs = batch.outputs
+        for d in outputs:
+            try:
+                self._on_batch(self, batch if len(outputs) == 1 else wm.StepBatch([d]))
+            except Exception:
+                self._handler_failed(f"handling the tokens of request {d.req_id}")
+                self.send(wm.Abort(d.req_id))
+                self._deliver(wm.RequestFailed(d.req_id, "the daemon failed handling the request's output "
+                                               "(see the daemon log)", "internal"))
+
+    def _deliver(self, msg: wm.RequestFailed | wm.KVReady | wm.KVImported) -> None:
+        try:
+            if isinstance(msg, wm.RequestFailed):
+                self._on_failed(self, msg)
+            elif self._on_kv is not None:
+                self._on_kv(self, msg)
+        except Exception:  # a bug in a handler must not look like a dead worker
+            self._handler_failed(f"handling {type(msg).__name__} of request {msg.req_id}")
+
+    def _handler_failed(self, what: str) -> None:
+        log.error(f"worker for device {self.device_index}: {what} failed", exc_info=True)
+        self._count("handler", 1)
+
+    def _count_worker_errors(self, counts: dict[str, int]) -> None:
+        """Stats carry the worker's counts since its process started: the growth since
+        the last Stats of the same process is new."""
+        for where, n in counts.items():
+            if n > self._worker_errors.get(where, 0):
+                self._count(where, n - self._worker_errors.get(where, 0))
+        self._worker_errors = dict(counts)
+
+    def _count(self, where: str, n: int) -> None:
+        if self._on_error is not None:
+            self._on_error(self, where, n)
 
     async def _wait_exit(self, proc: asyncio.subprocess.Process, reader_task: asyncio.Task[None]) -> None:
         await proc.wait()
