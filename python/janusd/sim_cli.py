@@ -48,6 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="then scale the host figures (overhead_s, seq_overhead_s) until the simulation of this "
                              "trace gives this median TPOT: a real replay's, measured on the same trace (the summary's "
                              "perf is the calibrated model, for --perf on other traces)")
+    parser.add_argument("--oracle-error", type=float, default=0.0, metavar="F",
+                        help="a controller policy's oracle misjudges each model's load by a fixed factor in "
+                             "[1-F, 1+F] (e.g. the held-out P90 relative error of `janus oracle eval`; default 0: the "
+                             "simulator's own performance model)")
+    parser.add_argument("--oracle-seed", type=int, default=0, help="seed of --oracle-error's factors (default 0)")
+    parser.add_argument("--vs-static", action="store_true",
+                        help="also run static: on all devices, right-sized (the fewest devices reaching this "
+                             "policy's token attainment, by bisection) and on this policy's mean devices")
     parser.add_argument("--out", default=None, help="run directory: results.jsonl, devices.csv, summary.json")
     parser.add_argument("--json", action="store_true", help="print only the summary JSON")
 
@@ -92,7 +100,10 @@ def run(args: argparse.Namespace) -> int:
             fitted = {f: getattr(perf, f) for f in ("overhead_s", "seq_overhead_s", "compute_eff", "bandwidth_eff")}
             figures = {**figures, **fitted, "host_scale": k}
         cluster, summ = simulate(trace, archs, args.devices, args.policy, args.device,
-                                 keep_times=args.out is not None, perf=perf, engine=engine)
+                                 keep_times=args.out is not None, perf=perf, engine=engine,
+                                 oracle_error=args.oracle_error, oracle_seed=args.oracle_seed)
+        if args.vs_static:
+            summ["static"] = _vs_static(args, trace, archs, perf, engine, summ)
     except (PlacementError, ValueError) as e:
         return fail(str(e))
     if figures:
@@ -109,6 +120,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"{k:>26}: {v:.4g}" if isinstance(v, float) else f"{k:>26}: {v}", file=sys.stderr)
     print(json.dumps(jsonable(summ)))
     return 0
+
+
+def _vs_static(args: argparse.Namespace, trace, archs, perf, engine, summ):  # type: ignore[no-untyped-def]
+    """sim/right_size.py's static figures beside this run's."""
+    from janusd.sim.right_size import vs_static
+    from janusd.sim.run import simulate
+
+    def static(n: int) -> dict:  # type: ignore[type-arg]
+        return simulate(trace, archs, n, "static", args.device, perf=perf, engine=engine)[1]
+
+    return vs_static(static, summ, args.devices, len(trace.apps))
 
 
 def _perf(args: argparse.Namespace, archs: dict) -> tuple:  # type: ignore[type-arg]

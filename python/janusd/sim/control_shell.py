@@ -38,6 +38,7 @@ from janusd.lifecycle.restore_path import Bandwidths, choose, options_for
 from janusd.lifecycle.states import COMING_UP, InstanceState
 from janusd.policy.policy_config import ControllerConfig
 from janusd.sim.cluster import Cluster
+from janusd.sim.oracle_error import MisjudgingOracle
 from janusd.sim.served import Served
 from janusd.sim.sim_oracle import ControllerError, build_oracle
 
@@ -66,13 +67,18 @@ class SimControl:
     """The room, its ticks and its Ops' moves on one simulated cluster (module doc)."""
 
     def __init__(self, cluster: Cluster, served: list[Served], mode: str = "janus",
-                 cfg: ControllerConfig = ControllerConfig(), periods: Periods = Periods()) -> None:
+                 cfg: ControllerConfig = ControllerConfig(), periods: Periods = Periods(),
+                 oracle_error: float = 0.0, oracle_seed: int = 0) -> None:
+        """`oracle_error`: the room's oracle misjudges each model's load by up to this
+        fraction (sim/oracle_error.py); 0: the simulator's own performance model, exactly."""
         if mode not in MODES:
             raise ControllerError(f"unknown controller mode {mode!r} (known: {', '.join(MODES)})")
         self.c = cluster
         self.mode = mode
         self.p = periods
         self.oracle = build_oracle(served, cluster)
+        if oracle_error > 0.0:
+            self.oracle = MisjudgingOracle(self.oracle, [x.name for x in served], oracle_error, oracle_seed)
         self.room = ControlRoom(control_config(cfg, periods), "first_come" if mode == "blitzscale" else "global")
         pin = _PINS.get(mode)
         if pin is not None:

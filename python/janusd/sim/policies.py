@@ -35,7 +35,10 @@ class Policy:
     name: str
     summary: str
     dispatch: DispatchConfig
-    setup: Callable[[Cluster, list[Served], Trace, "np.ndarray"], None]
+    # (cluster, served, trace, request model per row, oracle error, its seed): the last two
+    # are the controller's (sim/oracle_error.py); fixed placements take and ignore them
+    setup: Callable[[Cluster, list[Served], Trace, "np.ndarray", float, int], None]
+    controlled: bool = False
 
 
 def work_s(served: list[Served], trace: Trace, request_model: np.ndarray, perf: PerfModel) -> dict[str, float]:
@@ -63,20 +66,22 @@ def _place_fixed(count: dict[str, int], cluster: Cluster, served: list[Served]) 
             cluster.place(name, g, 0.0)
 
 
-def _even(cluster: Cluster, served: list[Served], trace: Trace, request_model: np.ndarray) -> None:
+def _even(cluster: Cluster, served: list[Served], trace: Trace, request_model: np.ndarray, *_: object) -> None:
     _place_fixed(even({s.name: s.arch.tp for s in served}, cluster.n_devices), cluster, served)
 
 
-def _proportional(cluster: Cluster, served: list[Served], trace: Trace, request_model: np.ndarray) -> None:
+def _proportional(cluster: Cluster, served: list[Served], trace: Trace, request_model: np.ndarray,
+                  *_: object) -> None:
     w = work_s(served, trace, request_model, cluster.perf)
     _place_fixed(split_groups({s.name: s.arch.tp for s in served}, w, cluster.n_devices), cluster, served)
 
 
-def _controlled(mode: str) -> Callable[[Cluster, list[Served], Trace, np.ndarray], None]:
-    def setup(cluster: Cluster, served: list[Served], trace: Trace, request_model: np.ndarray) -> None:
+def _controlled(mode: str) -> Callable[[Cluster, list[Served], Trace, np.ndarray, float, int], None]:
+    def setup(cluster: Cluster, served: list[Served], trace: Trace, request_model: np.ndarray,
+              oracle_error: float = 0.0, oracle_seed: int = 0) -> None:
         from janusd.sim.control_shell import SimControl
 
-        SimControl(cluster, served, mode).start()
+        SimControl(cluster, served, mode, oracle_error=oracle_error, oracle_seed=oracle_seed).start()
 
     return setup
 
@@ -84,16 +89,16 @@ def _controlled(mode: str) -> Callable[[Cluster, list[Served], Trace, np.ndarray
 POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("janus", "Janus: bursty/hot apps elastic (whole devices, scaled every 0.5 s under one budget), the rest "
            "co-located in the steady pool (placement every 30 s and on change); D2D fork, H2D restore",
-           DispatchConfig(), _controlled("janus")),
+           DispatchConfig(), _controlled("janus"), controlled=True),
     Policy("steady-only", "ablation: every app in the steady pool (co-located, placement every 30 s)",
-           DispatchConfig(), _controlled("steady-only")),
+           DispatchConfig(), _controlled("steady-only"), controlled=True),
     Policy("elastic-only", "ablation: every app elastic (whole devices, one global budget)",
-           DispatchConfig(), _controlled("elastic-only")),
+           DispatchConfig(), _controlled("elastic-only"), controlled=True),
     Policy("prism", "Prism-like: periodic placement inside the pool, no per-app budget re-allocation at run "
-           "time, every load from host memory (no fork)", DispatchConfig(), _controlled("prism")),
+           "time, every load from host memory (no fork)", DispatchConfig(), _controlled("prism"), controlled=True),
     Policy("blitzscale", "BlitzScale-like: per-app autoscaling on whole devices with fast (D2D) loading, each app "
            "scaled to its own need first come first served, no global allocator",
-           DispatchConfig(), _controlled("blitzscale")),
+           DispatchConfig(), _controlled("blitzscale"), controlled=True),
     Policy("static", "devices split evenly and bound to apps for the run (ServerlessLLM-like); LST-IMH dispatch",
            DispatchConfig(), _even),
     Policy("rr", "pool split by the trace's work per app; round-robin dispatch as a peer's router runs it "

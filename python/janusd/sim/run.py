@@ -31,9 +31,12 @@ from janusd.trace.results import jsonable
 
 def simulate(trace: Trace, archs: dict[str, SimModel], devices: int, policy: str,
              device: str = "ascend-910c-die", keep_times: bool = False,
-             perf: PerfModel | None = None, engine: EngineLimits = EngineLimits()) -> tuple[Cluster, dict[str, Any]]:
+             perf: PerfModel | None = None, engine: EngineLimits = EngineLimits(), oracle_error: float = 0.0,
+             oracle_seed: int = 0) -> tuple[Cluster, dict[str, Any]]:
     """Run `policy` on `devices` devices of kind `device`; ValueError for bad arguments
-    (unknown policy, a pool too small for one instance of every model)."""
+    (unknown policy, a pool too small for one instance of every model, an oracle error
+    outside [0, 1)). `oracle_error`: a controller policy's oracle misjudges each model's load
+    by up to that fraction (sim/oracle_error.py)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
     if devices < 1:
@@ -42,9 +45,12 @@ def simulate(trace: Trace, archs: dict[str, SimModel], devices: int, policy: str
     perf = perf or PerfModel(device_spec(device))
     served, req_model = served_models(trace, archs)
     cluster = Cluster(trace, served, req_model, perf, devices, pol.dispatch, engine=engine, keep_times=keep_times)
-    pol.setup(cluster, served, trace, req_model)
+    pol.setup(cluster, served, trace, req_model, oracle_error, oracle_seed)
     wall = cluster.run()
-    return cluster, summary(cluster, policy, wall)
+    out = summary(cluster, policy, wall)
+    if pol.controlled:
+        out["oracle_error"] = oracle_error
+    return cluster, out
 
 
 def summary(cluster: Cluster, policy: str, wall_s: float) -> dict[str, Any]:
