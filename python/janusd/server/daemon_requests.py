@@ -96,7 +96,9 @@ class RequestFront:
             if e.kind == "bad_request":
                 raise Refused(Failure(400, str(e), "invalid_request_error",
                                       param="messages" if p.chat else None)) from None
-            raise Refused(Failure(503, str(e), retry_after_s=1.0)) from None
+            if e.kind == "internal":  # a tokenizer bug: retrying in a second would fail again
+                raise Refused(Failure(500, f"tokenizing failed on the worker: {e}")) from None
+            raise Refused(Failure(503, str(e), retry_after_s=1.0)) from None  # the worker went away
         except asyncio.TimeoutError:
             raise Refused(Failure(503, "tokenization timed out", retry_after_s=1.0)) from None
         return reply.token_ids, waited

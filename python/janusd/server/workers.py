@@ -66,7 +66,9 @@ class Liveness:
 
 
 class WorkerError(RuntimeError):
-    """A worker could not start, died, or answered a command with an error."""
+    """A worker could not start, died, or answered a command with an error. `kind`: the
+    worker's own (bad_request, unavailable, internal: a bug it caught), or unavailable
+    when the process is not there to answer."""
 
     def __init__(self, message: str, kind: str = "internal") -> None:
         super().__init__(message)
@@ -157,15 +159,17 @@ class WorkerHandle:
             first = self._dec.decode(body) if body is not None else None
         except asyncio.TimeoutError:
             await self._kill()
-            raise WorkerError(f"worker for device {self.device_index} not ready within {timeout_s:g} s") from None
+            raise WorkerError(f"worker for device {self.device_index} not ready within {timeout_s:g} s",
+                              "unavailable") from None
         except (asyncio.IncompleteReadError, ConnectionError, FrameError, msgspec.DecodeError) as e:
             first = None
             await self._kill()
-            raise WorkerError(f"worker for device {self.device_index} failed during start-up: {e}") from None
+            raise WorkerError(f"worker for device {self.device_index} failed during start-up: {e}",
+                              "unavailable") from None
         if not isinstance(first, wm.Ready):
             why = first.message if isinstance(first, wm.ErrorReply) else "it exited before the handshake"
             await self._kill()
-            raise WorkerError(f"worker for device {self.device_index} failed to start: {why}")
+            raise WorkerError(f"worker for device {self.device_index} failed to start: {why}", "unavailable")
         self.state = "ready"
         self.memcpy_bps = first.memcpy_bps
         self._reader_task = asyncio.create_task(self._read_loop(reader, proc), name=f"worker{self.device_index}-reader")
@@ -283,7 +287,7 @@ class WorkerHandle:
         self.state = "dead" if not was_stopping else "stopped"
         for fut in self._pending.values():
             if not fut.done():
-                fut.set_exception(WorkerError(f"worker for device {self.device_index} died"))
+                fut.set_exception(WorkerError(f"worker for device {self.device_index} died", "unavailable"))
         self._pending.clear()
         if self._writer is not None:
             self._writer.close()
@@ -304,7 +308,7 @@ class WorkerHandle:
         self._pending[seq] = fut
         if not self.send(make(seq)):
             self._pending.pop(seq, None)
-            raise WorkerError(f"worker for device {self.device_index} is not running")
+            raise WorkerError(f"worker for device {self.device_index} is not running", "unavailable")
         try:
             reply = await asyncio.wait_for(fut, timeout_s)
         finally:
