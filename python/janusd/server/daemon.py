@@ -44,6 +44,7 @@ from janusd.server.controller import Controller
 from janusd.server.daemon_clock import clock
 from janusd.server.daemon_requests import RequestFront
 from janusd.server.oracle_refit import OracleRefit
+from janusd.server.process_states import DAEMON_MOVES, DaemonState, WorkerState, moved
 from janusd.server.restart_policy import RestartBudget
 from janusd.server.steady_start import added_placement, first_placement
 from janusd.server.tick_backoff import TickBackoff
@@ -82,7 +83,7 @@ class Daemon(RequestFront, WorkerSupervision):
                  server_overrides: dict[str, Any] | None = None) -> None:
         # `janus serve --host/--port`: re-applied to a reloaded file so SIGHUP compares like with like
         self.config = ConfigHolder(cfg, config_path, dict(server_overrides or {}))
-        self.state = "starting"  # starting | running | draining | stopped
+        self.state = DaemonState.STARTING  # server/process_states.py: its table of moves
         self.started_wall = time.time()
         self.started_loop = 0.0
         self._wake = asyncio.Event()
@@ -137,6 +138,9 @@ class Daemon(RequestFront, WorkerSupervision):
     def request_reload(self) -> None:
         self._reload_requested = True
         self._wake.set()
+
+    def _to(self, target: DaemonState) -> None:
+        self.state = moved(self.state, target, DAEMON_MOVES, "the daemon")
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         t = asyncio.create_task(coro, name=name)
@@ -194,7 +198,7 @@ class Daemon(RequestFront, WorkerSupervision):
         wd = sdnotify.watchdog_interval_s()
         if wd:
             self._spawn(self._watchdog(wd), "watchdog")
-        self.state = "running"
+        self._to(DaemonState.RUNNING)
         self.started_loop = clock()
         _log(f"serving on http://{self.cfg.server.host}:{self.http_port} (admin {self.cfg.server.admin_socket})")
         sdnotify.notify(f"READY=1\nSTATUS=serving on port {self.http_port}\nMAINPID={os.getpid()}")
@@ -209,7 +213,7 @@ class Daemon(RequestFront, WorkerSupervision):
 
     async def _shutdown(self, runner: Any, admin: Any) -> None:
         t_start = clock()
-        self.state = "draining"
+        self._to(DaemonState.DRAINING)
         sdnotify.notify("STOPPING=1\nSTATUS=draining")
         n = self.core.requests.count()
         _log(f"shutting down: draining {n} in-flight requests (up to {self.cfg.server.drain_timeout_s:g} s)")
@@ -228,7 +232,7 @@ class Daemon(RequestFront, WorkerSupervision):
             await self.controller.close()
         await self.oracle.close()  # its helper process is terminated, not joined at exit
         await self._stop_workers()
-        self.state = "stopped"
+        self._to(DaemonState.STOPPED)
         _log(f"stopped (drain {t_drained - t_start:.3f} s, listeners {t_http - t_drained:.3f} s, "
              f"workers {clock() - t_http:.3f} s)")
 
@@ -322,9 +326,9 @@ class Daemon(RequestFront, WorkerSupervision):
 
     # ---- views ----
     def health(self) -> dict[str, Any]:
-        ok = self.state == "running" and all(w.ready for w in self.workers)
+        ok = self.state is DaemonState.RUNNING and all(w.ready for w in self.workers)
         return {
-            "status": "ok" if ok else ("draining" if self.state == "draining" else "degraded"),
+            "status": "ok" if ok else ("draining" if self.state is DaemonState.DRAINING else "degraded"),
             "state": self.state,
             "workers": {str(w.device_index): w.state for w in self.workers},
             # devices not serving and why: restarting after a death or a hang, or failed
@@ -337,7 +341,7 @@ class Daemon(RequestFront, WorkerSupervision):
         s = self.core.snapshot(clock())
         s["workers"] = {w.device_index: (w.ready, w.restarts) for w in self.workers}
         s["worker_hangs"] = {w.device_index: w.hangs for w in self.workers}
-        s["worker_failed"] = {w.device_index: w.state == "failed" for w in self.workers}
+        s["worker_failed"] = {w.device_index: w.state is WorkerState.FAILED for w in self.workers}
         s["pools"] = {w.device_index: w.last_stats.pool for w in self.workers if w.last_stats is not None}
         s["kv_usage"] = {w.device_index: w.last_stats.kv_usage for w in self.workers
                          if w.last_stats is not None and w.ready}

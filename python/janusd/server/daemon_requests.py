@@ -18,6 +18,7 @@ from janusd.server.daemon_clock import clock
 from janusd.server.lifecycle_ops import LifecycleOps
 from janusd.server.metrics import Metrics
 from janusd.server.openai_types import Parsed
+from janusd.server.process_states import DaemonState
 from janusd.server.workers import WorkerError, WorkerHandle
 from janusd.wire import worker_msgs as wm
 
@@ -29,7 +30,7 @@ def _log(msg: str, level: int = logging.INFO) -> None:
 class RequestFront:
     """What it uses of the Daemon (made in Daemon.__init__)."""
 
-    state: str
+    state: DaemonState
     core: ServingCore
     life: LifecycleOps
     metrics: Metrics
@@ -49,7 +50,7 @@ class RequestFront:
 
         The request's clock (SLO deadlines, token times) starts here, before tokenizing."""
         arrival = clock()
-        if self.state != "running":
+        if self.state is not DaemonState.RUNNING:
             if self.core.registry.model(p.model) is None:
                 self.core.begin_admission(p.model)  # raises the 404
             raise Refused(Failure(503, "the server is shutting down", code="shutting_down"))

@@ -18,6 +18,7 @@ from janusd.log import log
 from janusd.server.daemon_clock import clock
 from janusd.server.lifecycle_ops import LifecycleOps
 from janusd.server.model_ops import ModelOps
+from janusd.server.process_states import DaemonState
 from janusd.server.restart_policy import RestartBudget
 from janusd.server.workers import WorkerError, WorkerHandle
 from janusd.wire import worker_msgs as wm
@@ -30,7 +31,7 @@ def _log(msg: str, level: int = logging.INFO) -> None:
 class WorkerSupervision:
     """What it uses of the Daemon (made in Daemon.__init__)."""
 
-    state: str
+    state: DaemonState
     core: ServingCore
     ops: ModelOps
     restarts: dict[int, RestartBudget]
@@ -62,17 +63,17 @@ class WorkerSupervision:
         self.core.on_worker_death(dev, clock(), code="worker_hung" if w.hung else "worker_died",
                                   why=f"hung ({w.hung})" if w.hung else "died")
         self.poke()
-        if self.state in ("running", "starting"):
+        if self.state in (DaemonState.RUNNING, DaemonState.STARTING):
             self._spawn(self._restart(w), f"restart{dev}")
 
     async def _restart(self, w: WorkerHandle) -> None:
         """Restart a dead worker after its back-off; give the device up (failed) once its
         restart budget is spent (server/restart_policy.py)."""
         budget = self.restarts[w.device_index]
-        while self.state in ("running", "starting"):
+        while self.state in (DaemonState.RUNNING, DaemonState.STARTING):
             delay = budget.on_death(time.monotonic())
             if delay is None:
-                w.state = "failed"
+                w.fail()
                 _log(f"device {w.device_index} failed: its worker died {budget.budget + 1} times within "
                      f"{budget.window_s:g} s; not restarting it (see the worker log above)")
                 self.core.on_device_failed(w.device_index, clock())

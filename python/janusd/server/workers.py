@@ -47,6 +47,7 @@ import msgspec
 
 from janusd.config import DevicesConfig
 from janusd.log import log
+from janusd.server.process_states import WORKER_MOVES, WorkerState, moved
 from janusd.wire import worker_msgs as wm
 from janusd.wire.framing import FrameError, encode_frame, read_frame
 
@@ -63,6 +64,8 @@ class Liveness:
     heartbeat_s: float = 1.0
     heartbeat_timeout_s: float = 5.0
     step_timeout_s: float = 60.0
+
+W = WorkerState
 
 
 class WorkerError(RuntimeError):
@@ -98,7 +101,7 @@ class WorkerHandle:
         self._on_kv = on_kv
         self._on_error = on_error
         self._worker_errors: dict[str, int] = {}  # the current process's Stats.errors last seen
-        self.state = "stopped"  # stopped | starting | ready | dead
+        self.state = WorkerState.STOPPED  # server/process_states.py: its table of moves
         self.pid: int | None = None
         self.restarts = 0
         self.proc: asyncio.subprocess.Process | None = None
@@ -119,7 +122,14 @@ class WorkerHandle:
 
     @property
     def ready(self) -> bool:
-        return self.state == "ready"
+        return self.state is W.READY
+
+    def fail(self) -> None:
+        """Its restart budget is spent: the device is given up (server/worker_supervision.py)."""
+        self._to(W.FAILED)
+
+    def _to(self, target: WorkerState) -> None:
+        self.state = moved(self.state, target, WORKER_MOVES, f"worker for device {self.device_index}")
 
     async def start(self, timeout_s: float) -> None:
         """Spawn the worker and wait for its Ready frame; raise WorkerError on failure."""
@@ -130,7 +140,7 @@ class WorkerHandle:
         self.pid = None
         self.hung = None
         self._worker_errors = {}
-        self.state = "starting"
+        self._to(W.STARTING)
         cmd = [
             sys.executable, "-m", "janusd.engine.worker",
             "--fd", str(child.fileno()),
@@ -170,7 +180,7 @@ class WorkerHandle:
             why = first.message if isinstance(first, wm.ErrorReply) else "it exited before the handshake"
             await self._kill()
             raise WorkerError(f"worker for device {self.device_index} failed to start: {why}", "unavailable")
-        self.state = "ready"
+        self._to(W.READY)
         self.memcpy_bps = first.memcpy_bps
         self._reader_task = asyncio.create_task(self._read_loop(reader, proc), name=f"worker{self.device_index}-reader")
         self._wait_task = asyncio.create_task(
@@ -183,9 +193,9 @@ class WorkerHandle:
         """Ping the worker until it is gone; declare it hung when it stops answering or a
         step never ends (see the module docs)."""
         lv = self.liveness
-        while proc is self.proc and self.state == "ready":
+        while proc is self.proc and self.state is W.READY:
             await asyncio.sleep(lv.heartbeat_s)
-            if proc is not self.proc or self.state != "ready":
+            if proc is not self.proc or self.state is not W.READY:
                 return
             try:
                 pong: wm.Pong = await self.call(lambda seq: wm.Ping(seq), lv.heartbeat_timeout_s)
@@ -201,7 +211,7 @@ class WorkerHandle:
                 return
 
     def _declare_hung(self, proc: asyncio.subprocess.Process, why: str) -> None:
-        if proc is not self.proc or self.state != "ready":
+        if proc is not self.proc or self.state is not W.READY:
             return
         self.hung = why
         self.hangs += 1
@@ -281,10 +291,10 @@ class WorkerHandle:
 
     def _died(self, proc: asyncio.subprocess.Process | None) -> None:
         """The process `proc` is gone; acts once per process, and only for the current one."""
-        if proc is not self.proc or self.state in ("dead", "stopped"):
+        if proc is not self.proc or self.state in (W.DEAD, W.STOPPED):
             return
-        was_stopping = self.state == "stopping"
-        self.state = "dead" if not was_stopping else "stopped"
+        was_stopping = self.state is W.STOPPING
+        self._to(W.STOPPED if was_stopping else W.DEAD)
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(WorkerError(f"worker for device {self.device_index} died", "unavailable"))
@@ -296,7 +306,7 @@ class WorkerHandle:
 
     def send(self, msg: Any) -> bool:
         """Queue a message to the worker; False when it is not running."""
-        if self._writer is None or self.state not in ("ready", "starting") or self._writer.is_closing():
+        if self._writer is None or self.state not in (W.READY, W.STARTING) or self._writer.is_closing():
             return False
         self._writer.write(encode_frame(self._enc, msg))
         return True
@@ -319,16 +329,16 @@ class WorkerHandle:
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         """Ask the worker to exit; kill it if it does not within timeout_s."""
-        if self.proc is None or self.state in ("stopped",):
+        if self.proc is None or self.state is W.STOPPED:
             return
-        if self.state == "ready":
+        if self.state is W.READY:
             self.send(wm.Shutdown())
-        self.state = "stopping"
+        self._to(W.STOPPING)
         try:
             await asyncio.wait_for(self.proc.wait(), timeout_s)
         except asyncio.TimeoutError:
             await self._kill()
-        self.state = "stopped"
+        self._to(W.STOPPED)
         if self._writer is not None:
             self._writer.close()
         for t in (self._reader_task, self._wait_task, self._beat_task):
@@ -342,4 +352,4 @@ class WorkerHandle:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
             await self.proc.wait()
-        self.state = "dead"
+        self._to(W.DEAD)
