@@ -375,3 +375,22 @@ def test_a_request_that_waited_in_its_shell_gets_a_fresh_ttft_budget_as_a_held_o
         assert rig.workers[0].generates() == [req.rid] and sink == []
     else:
         assert rig.workers[0].generates() == [] and isinstance(sink[-1], Failure) and sink[-1].status == 503
+
+
+def test_a_drain_past_its_bound_ends_only_what_it_names_and_aborts_each_on_its_worker():
+    """ServingCore.fail_requests: the one place a drain ends what is left (server/drain.py
+    waits; this ends), for unload, remove, reload and state moves alike."""
+    rig = Rig()
+    rig.model("m", [0, 1])
+    rig.activate("m", 0)
+    rig.activate("m", 1)
+    rids = [rig.submit("m") for _ in range(4)]
+    rig.tick()
+    on0 = [r for r in rig.core.requests.by_id.values() if r.device == 0]
+    assert on0 and len(on0) < 4
+    done = rig.core.fail_requests(on0 + on0[:1], Failure(503, "went warm", code="model_deactivated"), rig.now)
+    assert done == len(on0)  # a request named twice ends once
+    assert sorted(rig.workers[0].aborts()) == sorted(r.rid for r in on0) and rig.workers[1].aborts() == []
+    for r in on0:
+        assert isinstance(rig.events[r.rid][-1], Failure) and rig.events[r.rid][-1].code == "model_deactivated"
+    assert rig.core.requests.count() == 4 - len(on0) and set(rig.core.requests.by_id) <= set(rids)

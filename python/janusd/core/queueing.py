@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from janusd.core.admission import fit_to_context, late_by
@@ -146,9 +146,16 @@ class Queueing(CoreState):
 
     def fail_all(self, failure: Failure, now: float) -> int:
         """End every request (shutdown past its drain bound); aborts them on their workers."""
+        return self.fail_requests(list(self.requests.by_id.values()), failure, now)
+
+    def fail_requests(self, reqs: Iterable[Request], failure: Failure, now: float) -> int:
+        """End these requests (a drain past its bound: the one place a drain ends what is
+        left); each is aborted on its worker first. Returns how many ended."""
         self._at(now)
         n = 0
-        for req in list(self.requests.by_id.values()):
+        for req in reqs:
+            if req.done:
+                continue
             if req.device is not None and (w := self.workers.get(req.device)) is not None:
                 w.send(wm.Abort(req.rid))
             self.requests.fail(req.rid, failure)

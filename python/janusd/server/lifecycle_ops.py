@@ -28,6 +28,7 @@ from janusd.core.requests import Failure
 from janusd.lifecycle.restore_path import Bandwidths, choose, options_for
 from janusd.lifecycle.states import TARGETS, InstanceState, check_transition
 from janusd.log import log
+from janusd.server.drain import drained
 from janusd.server.model_ops import ModelOps
 from janusd.server.workers import WorkerError
 from janusd.wire import worker_msgs as wm
@@ -311,22 +312,14 @@ class LifecycleOps:
         name, clock = inst.model, self.ops.clock
         self.core.set_state(inst, S.DRAINING, clock())
         t0 = time.monotonic()
-        deadline = t0 + self.ops.drain_timeout_s
 
         def running() -> list[Any]:
             return [r for r in self.core.requests.of_model(name) if r.device == inst.device] + self._to_hand(inst)
 
-        while running() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        aborted = 0
-        for req in running():
-            if req.device is not None:
-                self.ops.workers[req.device].send(wm.Abort(req.rid))
-            self.core.requests.fail(req.rid, Failure(503, f"model {name!r} on device {inst.device} went "
-                                                          f"{want.value} before this request finished (drain bound "
-                                                          f"{self.ops.drain_timeout_s:g} s)", code="model_deactivated"))
-            aborted += 1
-        drain_s = time.monotonic() - t0
+        drain_s = await drained(running, self.ops.drain_timeout_s)
+        aborted = self.core.fail_requests(running(), Failure(
+            503, f"model {name!r} on device {inst.device} went {want.value} before this request finished (drain "
+            f"bound {self.ops.drain_timeout_s:g} s)", code="model_deactivated"), clock())
         try:
             reply: wm.StateSet = await self._call(inst, self._msg(inst, want.value), self.ops.load_timeout_s)
         except (WorkerError, asyncio.TimeoutError) as e:

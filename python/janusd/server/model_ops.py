@@ -26,6 +26,7 @@ from janusd.core.serving import ServingCore
 from janusd.lifecycle.states import InstanceState
 from janusd.log import log
 from janusd.policy.pinned import place
+from janusd.server.drain import drained
 from janusd.server.workers import WorkerError, WorkerHandle
 from janusd.wire import worker_msgs as wm
 
@@ -148,19 +149,11 @@ class ModelOps:
             elif inst.state is S.WARM:  # drop the worker's host copy
                 self.core.set_state(inst, S.UNLOADED, self.clock())
                 await self._unload_on_worker(name, inst.device)
-        deadline = time.monotonic() + self.drain_timeout_s
-
         def running() -> list[Any]:
             return [r for r in self.core.requests.of_model(name) if r.device is not None]
 
-        while running() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        failed = 0
-        for req in running():
-            w = self.workers[req.device]
-            w.send(wm.Abort(req.rid))
-            self.core.requests.fail(req.rid, Failure(503, f"model {name!r} was unloaded"))
-            failed += 1
+        await drained(running, self.drain_timeout_s, 0.05)
+        failed = self.core.fail_requests(running(), Failure(503, f"model {name!r} was unloaded"), self.clock())
         for inst in insts:
             if inst.state is S.DRAINING:
                 self.core.set_state(inst, S.UNLOADED, self.clock())
