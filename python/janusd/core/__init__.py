@@ -1,1 +1,15 @@
-"""The request path as a clock-injected core: admission, queues, assignment, token batches, request end, failures. No asyncio, no sockets, no clock reads; the daemon (server/) and the simulator drive it."""
+"""The request path as a clock-injected core: admission, queues, assignment, token batches,
+request end, failures. No asyncio, no sockets, no clock reads; the daemon (server/) and the
+simulator drive it.
+
+This package's names are the core's face to its shells: server/ and sim/ import the core
+from here only, never its modules (tests/test_shell_faces.py checks), so what a shell may
+call is listed once, below."""
+
+from janusd.core.registry import Instance, Model, Registry
+from janusd.core.requests import Failure, Refused, Request, no_instance, removed
+from janusd.core.serving import ServingCore
+from janusd.core.shell_hooks import Limits, Observers
+
+__all__ = ["Failure", "Instance", "Limits", "Model", "Observers", "Refused", "Registry", "Request", "ServingCore",
+           "no_instance", "removed"]

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import msgspec
 
 from janusd.config import JanusConfig
-from janusd.core.serving import ServingCore
+from janusd.core import ServingCore
 from janusd.server.controller import Controller
 from janusd.server.model_ops import ConfigHolder
 from janusd.server.oracle_refit import OracleRefit

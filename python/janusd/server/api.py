@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -28,8 +27,9 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from janusd.config import JanusConfig
+from janusd.core import Failure, Refused, Request
 from janusd.log import log as _log
-from janusd.core.requests import Failure, Refused, Request
+from janusd.server.daemon_clock import wall_clock
 from janusd.server.openai_types import ApiError, Parsed, parse_chat, parse_completion
 from janusd.wire.worker_msgs import TokenDelta
 
@@ -127,7 +127,7 @@ class _Shape:
         self.chat = parsed.chat
         self.model = parsed.model
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + request_id
-        self.created = int(time.time())
+        self.created = int(wall_clock())
 
     def chunk(self, text: str | None, finish: str | None, role: bool = False,
               token_ids: list[int] | None = None) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -29,9 +28,10 @@ from janusd.control.ops import Op
 from janusd.control.room import ControlRoom
 from janusd.control.snapshot import ControlSnapshot, Predictor
 from janusd.control.view import plan_view
-from janusd.core.serving import ServingCore
+from janusd.core import ServingCore
 from janusd.lifecycle.states import InstanceState
 from janusd.log import log
+from janusd.server.daemon_clock import clock as daemon_clock
 
 __all__ = ["Controller", "ControllerHost", "Op", "Predictor"]
 
@@ -57,7 +57,7 @@ class ControllerHost(Protocol):
 class Controller:
     """The two loops and the operations' tasks around one ControlRoom."""
 
-    def __init__(self, host: ControllerHost, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, host: ControllerHost, clock: Callable[[], float] = daemon_clock,
                  on_op: Callable[[str, str], None] = lambda op, outcome: None,
                  on_elastic: Callable[[str, int, int, tuple[int, int] | None], None] =
                  lambda model, demand, count, split: None,

@@ -27,22 +27,20 @@ import logging
 import os
 import signal
 import socket
-import time
 from typing import Any
 
 from janusd.config import JanusConfig, ModelConfig, cache_dir, dump_config
-from janusd.core.requests import Failure
-from janusd.core.serving import Limits, Observers, ServingCore
+from janusd.core import Failure, Limits, Observers, ServingCore
 from janusd.log import log
 from janusd.server import model_ops, sdnotify
 from janusd.server.admin import AdminSocketError, check_admin_socket_free, start_admin
 from janusd.server.api import start_http
-from janusd.server.metrics import Metrics
-from janusd.server.lifecycle_ops import LifecycleOps
-from janusd.server.model_ops import ConfigHolder, ModelOps
 from janusd.server.controller import Controller
-from janusd.server.daemon_clock import clock
+from janusd.server.daemon_clock import clock, wall_clock
 from janusd.server.daemon_requests import RequestFront
+from janusd.server.lifecycle_ops import LifecycleOps
+from janusd.server.metrics import Metrics
+from janusd.server.model_ops import ConfigHolder, ModelOps
 from janusd.server.oracle_refit import OracleRefit
 from janusd.server.process_states import DAEMON_MOVES, DaemonState, WorkerState, moved
 from janusd.server.restart_policy import RestartBudget
@@ -84,7 +82,7 @@ class Daemon(RequestFront, WorkerSupervision):
         # `janus serve --host/--port`: re-applied to a reloaded file so SIGHUP compares like with like
         self.config = ConfigHolder(cfg, config_path, dict(server_overrides or {}))
         self.state = DaemonState.STARTING  # server/process_states.py: its table of moves
-        self.started_wall = time.time()
+        self.started_wall = wall_clock()
         self.started_loop = 0.0
         self._wake = asyncio.Event()
         self._shutdown_requested = False

@@ -7,3 +7,6 @@ import time
 # the core. Not loop.time(): uvloop's is cached per loop iteration at 1 ms resolution,
 # too coarse for per-token times; both read CLOCK_MONOTONIC.
 clock = time.monotonic
+# The wall clock, for the timestamps clients and operators read (an OpenAI response's
+# `created`, the daemon's start time): never for a duration or a deadline.
+wall_clock = time.time

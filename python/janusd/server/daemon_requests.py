@@ -11,8 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from janusd.config import JanusConfig
-from janusd.core.requests import Failure, Refused, Request, no_instance, removed
-from janusd.core.serving import ServingCore
+from janusd.core import Failure, Refused, Request, ServingCore, no_instance, removed
 from janusd.log import log
 from janusd.server.daemon_clock import clock
 from janusd.server.lifecycle_ops import LifecycleOps

@@ -8,16 +8,16 @@ when its workers say so (sim/cluster.py) and need no polling."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Sequence
 
-from janusd.core.requests import Request
+from janusd.core import Request
+from janusd.server.daemon_clock import clock
 
 
 async def drained(running: Callable[[], Sequence[Request]], bound_s: float, poll_s: float = 0.02) -> float:
     """Wait until `running()` is empty or `bound_s` passed; returns the seconds waited."""
-    t0 = time.monotonic()
+    t0 = clock()
     deadline = t0 + bound_s
-    while running() and time.monotonic() < deadline:
+    while running() and clock() < deadline:
         await asyncio.sleep(poll_s)
-    return time.monotonic() - t0
+    return clock() - t0

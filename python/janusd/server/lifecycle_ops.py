@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -23,11 +22,11 @@ import msgspec
 
 from janusd.config import LifecycleConfig
 from janusd.control.wake import wake_op
-from janusd.core.registry import Instance
-from janusd.core.requests import Failure
+from janusd.core import Failure, Instance
 from janusd.lifecycle.restore_path import Bandwidths, choose, options_for
 from janusd.lifecycle.states import TARGETS, InstanceState, check_transition
 from janusd.log import log
+from janusd.server.daemon_clock import clock
 from janusd.server.drain import drained
 from janusd.server.model_ops import ModelOps
 from janusd.server.workers import WorkerError
@@ -224,12 +223,12 @@ class LifecycleOps:
         name, clock = inst.model, self.ops.clock
         prev = inst.state
         if prev is S.UNLOADED and fork_from is None:
-            t0 = time.monotonic()
+            t0 = clock()
             await self.ops.load(inst)  # a full load (Unloaded keeps nothing to restore from)
             if inst.state is not S.ACTIVE:
                 raise ValueError(f"{name} on device {inst.device} failed to load: {inst.error}")
             return {"model": name, "device": inst.device, "state": "active", "path": "checkpoint",
-                    "phases": {"total": round(time.monotonic() - t0, 4)}}
+                    "phases": {"total": round(clock() - t0, 4)}}
         peer = fork_from
         if peer is None:  # a fork when a serving peer is estimated to be faster than our own path
             peers = [i for i in self.core.registry.models[name].instances.values()
@@ -248,7 +247,7 @@ class LifecycleOps:
                     raise ValueError(f"fork: the source on device {peer.device} cannot publish its weights: {e}") \
                         from None
         self.core.set_state(inst, S.FORKING if source is not None else S.RESTORING, clock())
-        t0 = time.monotonic()
+        t0 = clock()
         try:
             life = self._fork_pace(peer.device) if source is not None and peer is not None else self.cfg
             reply: wm.StateSet = await self._call(inst, self._msg(inst, "active", source, probe, life),
@@ -265,7 +264,7 @@ class LifecycleOps:
                                  "back") from None
             raise ValueError(f"{name} on device {inst.device} could not become active ({err}); it is "
                              f"{inst.state.value} again") from None
-        total = time.monotonic() - t0
+        total = clock() - t0
         if inst.state not in (S.RESTORING, S.FORKING):  # unloaded or removed meanwhile: free it again
             await self._call(inst, lambda seq: wm.UnloadModel(seq, name), 60.0)
             raise ValueError(f"{name} on device {inst.device} left {S.RESTORING.value} while it restored "
@@ -311,7 +310,7 @@ class LifecycleOps:
         """Active -> Warm/Cold: stop routing, drain (bounded, then abort), free."""
         name, clock = inst.model, self.ops.clock
         self.core.set_state(inst, S.DRAINING, clock())
-        t0 = time.monotonic()
+        t0 = clock()
 
         def running() -> list[Any]:
             return [r for r in self.core.requests.of_model(name) if r.device == inst.device] + self._to_hand(inst)
@@ -334,7 +333,7 @@ class LifecycleOps:
         self.observe(name, "deactivate", phases, "ok")
         return {"model": name, "device": inst.device, "state": inst.state.value, "from": "active",
                 "aborted_requests": aborted, "bytes": reply.nbytes, "phases": _rounded(phases),
-                "total_s": round(time.monotonic() - t0, 4)}
+                "total_s": round(clock() - t0, 4)}
 
     def _to_hand(self, inst: Instance) -> list[Any]:
         """P/D: the requests still prefilling on a prefill instance when `inst` is the
@@ -357,7 +356,7 @@ class LifecycleOps:
             self.core.set_state(inst, S.LOADING, clock())
         else:
             check_transition(prev, want, f"{name} on device {inst.device}")
-        t0 = time.monotonic()
+        t0 = clock()
         if prev is S.UNLOADED and want is S.COLD:
             self.core.set_state(inst, S.COLD, clock())
             return {"model": name, "device": inst.device, "state": "cold", "from": prev.value, "phases": {}}
@@ -374,7 +373,7 @@ class LifecycleOps:
             self.weight_bytes[name] = reply.nbytes
         self.observe(name, "deactivate" if want is S.COLD else "stage", reply.phases, "ok")
         return {"model": name, "device": inst.device, "state": inst.state.value, "from": prev.value,
-                "bytes": reply.nbytes, "phases": _rounded(reply.phases), "total_s": round(time.monotonic() - t0, 4)}
+                "bytes": reply.nbytes, "phases": _rounded(reply.phases), "total_s": round(clock() - t0, 4)}
 
 
 def _rounded(phases: dict[str, float]) -> dict[str, float]:

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from janusd.core.requests import Request
+from janusd.core import Request
 from janusd.lifecycle.states import STATE_WORDS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

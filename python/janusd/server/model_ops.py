@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 
 from janusd.config import ConfigError, EngineConfig, JanusConfig, LifecycleConfig, ModelConfig, load_config
-from janusd.core.registry import Instance, Model
-from janusd.core.requests import Failure
-from janusd.core.serving import ServingCore
+from janusd.core import Failure, Instance, Model, ServingCore
 from janusd.lifecycle.states import InstanceState
 from janusd.log import log
 from janusd.policy.pinned import place
+from janusd.server.daemon_clock import clock
 from janusd.server.drain import drained
 from janusd.server.workers import WorkerError, WorkerHandle
 from janusd.wire import worker_msgs as wm
@@ -84,7 +82,7 @@ class ModelOps:
         cfg = m.engine_cfg(inst.device)
         w = self.workers[inst.device]
         async with self._locks[inst.device]:
-            t0 = time.monotonic()
+            t0 = clock()
             try:
                 reply: wm.ModelLoaded = await w.call(
                     lambda seq: wm.LoadModel(seq, wm.WorkerModel.of(cfg), wm.WorkerEngine.of(self.engine), self.cache_dir,
@@ -99,7 +97,7 @@ class ModelOps:
                 # unloaded or removed while it loaded: free what the worker just loaded
                 await self._unload_on_worker(inst.model, inst.device, locked=True)
                 return
-        self.core.loaded(inst, self.clock(), reply.max_model_len, time.monotonic() - t0, reply.prefill_probe)
+        self.core.loaded(inst, self.clock(), reply.max_model_len, clock() - t0, reply.prefill_probe)
         _log(f"{inst.model} active on device {inst.device} (loaded in {inst.load_s:.2f} s)")
 
     async def _unload_on_worker(self, name: str, device: int, locked: bool = False) -> None:

@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from janusd.config import JanusConfig, ModelConfig
-from janusd.core.registry import Registry
-from janusd.lifecycle.states import COMING_UP, InstanceState
 from janusd.control.observe import pool_devices
 from janusd.control.start import pack_start
+from janusd.core import Registry
+from janusd.lifecycle.states import COMING_UP, InstanceState
 from janusd.log import log
 from janusd.oracle.types import CapacityPredictor, LoadFeatures
 from janusd.policy.demand import SteadyModel

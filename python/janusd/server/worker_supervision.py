@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from janusd.config import JanusConfig
-from janusd.core.serving import ServingCore
+from janusd.core import ServingCore
 from janusd.log import log
 from janusd.server.daemon_clock import clock
 from janusd.server.lifecycle_ops import LifecycleOps
@@ -71,7 +70,7 @@ class WorkerSupervision:
         restart budget is spent (server/restart_policy.py)."""
         budget = self.restarts[w.device_index]
         while self.state in (DaemonState.RUNNING, DaemonState.STARTING):
-            delay = budget.on_death(time.monotonic())
+            delay = budget.on_death(clock())
             if delay is None:
                 w.fail()
                 _log(f"device {w.device_index} failed: its worker died {budget.budget + 1} times within "

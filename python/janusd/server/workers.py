@@ -38,7 +38,6 @@ import itertools
 import os
 import socket
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +46,7 @@ import msgspec
 
 from janusd.config import DevicesConfig
 from janusd.log import log
+from janusd.server.daemon_clock import clock
 from janusd.server.process_states import WORKER_MOVES, WorkerState, moved
 from janusd.wire import worker_msgs as wm
 from janusd.wire.framing import FrameError, encode_frame, read_frame
@@ -204,7 +204,7 @@ class WorkerHandle:
                 return
             except WorkerError:
                 return  # died or stopping: the death path reports it
-            self.last_pong = time.monotonic()
+            self.last_pong = clock()
             if pong.busy_s > lv.step_timeout_s:
                 self._declare_hung(proc, f"one engine step has run for {pong.busy_s:.1f} s "
                                          f"(worker_step_timeout_s = {lv.step_timeout_s:g})")

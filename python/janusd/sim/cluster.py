@@ -42,8 +42,7 @@ from collections.abc import Callable
 import numpy as np
 
 from janusd.config import DispatchConfig, ModelConfig
-from janusd.core.requests import Refused
-from janusd.core.serving import Limits, Observers, ServingCore
+from janusd.core import Limits, Observers, Refused, ServingCore
 from janusd.lifecycle.states import InstanceState, holds_device_memory
 from janusd.sim.perfmodel import PerfModel
 from janusd.sim.served import RunOutcome, Served, TraceColumns, OutcomeLists
