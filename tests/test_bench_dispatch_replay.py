@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from janusd.bench import cli as bench_cli
-from janusd.bench import dispatch_replay as dr
+from janusd.bench import replay_figures as rf
+from janusd.bench import replay_setup as rs
 from janusd.bench import replay_trace as rt
 from janusd.config import DispatchConfig, parse_config
 from janusd.trace.results import RequestResult
@@ -32,45 +33,45 @@ def test_registered_with_the_bench_front_and_defaults():
 
 
 def test_parse_lists_and_loads():
-    assert dr.parse_list(" lst_imh, least_load,lst_imh", dr.POLICIES) == ["lst_imh", "least_load"]
+    assert rs.parse_list(" lst_imh, least_load,lst_imh", rs.POLICIES) == ["lst_imh", "least_load"]
     with pytest.raises(ValueError, match="unknown policy"):
-        dr.parse_list("lst_imh,fifo", dr.POLICIES, "policy")
+        rs.parse_list("lst_imh,fifo", rs.POLICIES, "policy")
     with pytest.raises(ValueError):
-        dr.parse_list(" , ")
-    assert dr.parse_loads("0.7,1.5") == [0.7, 1.5]
+        rs.parse_list(" , ")
+    assert rs.parse_loads("0.7,1.5") == [0.7, 1.5]
     with pytest.raises(ValueError):
-        dr.parse_loads("0.7,-1")
+        rs.parse_loads("0.7,-1")
 
 
 def test_variants_multiply_only_lst_imh_by_plan_and_the_default_writes_no_key():
-    assert dr.variants(["lst_imh", "round_robin"], ["global"]) == [
+    assert rs.variants(["lst_imh", "round_robin"], ["global"]) == [
         {"label": "lst_imh", "policy": "lst_imh", "plan": None, "objective": None, "baseline": None},
         {"label": "round_robin", "policy": "round_robin", "plan": None, "objective": None, "baseline": None},
     ]
-    v = dr.variants(["lst_imh", "round_robin"], ["global"], ["requests"], ["peer", "guarded"])
+    v = rs.variants(["lst_imh", "round_robin"], ["global"], ["requests"], ["peer", "guarded"])
     assert [(x["label"], x["baseline"]) for x in v] == [("lst_imh", None), ("round_robin/peer", "peer"),
                                                           ("round_robin/guarded", None)]
-    v = dr.variants(["lst_imh", "least_load"], ["global", "window"])
+    v = rs.variants(["lst_imh", "least_load"], ["global", "window"])
     assert [(x["label"], x["plan"]) for x in v] == [("lst_imh/global", None), ("lst_imh/window", "window"),
                                                       ("least_load", None)]
-    v = dr.variants(["lst_imh", "round_robin"], ["global"], ["requests", "tokens"])
+    v = rs.variants(["lst_imh", "round_robin"], ["global"], ["requests", "tokens"])
     assert [(x["label"], x["objective"]) for x in v] == [("lst_imh/requests", None), ("lst_imh/tokens", "tokens"),
                                                            ("round_robin", None)]
 
 
 def test_schedule_is_interleaved_by_run():
-    s = dr.schedule([0.7, 1.5], ["a", "b"], 2)
+    s = rs.schedule([0.7, 1.5], ["a", "b"], 2)
     assert s == [(1, 0.7, "a"), (1, 0.7, "b"), (1, 1.5, "a"), (1, 1.5, "b"),
                  (2, 0.7, "a"), (2, 0.7, "b"), (2, 1.5, "a"), (2, 1.5, "b")]
-    assert len(dr.schedule([0.7, 1.5], ["x", "y", "z"], 3)) == 18
+    assert len(rs.schedule([0.7, 1.5], ["x", "y", "z"], 3)) == 18
 
 
 def test_capacity_counts_completions_after_the_warmup():
     done = [0.5, 1.0, 2.0, 2.5, 3.0, 3.5, 9.99, 10.0, 11.0]
-    assert dr.capacity_rps(done, 2.0, 10.0) == pytest.approx(5 / 8)
-    assert dr.capacity_rps([], 0.0, 1.0) == 0.0
+    assert rs.capacity_rps(done, 2.0, 10.0) == pytest.approx(5 / 8)
+    assert rs.capacity_rps([], 0.0, 1.0) == 0.0
     with pytest.raises(ValueError):
-        dr.capacity_rps(done, 5.0, 5.0)
+        rs.capacity_rps(done, 5.0, 5.0)
 
 
 def test_synth_params_scale_rate_and_bursts_with_compression():
@@ -117,13 +118,13 @@ def test_run_figures_count_rejections_and_ttft_of_served_requests():
         _row(2, [], "error", 503, f"HTTP 503: {rej}"),
         _row(3, [], "error", 503, "HTTP 503: the worker for device 0 is not running"),
     ]
-    f = dr.run_figures(rows, 10.0)
+    f = rf.run_figures(rows, 10.0)
     assert f["requests"] == 4 and f["rejected"] == 1 and f["other_failures"] == 1
     assert f["token_attainment"] == pytest.approx(3 / 12)  # row 1 misses every deadline; failed rows count 3 each
     assert f["ttft_attainment"] == pytest.approx(1 / 4)
     assert f["ttft_p50_ms"] == pytest.approx(350.0) and f["ttft_p99_ms"] == pytest.approx(595.0)
-    assert dr.run_figures([rows[2]], 1.0)["ttft_p99_ms"] is None
-    assert not dr.is_slo_rejection("ok", 200, None)
+    assert rf.run_figures([rows[2]], 1.0)["ttft_p99_ms"] is None
+    assert not rf.is_slo_rejection("ok", 200, None)
 
 
 METRICS_OLD = """# HELP janusd_rejected_total requests refused before running
@@ -148,18 +149,18 @@ janusd_prefill_estimate_error_seconds_sum{device="1",model="llm"} 0.06
 
 
 def test_metrics_figures_and_deltas():
-    old = dr.metrics_figures(METRICS_OLD)
+    old = rf.metrics_figures(METRICS_OLD)
     assert old == {"rejected_slo": 8.0, "prefill_error_sum_s": None, "prefill_error_count": None}
-    assert dr.metrics_figures("")["rejected_slo"] is None
-    d = dr.metrics_delta(old, old)
+    assert rf.metrics_figures("")["rejected_slo"] is None
+    d = rf.metrics_delta(old, old)
     assert d == {"rejected_metric": 0.0, "prefill_estimate_mae_ms": None, "prefill_estimates": None}
-    new = dr.metrics_figures(METRICS_NEW)
+    new = rf.metrics_figures(METRICS_NEW)
     assert new["prefill_error_count"] == 10.0 and new["prefill_error_sum_s"] == pytest.approx(0.1)
     before = {**new, "rejected_slo": 8.0, "prefill_error_sum_s": 0.02, "prefill_error_count": 2.0}
-    d = dr.metrics_delta(before, new)
+    d = rf.metrics_delta(before, new)
     assert d["rejected_metric"] == 3.0 and d["prefill_estimates"] == 8.0
     assert d["prefill_estimate_mae_ms"] == pytest.approx(10.0)
-    assert dr.metrics_delta(new, new)["prefill_estimate_mae_ms"] is None  # none made during the replay
+    assert rf.metrics_delta(new, new)["prefill_estimate_mae_ms"] is None  # none made during the replay
 
 
 def test_summary_metric_is_read_too():
@@ -167,13 +168,13 @@ def test_summary_metric_is_read_too():
 janusd_prefill_estimate_error_seconds_count{model="llm"} 2.0
 janusd_prefill_estimate_error_seconds_sum{model="llm"} 0.005
 """
-    f = dr.metrics_figures(text)
+    f = rf.metrics_figures(text)
     assert (f["prefill_error_count"], f["prefill_error_sum_s"]) == (2.0, 0.005)
 
 
 def test_spread_ignores_missing_values():
-    assert dr.spread([0.9, None, 0.7, float("nan")]) == {"mean": pytest.approx(0.8), "min": 0.7, "max": 0.9, "n": 2}
-    assert dr.spread([None]) == {"mean": None, "min": None, "max": None, "n": 0}
+    assert rf.spread([0.9, None, 0.7, float("nan")]) == {"mean": pytest.approx(0.8), "min": 0.7, "max": 0.9, "n": 2}
+    assert rf.spread([None]) == {"mean": None, "min": None, "max": None, "n": 0}
 
 
 def _rec(load, variant, run, tok, **kw):
@@ -185,7 +186,7 @@ def test_aggregate_over_runs_counts_failed_and_invalid_runs():
     recs = [_rec(0.7, "lst_imh", 1, 0.9), _rec(0.7, "lst_imh", 2, 0.8, valid=False),
             {"load": 0.7, "variant": "lst_imh", "run": 3, "error": "RuntimeError: no daemon"},
             _rec(0.7, "round_robin", 1, 0.5), _rec(1.5, "lst_imh", 1, 0.4)]
-    agg = dr.aggregate(recs, [0.7, 1.5], ["lst_imh", "round_robin"])
+    agg = rf.aggregate(recs, [0.7, 1.5], ["lst_imh", "round_robin"])
     e = agg["0.7"]["lst_imh"]
     assert (e["runs"], e["failed_runs"], e["invalid_runs"]) == (2, 1, 1)
     assert e["token_attainment"] == {"mean": pytest.approx(0.85), "min": 0.8, "max": 0.9, "n": 2}
@@ -194,63 +195,63 @@ def test_aggregate_over_runs_counts_failed_and_invalid_runs():
 
 
 def _s(*xs):
-    return dr.spread(list(xs))
+    return rf.spread(list(xs))
 
 
 def test_compare_levels():
-    assert dr.compare(_s(0.9, 0.95), _s(0.8, 0.9)) == "beyond_spread"  # worst >= best
-    assert dr.compare(_s(0.8, 0.99), _s(0.85, 0.9)) == "mean_above"
-    assert dr.compare(_s(1.0, 1.0), _s(1.0, 1.0)) == "tie"
-    assert dr.compare(_s(0.8, 0.9), _s(0.9, 0.8)) == "tie"
-    assert dr.compare(_s(0.7, 0.8), _s(0.8, 0.9)) == "not_better"
-    assert dr.compare(_s(), _s(0.5)) is None
+    assert rf.compare(_s(0.9, 0.95), _s(0.8, 0.9)) == "beyond_spread"  # worst >= best
+    assert rf.compare(_s(0.8, 0.99), _s(0.85, 0.9)) == "mean_above"
+    assert rf.compare(_s(1.0, 1.0), _s(1.0, 1.0)) == "tie"
+    assert rf.compare(_s(0.8, 0.9), _s(0.9, 0.8)) == "tie"
+    assert rf.compare(_s(0.7, 0.8), _s(0.8, 0.9)) == "not_better"
+    assert rf.compare(_s(), _s(0.5)) is None
 
 
 def test_verdict_is_the_weakest_against_every_other_variant():
     per = {"lst_imh": {"token_attainment": _s(0.9, 0.92)}, "round_robin": {"token_attainment": _s(0.7, 0.8)},
            "least_load": {"token_attainment": _s(0.85, 0.95)}}
-    v = dr.verdicts(per, {"lst_imh": "lst_imh", "round_robin": "round_robin", "least_load": "least_load"})
+    v = rf.verdicts(per, {"lst_imh": "lst_imh", "round_robin": "round_robin", "least_load": "least_load"})
     assert v == {"lst_imh": {"metric": "token_attainment", "overall": "mean_above", "missing": [],
                              "vs": {"round_robin": "beyond_spread", "least_load": "mean_above"}}}
     per["least_load"]["token_attainment"] = _s()  # e.g. every run of it failed
-    v = dr.verdicts(per, {"lst_imh": "lst_imh", "round_robin": "round_robin", "least_load": "least_load"})
+    v = rf.verdicts(per, {"lst_imh": "lst_imh", "round_robin": "round_robin", "least_load": "least_load"})
     assert v["lst_imh"]["overall"] == "beyond_spread" and v["lst_imh"]["missing"] == ["least_load"]
     per["round_robin"]["token_attainment"] = _s()
-    v = dr.verdicts(per, {"lst_imh": "lst_imh", "round_robin": "round_robin", "least_load": "least_load"})
+    v = rf.verdicts(per, {"lst_imh": "lst_imh", "round_robin": "round_robin", "least_load": "least_load"})
     assert v["lst_imh"]["overall"] is None
-    assert dr.verdicts(per, {"round_robin": "round_robin"}) == {}
+    assert rf.verdicts(per, {"round_robin": "round_robin"}) == {}
 
 
 def test_daemon_config_parses_and_writes_plan_only_when_asked(tmp_path: Path):
     common: dict[str, Any] = dict(run_dir=tmp_path, cache=str(tmp_path / "cache"), checkpoint="demo:llama-small",
                                   ttft_slo_ms=500.0, tpot_slo_ms=50.0, memory_mib=1024, kv_cache_mib=256)
-    text = dr.daemon_config(policy="round_robin", plan=None, **common)
+    text = rs.daemon_config(policy="round_robin", plan=None, **common)
     assert "plan" not in text
     cfg = parse_config(text)
     assert cfg.dispatch.policy == "round_robin" and cfg.devices.count == 2
-    m = cfg.model(dr.MODEL_NAME)
+    m = cfg.model(rs.MODEL_NAME)
     assert (m.devices, m.ttft_slo_ms, m.tpot_slo_ms, m.checkpoint) == ([0, 1], 500.0, 50.0, "demo:llama-small")
-    text = dr.daemon_config(policy="lst_imh", plan="window", **common)
+    text = rs.daemon_config(policy="lst_imh", plan="window", **common)
     assert 'plan = "window"' in text.split("[dispatch]")[1].split("[[models]]")[0]
     if "plan" in DispatchConfig.__struct_fields__:  # the daemon knows the key
         assert parse_config(text).dispatch.plan == "window"
-    text = dr.daemon_config(policy="lst_imh", plan=None, objective="tokens", **common)
+    text = rs.daemon_config(policy="lst_imh", plan=None, objective="tokens", **common)
     assert "plan" not in text and parse_config(text).dispatch.objective == "tokens"
-    assert "objective" not in dr.daemon_config(policy="lst_imh", plan=None, **common)
+    assert "objective" not in rs.daemon_config(policy="lst_imh", plan=None, **common)
     # a peer baseline: no deadline anywhere, and the daemon takes it
-    d = parse_config(dr.daemon_config(policy="least_load", plan=None, baseline="peer", **common)).dispatch
+    d = parse_config(rs.daemon_config(policy="least_load", plan=None, baseline="peer", **common)).dispatch
     assert (d.requeue, d.admission, d.decode_guard) == ("keep", "queue", False)
-    d = parse_config(dr.daemon_config(policy="least_load", plan=None, **common)).dispatch
+    d = parse_config(rs.daemon_config(policy="least_load", plan=None, **common)).dispatch
     assert (d.requeue, d.admission, d.decode_guard) == ("reject", "reject_early", True)
 
 
 def test_warmup_lengths_span_the_mix():
     pairs = [(n, 5) for n in range(1, 101)]
-    w = dr._warmup_lengths(pairs, 4)
+    w = rs.warmup_lengths(pairs, 4)
     assert [x[0] for x in w] == [13, 38, 63, 88] and all(x[1] == 2 for x in w)
-    assert dr._warmup_lengths(pairs, 0) == [] and dr._warmup_lengths([], 3) == []
+    assert rs.warmup_lengths(pairs, 0) == [] and rs.warmup_lengths([], 3) == []
 
 
 def test_rounded_keeps_structure():
-    out = dr.rounded({"a": [0.123456789, 2, None], "b": {"c": 1.0 / 3}})
+    out = rf.rounded({"a": [0.123456789, 2, None], "b": {"c": 1.0 / 3}})
     assert out == {"a": [0.1235, 2, None], "b": {"c": 0.3333}}

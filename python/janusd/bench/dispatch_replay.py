@@ -69,39 +69,25 @@ Default cost: 2 loads x 5 variants (lst_imh, two baselines x two kinds) x 3 runs
 of `--duration-s` (25 s) plus, per run, a daemon start (~5 s on a busy 2-core VM), the warm-up (~1 s), the drain of what is
 still in flight when the trace ends (seconds at 1.5x) and the stop (~2 s); with the
 capacity phase (~35 s) about 20 minutes on that VM.
+
+What runs (variants, order, daemon config) is bench/replay_setup.py, the daemon runs
+bench/replay_runs.py, the figures and verdicts bench/replay_figures.py; this module holds
+the flags and the steps in order.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import http.client
-import math
-import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from janusd.bench import daemon_proc
-from janusd.bench.closed_loop import closed_loop, warmup
+from janusd.bench.replay_figures import _fmt, _table, aggregate, rounded, verdicts
+from janusd.bench.replay_runs import log, measure_capacity, one_run
+from janusd.bench.replay_setup import (BASELINES, DEFAULT_OBJECTIVE, DEFAULT_PLAN, MODEL_NAME, OBJECTIVES, PLANS,
+                                       POLICIES, parse_list, parse_loads, schedule, variants, warmup_lengths)
 from janusd.bench.replay_trace import make_trace, peak_to_mean
-from janusd.bench.replay_figures import (AGG_KEYS, PREFILL_ERROR, VERDICT_RANK, _fmt, _table, aggregate, compare,
-                                         is_slo_rejection, metrics_delta, metrics_figures, rounded, run_figures,
-                                         spread, verdicts)
-
-
-POLICIES = ("lst_imh", "round_robin", "least_load")
-PLANS = ("global", "window")
-DEFAULT_PLAN = "global"
-OBJECTIVES = ("requests", "tokens")
-BASELINES = ("peer", "guarded")
-# the [dispatch] keys of a "peer" baseline: no deadline anywhere (see the module doc)
-PEER_DISPATCH = 'requeue = "keep"\nadmission = "queue"\ndecode_guard = false\n'
-DEFAULT_OBJECTIVE = "requests"
-MODEL_NAME = "llm"
-RELAXED_SLO_MS = 600_000.0  # capacity and warm-up requests: never rejected, never late
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -144,180 +130,55 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", default=None, help="keep traces, results and daemon logs here (default: a temp dir)")
 
 
-# ---------------------------------------------------------------- pure parts
+def _capacity(args: argparse.Namespace, cache: str, out: Path, kw: dict[str, Any]) -> dict[str, Any]:
+    """Step 1: the capacity given (--capacity-rps) or measured by the closed loop."""
+    if args.capacity_rps is not None:
+        if not args.capacity_rps > 0:
+            raise ValueError("--capacity-rps must be > 0")
+        return {"capacity_rps": args.capacity_rps, "method": "given"}
+    log(f"measuring capacity: closed loop of {args.capacity_concurrency} clients for {args.capacity_s} s")
+    return measure_capacity(args, cache, out, kw)
 
 
-def parse_list(text: str, allowed: Sequence[str] | None = None, what: str = "value") -> list[str]:
-    """'a, b,a' -> ['a', 'b'] (order kept, duplicates dropped); checked against `allowed`."""
-    out = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
-    if not out:
-        raise ValueError(f"give at least one {what}")
-    bad = [x for x in out if allowed is not None and x not in allowed]
-    if bad:
-        raise ValueError(f"unknown {what} {bad}; choose from {list(allowed or [])}")
-    return out
+def _traces(args: argparse.Namespace, loads: list[float], cap: float, out: Path,
+            kw: dict[str, Any]) -> tuple[dict[float, Any], dict[str, Any]]:
+    """Step 2: the trace of each load, written to the out dir, and what each is like."""
+    traces: dict[float, Any] = {}
+    trace_info: dict[str, Any] = {}
+    for load in loads:
+        from janusd.trace.formats import write_trace
+
+        t = make_trace(load * cap, args.duration_s, MODEL_NAME, args.ttft_slo_ms, args.tpot_slo_ms, **kw)
+        traces[load] = t
+        write_trace(t, out / f"trace-{load}.csv")
+        trace_info[str(load)] = {"rate_rps": round(load * cap, 3), "requests": len(t),
+                                 "span_s": round(t.duration_s, 2), "peak_to_mean_2s": peak_to_mean(t.arrival_s),
+                                 "mean_input": round(float(t.input_tokens.mean()), 1),
+                                 "mean_output": round(float(t.output_tokens.mean()), 1)}
+    return traces, trace_info
 
 
-def parse_loads(text: str) -> list[float]:
-    loads = [float(x) for x in parse_list(text, what="load")]
-    if any(not (math.isfinite(x) and x > 0) for x in loads):
-        raise ValueError(f"loads must be > 0, got {loads}")
-    return loads
-
-
-def variants(policies: Sequence[str], plans: Sequence[str], objectives: Sequence[str] = (DEFAULT_OBJECTIVE,),
-             baselines: Sequence[str] = ("guarded",)) -> list[dict[str, str | None]]:
-    """(label, policy, plan, objective, baseline) of each daemon configuration to compare.
-
-    Plan and objective only change LST-IMH, so they multiply lst_imh alone; baseline
-    kinds multiply the other policies alone. Each is None where no key is to be written
-    (the default; "guarded" is the daemon's default). Labels: the policy, plus /plan and
-    /objective for lst_imh, /kind for a baseline, when more than one of that kind is asked.
-    """
-    out: list[dict[str, str | None]] = []
-    for pol in policies:
-        lst = pol == "lst_imh"
-        for plan in (plans if lst else [DEFAULT_PLAN]):
-            for obj in (objectives if lst else [DEFAULT_OBJECTIVE]):
-                for kind in ([None] if lst else baselines):
-                    label = pol
-                    if lst and len(plans) > 1:
-                        label += f"/{plan}"
-                    if lst and len(objectives) > 1:
-                        label += f"/{obj}"
-                    if not lst and len(baselines) > 1:
-                        label += f"/{kind}"
-                    out.append({"label": label, "policy": pol, "plan": None if plan == DEFAULT_PLAN else plan,
-                                "objective": None if obj == DEFAULT_OBJECTIVE else obj,
-                                "baseline": None if kind in (None, "guarded") else kind})
-    return out
-
-
-def schedule(loads: Sequence[float], labels: Sequence[str], runs: int) -> list[tuple[int, float, str]]:
-    """Interleaved order: run 1 of every load and variant, then run 2, ... (run numbers from 1)."""
-    return [(r, load, v) for r in range(1, runs + 1) for load in loads for v in labels]
-
-
-def capacity_rps(done_s: Sequence[float], warmup_s: float, end_s: float) -> float:
-    """Completions per second within [warmup_s, end_s) of a closed loop (times from its start)."""
-    if not end_s > warmup_s >= 0:
-        raise ValueError(f"need 0 <= warmup ({warmup_s}) < end ({end_s})")
-    return sum(1 for t in done_s if warmup_s <= t < end_s) / (end_s - warmup_s)
-
-
-def daemon_config(*, run_dir: Path, cache: str, checkpoint: str, policy: str, plan: str | None,
-                  ttft_slo_ms: float, tpot_slo_ms: float, memory_mib: int, kv_cache_mib: int,
-                  objective: str | None = None, baseline: str | None = None) -> str:
-    """The daemon's TOML: one model on devices [0, 1]; `plan` (`objective`) None writes no
-    plan (objective) key; `baseline` "peer" writes PEER_DISPATCH."""
-    plan_line = f'plan = "{plan}"\n' if plan is not None else ""
-    plan_line += f'objective = "{objective}"\n' if objective is not None else ""
-    plan_line += PEER_DISPATCH if baseline == "peer" else ""
-    return (
-        f'[server]\nport = 0\nadmin_socket = "{run_dir / "admin.sock"}"\ncache_dir = "{cache}"\n'
-        f"queue_limit = 100000\n"
-        f"[devices]\nkind = \"cpu\"\ncount = 2\nmemory_mib = {memory_mib}\n"
-        f'[dispatch]\npolicy = "{policy}"\n{plan_line}'
-        f'[[models]]\nname = "{MODEL_NAME}"\ncheckpoint = "{checkpoint}"\ndevices = [0, 1]\n'
-        f"ttft_slo_ms = {float(ttft_slo_ms)}\ntpot_slo_ms = {float(tpot_slo_ms)}\nkv_cache_mib = {kv_cache_mib}\n"
-    )
-
-
-# ---------------------------------------------------------------- the real thing
-
-
-def _arun(coro: Any) -> Any:
-    try:
-        import uvloop  # the replayer's own lag stays lower on uvloop (as in `janus replay`)
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
-
-
-def _scrape(port: int) -> dict[str, float | None]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        conn.request("GET", "/metrics")
-        return metrics_figures(conn.getresponse().read().decode())
-    finally:
-        conn.close()
-
-
-def _log(msg: str) -> None:
-    print(f"dispatch-replay: {msg}", file=sys.stderr, flush=True)
-
-
-def _measure_capacity(args: argparse.Namespace, cache: str, out: Path, kw: dict[str, Any]) -> dict[str, Any]:
-    import numpy as np
-
-    # the same seed: the synthesizer's app profiles (kinds, length means) come from it, so
-    # another seed would be another length mix; the other span and rate give other draws
-    mix_trace = make_trace(20.0, 300.0, MODEL_NAME, RELAXED_SLO_MS, RELAXED_SLO_MS, **kw)
-    order = np.random.default_rng(kw["seed"]).permutation(len(mix_trace))
-    pairs = [(int(mix_trace.input_tokens[i]), int(mix_trace.output_tokens[i])) for i in order]
-    run_dir = out / "capacity"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg = daemon_config(run_dir=run_dir, cache=cache, checkpoint=args.model, policy="least_load", plan=None,
-                        ttft_slo_ms=RELAXED_SLO_MS, tpot_slo_ms=RELAXED_SLO_MS, memory_mib=args.memory_mib,
-                        kv_cache_mib=args.kv_cache_mib)
-    proc, port = daemon_proc.start(cfg, run_dir, args.torch_threads, {MODEL_NAME: 2})
-    try:
-        _arun(warmup(port, MODEL_NAME, _warmup_lengths(pairs, args.warmup_requests), RELAXED_SLO_MS))
-        loop = _arun(closed_loop(port, MODEL_NAME, pairs, args.capacity_concurrency, args.capacity_s, RELAXED_SLO_MS))
-    finally:
-        daemon_proc.stop(proc)
-    rps = capacity_rps(loop["done_s"], args.capacity_warmup_s, args.capacity_s)
-    counted = sum(1 for t in loop["done_s"] if t >= args.capacity_warmup_s)
-    if loop["failures"] > 0.05 * max(1, loop["sent"]) or counted < 10:
-        raise RuntimeError(f"capacity phase unusable: {counted} completions counted, {loop['failures']} failures "
-                           f"of {loop['sent']} sent (daemon log: {run_dir / 'daemon.log'})")
-    return {"capacity_rps": round(rps, 3), "method": "closed_loop", "concurrency": args.capacity_concurrency,
-            "seconds": args.capacity_s, "warmup_s": args.capacity_warmup_s, "completed_counted": counted,
-            "failures": loop["failures"], "mix_mean_input": round(float(mix_trace.input_tokens.mean()), 1),
-            "mix_mean_output": round(float(mix_trace.output_tokens.mean()), 1)}
-
-
-def _warmup_lengths(pairs: Sequence[tuple[int, int]], n: int) -> list[tuple[int, int]]:
-    """n (input, 2) lengths spread over the mix's input lengths (sorted quantiles)."""
-    if n <= 0 or not pairs:
-        return []
-    ins = sorted(p[0] for p in pairs)
-    return [(ins[min(len(ins) - 1, (2 * k + 1) * len(ins) // (2 * n))], 2) for k in range(n)]
-
-
-def _one_run(args: argparse.Namespace, cache: str, run_dir: Path, variant: dict[str, str | None], trace: Any,
-             warm: list[tuple[int, int]]) -> dict[str, Any]:
-    import msgspec
-
-    from janusd.trace.replay import ReplayConfig, replay
-    from janusd.trace.results import RequestResult
-
-    cfg = daemon_config(run_dir=run_dir, cache=cache, checkpoint=args.model, policy=str(variant["policy"]),
-                        plan=variant["plan"], objective=variant.get("objective"),
-                        baseline=variant.get("baseline"), ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms,
-                        memory_mib=args.memory_mib, kv_cache_mib=args.kv_cache_mib)
-    marks = [time.monotonic()]
-    proc, port = daemon_proc.start(cfg, run_dir, args.torch_threads, {MODEL_NAME: 2})
-    try:
-        marks.append(time.monotonic())
-        _arun(warmup(port, MODEL_NAME, warm, RELAXED_SLO_MS))
-        before = _scrape(port)
-        marks.append(time.monotonic())
-        rcfg = ReplayConfig(url=f"http://127.0.0.1:{port}", max_lag_ms=args.max_lag_ms, timeout_s=300.0,
-                            ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms, devices_poll_s=0.0)
-        summary = _arun(replay(trace, rcfg, run_dir))
-        after = _scrape(port)
-        marks.append(time.monotonic())
-    finally:
-        exit_code = daemon_proc.stop(proc)
-    marks.append(time.monotonic())
-    steps = (round(b - a, 1) for a, b in zip(marks, marks[1:], strict=False))
-    phases = dict(zip(("start_s", "warmup_s", "replay_s", "stop_s"), steps, strict=False))
-    dec = msgspec.json.Decoder(RequestResult)
-    rows = [dec.decode(line) for line in (run_dir / "results.jsonl").read_bytes().splitlines() if line.strip()]
-    return {**run_figures(rows, trace.duration_s), **metrics_delta(before, after), "valid": summary["valid"],
-            "lag_max_ms": summary["lag_max_ms"], "daemon_exit": exit_code, "wall_s": round(marks[-1] - marks[0], 1),
-            **phases}
+def _runs(args: argparse.Namespace, cache: str, out: Path, loads: list[float], vs: list[dict[str, str | None]],
+          traces: dict[float, Any], warm: list[tuple[int, int]]) -> list[dict[str, Any]]:
+    """Step 3: every run in interleaved order; a failed run is recorded with its error."""
+    labels = [str(v["label"]) for v in vs]
+    by_label = {str(v["label"]): v for v in vs}
+    records: list[dict[str, Any]] = []
+    plan = schedule(loads, labels, args.runs)
+    for k, (r, load, label) in enumerate(plan, start=1):
+        run_dir = out / f"load{load}" / label.replace("/", "-") / f"run{r}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        rec: dict[str, Any] = {"load": load, "variant": label, "run": r}
+        try:
+            rec.update(one_run(args, cache, run_dir, by_label[label], traces[load], warm))
+            log(f"[{k}/{len(plan)}] load {load} {label} run {r}: token att {_fmt(rec['token_attainment'])}, "
+                f"ttft att {_fmt(rec['ttft_attainment'])}, rejected {rec['rejected']}, "
+                f"p99 ttft {_fmt(rec['ttft_p99_ms'], 1)} ms, valid {rec['valid']} ({rec['wall_s']} s)")
+        except (RuntimeError, OSError, ValueError) as e:
+            rec["error"] = f"{type(e).__name__}: {e}"[-2000:]
+            log(f"[{k}/{len(plan)}] load {load} {label} run {r} FAILED: {rec['error'][-600:]}")
+        records.append(rec)
+    return records
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -333,7 +194,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     baselines = parse_list(args.baselines, BASELINES, "baseline kind")
     vs = variants(policies, plans, objectives, baselines)
     labels = [str(v["label"]) for v in vs]
-    by_label = {str(v["label"]): v for v in vs}
     cache = args.cache_dir or str(cache_dir(ServerConfig()))
     out = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="janus-bench-dispatch-replay-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -341,48 +201,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               base_length=args.base_length, max_input=args.max_input, max_output=args.max_output)
     t_start = time.monotonic()
 
-    if args.capacity_rps is not None:
-        if not args.capacity_rps > 0:
-            raise ValueError("--capacity-rps must be > 0")
-        capacity: dict[str, Any] = {"capacity_rps": args.capacity_rps, "method": "given"}
-    else:
-        _log(f"measuring capacity: closed loop of {args.capacity_concurrency} clients for {args.capacity_s} s")
-        capacity = _measure_capacity(args, cache, out, kw)
+    capacity = _capacity(args, cache, out, kw)
     cap = float(capacity["capacity_rps"])
-    _log(f"capacity {cap:.2f} req/s")
-
-    traces: dict[float, Any] = {}
-    trace_info: dict[str, Any] = {}
-    for load in loads:
-        from janusd.trace.formats import write_trace
-
-        t = make_trace(load * cap, args.duration_s, MODEL_NAME, args.ttft_slo_ms, args.tpot_slo_ms, **kw)
-        traces[load] = t
-        write_trace(t, out / f"trace-{load}.csv")
-        trace_info[str(load)] = {"rate_rps": round(load * cap, 3), "requests": len(t),
-                                 "span_s": round(t.duration_s, 2), "peak_to_mean_2s": peak_to_mean(t.arrival_s),
-                                 "mean_input": round(float(t.input_tokens.mean()), 1),
-                                 "mean_output": round(float(t.output_tokens.mean()), 1)}
+    log(f"capacity {cap:.2f} req/s")
+    traces, trace_info = _traces(args, loads, cap, out, kw)
     import numpy as np
 
     all_pairs = [(int(i), 1) for t in traces.values() for i in np.asarray(t.input_tokens)]
-    warm = _warmup_lengths(all_pairs, args.warmup_requests)
-
-    records: list[dict[str, Any]] = []
-    plan = schedule(loads, labels, args.runs)
-    for k, (r, load, label) in enumerate(plan, start=1):
-        run_dir = out / f"load{load}" / label.replace("/", "-") / f"run{r}"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        rec: dict[str, Any] = {"load": load, "variant": label, "run": r}
-        try:
-            rec.update(_one_run(args, cache, run_dir, by_label[label], traces[load], warm))
-            _log(f"[{k}/{len(plan)}] load {load} {label} run {r}: token att {_fmt(rec['token_attainment'])}, "
-                 f"ttft att {_fmt(rec['ttft_attainment'])}, rejected {rec['rejected']}, "
-                 f"p99 ttft {_fmt(rec['ttft_p99_ms'], 1)} ms, valid {rec['valid']} ({rec['wall_s']} s)")
-        except (RuntimeError, OSError, ValueError) as e:
-            rec["error"] = f"{type(e).__name__}: {e}"[-2000:]
-            _log(f"[{k}/{len(plan)}] load {load} {label} run {r} FAILED: {rec['error'][-600:]}")
-        records.append(rec)
+    warm = warmup_lengths(all_pairs, args.warmup_requests)
+    records = _runs(args, cache, out, loads, vs, traces, warm)
 
     agg = aggregate(records, loads, labels)
     pol = {str(v["label"]): str(v["policy"]) for v in vs}
