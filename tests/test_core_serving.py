@@ -394,3 +394,22 @@ def test_a_drain_past_its_bound_ends_only_what_it_names_and_aborts_each_on_its_w
     for r in on0:
         assert isinstance(rig.events[r.rid][-1], Failure) and rig.events[r.rid][-1].code == "model_deactivated"
     assert rig.core.requests.count() == 4 - len(on0) and set(rig.core.requests.by_id) <= set(rids)
+
+
+def test_removing_a_model_ends_its_held_requests_at_once_and_tells_the_shell():
+    """[U] (b): a removal ends the requests the core holds for the model with 404 at once (not
+    after model_wait_timeout_s), and Observers.removed tells the shell, whose own waiters
+    (admissions before tokenizing) end then too."""
+    from janusd.core.shell_hooks import Observers
+
+    told: list[str] = []
+    rig = Rig()
+    rig.core.obs = Observers(removed=told.append)
+    rig.model("m", [0])
+    rids = [rig.submit("m") for _ in range(3)]
+    assert rig.core.held.count("m") == 3
+    rig.now += 0.5
+    rig.core.remove_model("m", rig.now)
+    assert told == ["m"] and rig.core.held.count("m") == 0 and rig.core.requests.count() == 0
+    for rid in rids:
+        assert isinstance(rig.events[rid][-1], Failure) and rig.events[rid][-1].status == 404
