@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Set
 
-from janusd.control.ops import SCALE_IN, SCALE_OUT, InFlight, Op
+from janusd.control.ops import SCALE_IN, SCALE_OUT, Activate, InFlight, Op, Rest
 from janusd.control.snapshot import ModelView
 from janusd.lifecycle.states import RESTORABLE, InstanceState
 
@@ -30,7 +30,7 @@ def meet_count(m: ModelView, count: int, reason: str, in_flight: InFlight, load_
         for i in sorted((i for i in free if i.state in RESTORABLE), key=lambda i: (i.state is S.COLD, i.device)):
             if serving >= count:
                 break
-            ops.append(Op(m.name, i.device, "active", f"{SCALE_OUT}: {reason}"))
+            ops.append(Activate(model=m.name, device=i.device, reason=f"{SCALE_OUT}: {reason}"))
             serving += 1
     elif serving > count:
         active = [i for i in free if i.state is S.ACTIVE]
@@ -39,6 +39,6 @@ def meet_count(m: ModelView, count: int, reason: str, in_flight: InFlight, load_
         for i in sorted(active, key=lambda i: (i.device not in steady_devices, load_on(i.device), -i.device)):
             if serving <= max(count, 1):  # never below one Active instance
                 break
-            ops.append(Op(m.name, i.device, "warm", f"{SCALE_IN}: {reason}"))
+            ops.append(Rest(model=m.name, device=i.device, reason=f"{SCALE_IN}: {reason}", target="warm"))
             serving -= 1
     return ops

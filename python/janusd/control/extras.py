@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from janusd.control.ops import SCALE_IN, SCALE_OUT, InFlight, Op, fork_source
+from janusd.control.ops import SCALE_IN, SCALE_OUT, Activate, InFlight, Op, Rest, fork_source
 from janusd.control.snapshot import ModelView
 from janusd.lifecycle.states import RESTORABLE, InstanceState
 
@@ -61,12 +61,12 @@ def meet_extras(m: ModelView, count: int, free: list[int], reason: str, extras: 
             free.remove(d)
             i = m.instances.get(d)
             src = fork_source(m.instances, d) if i is None or i.state is S.UNLOADED else None
-            ops.append(Op(m.name, d, "active", f"{SCALE_OUT}: {reason}", source=src))
+            ops.append(Activate(model=m.name, device=d, reason=f"{SCALE_OUT}: {reason}", source=src))
             have += 1
     elif have > count:
         for d in sorted((d for d in mine if d not in pending), key=lambda d: (load_on(d), -d)):
             if have <= count:
                 break
-            ops.append(Op(m.name, d, "cold", f"{SCALE_IN}: {reason}"))
+            ops.append(Rest(model=m.name, device=d, reason=f"{SCALE_IN}: {reason}", target="cold"))
             have -= 1
     return ops

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from janusd.control.ops import Op
+from janusd.control.ops import Op, Rest
 from janusd.control.snapshot import ModelView
 from janusd.lifecycle.states import InstanceState
 from janusd.policy.snapshot import ModelActivity, Residency, ResidencyDecision
@@ -61,5 +61,5 @@ def keepalive_ops(decisions: Iterable[ResidencyDecision], models: Mapping[str, M
         for i in sorted(m.instances.values(), key=lambda i: i.device):
             if (i.state is src or (d.residency == "cold" and i.state is S.ACTIVE)) \
                     and (m.name, i.device) not in in_flight:
-                ops.append(Op(m.name, i.device, d.residency, f"keep-alive: {d.reason}"))
+                ops.append(Rest(model=m.name, device=i.device, reason=f"keep-alive: {d.reason}", target=d.residency))
     return ops

@@ -2,16 +2,18 @@
 `ctl plan` shows it. Its own module so that every rule of the room and both shells
 share them without importing the room.
 
-An Op names its path where the room chose one: `source` is the Active peer a new
-instance forks from (D2D), None for the lifecycle's own path (H2D from a Warm copy, a
-Cold load, or a full load of an Unloaded instance). `then` is the second half of a
-steady migration (make before break): the shell runs it only once the first half
-succeeded."""
+An Op is a msgspec tagged union of three kinds (Activate, Rest, Reassign); it names its
+path where the room chose one: an Activate's `source` is the Active peer a new instance
+forks from (D2D), None for the lifecycle's own path. An Activate's `then` is the second
+half of a steady migration (make before break): the shell runs it only once the first
+half succeeded."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+import msgspec
 
 from janusd.control.snapshot import InstanceView
 from janusd.lifecycle.states import COMING_UP, COMING_UP_WORD, FAILED_WORD, InstanceState, TargetWord
@@ -25,28 +27,75 @@ SCALE_OUT = "scale out"
 SCALE_IN = "scale in"
 
 
-@dataclass(frozen=True)
-class Op:
-    """One lifecycle operation a plan asks for, with the reason shown by `ctl plan`."""
+class _OpBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
+    """What every operation names: the instance (model, device), why (`ctl plan` shows
+    it), and whether it is a steady placement move (the room's SteadyPlanner paces it)."""
 
     model: str
     device: int
-    target: Target
     reason: str
-    role: str | None = None  # P/D: the engine role an activation comes up in (None: the instance's own)
-    reassign: bool = False  # P/D: an Active instance drains to Warm first, then comes up as `role`
-    source: int | None = None  # a fork's Active peer (D2D); None: the lifecycle's own path
-    then: Op | None = None  # a migration's second half, run once this one succeeded
-    steady: bool = False  # a move of the steady placement (the room's executor tracks it)
+    steady: bool = False
+
+    @property
+    def reassign(self) -> bool:
+        return False
 
     @property
     def scales_out(self) -> bool:
         """An operation of elastic scaling that brings up a replica."""
-        return self.target == "active" and self.reason.startswith(SCALE_OUT)
+        return self.target == "active" and self.reason.startswith(SCALE_OUT)  # type: ignore[attr-defined]
 
     @property
     def scales(self) -> bool:
         return self.reason.startswith(SCALE_OUT) or self.reason.startswith(SCALE_IN)
+
+
+class Activate(_OpBase, frozen=True, kw_only=True, tag="activate"):
+    """Bring the instance to Active: a fork from `source` (an Active peer, D2D) when given,
+    else the lifecycle's own path (H2D from a Warm copy, a Cold load, a full load of an
+    Unloaded instance); `role`: the P/D role it comes up in (None: its own); `then`: a
+    migration's second half, run once this one succeeded (make before break)."""
+
+    role: str | None = None
+    source: int | None = None
+    then: Rest | None = None
+
+    @property
+    def target(self) -> TargetWord:
+        return "active"
+
+
+class Rest(_OpBase, frozen=True, kw_only=True, tag="rest"):
+    """Drain the instance and rest it Warm (host copy kept) or Cold (nothing kept)."""
+
+    target: TargetWord
+
+    @property
+    def role(self) -> None:
+        return None
+
+
+class Reassign(_OpBase, frozen=True, kw_only=True, tag="reassign"):
+    """P/D: an Active instance drains to Warm and comes back as `role` (one operation)."""
+
+    role: str
+
+    @property
+    def target(self) -> TargetWord:
+        return "active"
+
+    @property
+    def reassign(self) -> bool:
+        return True
+
+
+# One lifecycle operation a plan asks for: a msgspec tagged union (field "op")
+Op = Activate | Rest | Reassign
+
+
+def halves(op: Op) -> list[Op]:
+    """The op and, for a migration, its second half: the instances it holds while in flight."""
+    return [op, op.then] if isinstance(op, Activate) and op.then is not None else [op]
 
 
 @dataclass

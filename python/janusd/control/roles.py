@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import msgspec
 
-from janusd.control.ops import SCALE_IN, SCALE_OUT, InFlight, Op, role_state
+from janusd.control.ops import SCALE_IN, SCALE_OUT, Activate, InFlight, Op, Reassign, Rest, role_state
 from janusd.control.snapshot import ModelView
 from janusd.policy.roles import plan_roles
 from janusd.policy.snapshot import AppCount, RoleInstance, RolePlan
@@ -35,9 +35,9 @@ def meet_roles(m: ModelView, count: AppCount, reason: str, in_flight: InFlight) 
     for o in plan.ops:
         why = f"{o.reason}: {reason}"
         if o.kind == "activate":
-            ops.append(Op(m.name, o.device, "active", f"{SCALE_OUT}: {why}", role=o.role))
+            ops.append(Activate(model=m.name, device=o.device, reason=f"{SCALE_OUT}: {why}", role=o.role))
         elif o.kind == "reassign":
-            ops.append(Op(m.name, o.device, "active", f"reassign: {why}", role=o.role, reassign=True))
+            ops.append(Reassign(model=m.name, device=o.device, reason=f"reassign: {why}", role=o.role))
         elif o.kind == "deactivate":
-            ops.append(Op(m.name, o.device, "warm", f"{SCALE_IN}: {why}"))
+            ops.append(Rest(model=m.name, device=o.device, reason=f"{SCALE_IN}: {why}", target="warm"))
     return plan, ops

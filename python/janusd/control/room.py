@@ -33,7 +33,7 @@ from janusd.control.baselines import first_come
 from janusd.control.counts import meet_count
 from janusd.control.extras import free_elastic_devices, meet_extras, prune_extras
 from janusd.control.keepalive import activity, keepalive_ops
-from janusd.control.ops import SCALE_IN, Done, Op
+from janusd.control.ops import SCALE_IN, Done, Op, halves
 from janusd.control.roles import meet_roles
 from janusd.control.snapshot import ControlSnapshot, ModelView
 from janusd.control.steady import SteadyPlanner, model_of
@@ -97,7 +97,7 @@ class ControlRoom:
     # ------------------------------------------------------------ in flight
     def _claim(self, op: Op, now: float) -> bool:
         """Reserve the instances of an op (False: an operation is in flight on one)."""
-        keys = [(op.model, op.device)] + ([(op.then.model, op.then.device)] if op.then is not None else [])
+        keys = [(h.model, h.device) for h in halves(op)]
         if any(k in self.in_flight for k in keys):
             return False
         for k in keys:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from janusd.control.ops import Op, fork_source
+from janusd.control.ops import Activate, Op, Rest, fork_source
 from janusd.control.snapshot import ControlSnapshot
 from janusd.control.steady_snapshot import placement_snapshot
 from janusd.lifecycle.states import COMING_UP, InstanceState
@@ -165,8 +165,10 @@ class SteadyPlanner:
         """The move as one Op (module doc, step 3), or None when there is nothing to do;
         a move onto an instance coming up or draining fails the rest of the plan."""
         m = snap.models.get(mv.model)
-        down = Op(mv.model, mv.src, "cold", f"steady placement: {mv.reason}", steady=True) \
-            if mv.kind in ("migrate", "remove") and mv.src is not None and not self._kept(mv.model, mv.src) else None
+        down = None
+        if mv.kind in ("migrate", "remove") and mv.src is not None and not self._kept(mv.model, mv.src):
+            down = Rest(model=mv.model, device=mv.src, reason=f"steady placement: {mv.reason}", target="cold",
+                        steady=True)
         if mv.kind == "remove" or mv.dst is None:
             return down
         inst = m.instances.get(mv.dst) if m is not None else None
@@ -178,7 +180,8 @@ class SteadyPlanner:
         if state is S.ACTIVE:
             return down
         src = fork_source(m.instances, mv.dst, prefer=mv.src) if state is S.UNLOADED else None
-        return Op(mv.model, mv.dst, "active", f"steady placement: {mv.reason}", source=src, then=down, steady=True)
+        return Activate(model=mv.model, device=mv.dst, reason=f"steady placement: {mv.reason}", source=src, then=down,
+                        steady=True)
 
     def _failed(self, mv: Move, why: str) -> None:
         self.log(f"steady placement: {mv.kind} {mv.model} {mv.src}->{mv.dst} failed: {why}")

@@ -42,7 +42,8 @@ def plan_view(room: ControlRoom, snap: ControlSnapshot, now: float, overruns: di
         "pools": room.last_pools,
         "keepalive": room.last_keepalive,
         "in_flight": [{"model": op.model, "device": d, "target": op.target if d == op.device else "cold",
-                       "role": op.role, "reason": op.reason, "for_s": round(now - t, 3)}
+                       "role": op.role, "kind": type(op).__name__.lower(), "reason": op.reason,
+                       "for_s": round(now - t, 3)}
                       for (_, d), (op, t) in room.in_flight.items()],
         "recent": [{"model": d.op.model, "device": d.op.device, "target": d.op.target, "role": d.op.role,
                     "reason": d.op.reason, "seconds": round(d.seconds, 3), "outcome": d.outcome,

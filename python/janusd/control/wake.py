@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 
-from janusd.control.ops import Op
+from janusd.control.ops import Activate
 from janusd.lifecycle.states import COMING_UP, RESTORABLE, InstanceState
 
 S = InstanceState
@@ -24,7 +24,7 @@ class Resting:
 
 
 def wake_op(model: str, instances: Mapping[int, Resting], pd: bool, estimate_s: Callable[[InstanceState], float],
-            busy: Collection[int] = ()) -> Op | None:
+            busy: Collection[int] = ()) -> Activate | None:
     """The activation a request for `model` starts, or None: when an instance serves or is
     coming up already, or none rests (Warm or Cold) outside `busy` (devices with an
     operation in flight). `estimate_s(state)`: the restore's estimated seconds from that
@@ -42,4 +42,4 @@ def wake_op(model: str, instances: Mapping[int, Resting], pd: bool, estimate_s: 
         return None
     inst = min(free, key=lambda i: (estimate_s(i.state), i.device))
     role = None if not pd else "decode" if any(i.role == "prefill" for i in active) else "mixed"
-    return Op(model, inst.device, "active", f"woken by a request ({inst.state.value})", role=role)
+    return Activate(model=model, device=inst.device, reason=f"woken by a request ({inst.state.value})", role=role)

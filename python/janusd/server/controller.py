@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from janusd.config import JanusConfig
 from janusd.control.observe import observe
-from janusd.control.ops import Op
+from janusd.control.ops import Activate, Op, Reassign, Rest
 from janusd.control.room import ControlRoom
 from janusd.control.snapshot import ControlSnapshot, Predictor
 from janusd.control.view import plan_view
@@ -96,16 +96,19 @@ class Controller:
         ("leave" of a reassignment, "up" or the op's own, "down" of a migration)."""
         h = self.host
         replies: dict[str, dict[str, Any]] = {}
-        if op.target == "active" and op.source is not None and op.role is None:
-            replies["up"] = await h.fork(op.model, op.source, op.device)  # a new replica: D2D from a live one
-        elif op.reassign:  # drain to Warm, come back in the new role (one operation, one device)
-            replies["leave"] = await h.set_state(op.model, op.device, "warm", probe=False)
-            replies["up"] = await h.set_state(op.model, op.device, "active", probe=False, role=op.role)
-        else:
-            replies["up" if op.target == "active" else "down"] = await h.set_state(
-                op.model, op.device, op.target, probe=False, role=op.role)
-        if op.then is not None and self._active(op.then.model, op.then.device):
-            replies["down"] = await h.set_state(op.then.model, op.then.device, op.then.target, probe=False)
+        match op:
+            case Activate(source=int(src), role=None):  # a new replica: D2D from a live one
+                replies["up"] = await h.fork(op.model, src, op.device)
+            case Activate():  # the lifecycle's own path (H2D, a Cold load, a full load)
+                replies["up"] = await h.set_state(op.model, op.device, "active", probe=False, role=op.role)
+            case Reassign():  # drain to Warm, come back in the new role (one operation, one device)
+                replies["leave"] = await h.set_state(op.model, op.device, "warm", probe=False)
+                replies["up"] = await h.set_state(op.model, op.device, "active", probe=False, role=op.role)
+            case Rest():
+                replies["down"] = await h.set_state(op.model, op.device, op.target, probe=False)
+        nxt = op.then if isinstance(op, Activate) else None
+        if nxt is not None and self._active(nxt.model, nxt.device):
+            replies["down"] = await h.set_state(nxt.model, nxt.device, nxt.target, probe=False)
         return replies
 
     def _active(self, model: str, device: int) -> bool:

@@ -30,7 +30,7 @@ import msgspec
 
 from janusd.config import ControlConfig
 from janusd.control.observe import observe
-from janusd.control.ops import Op
+from janusd.control.ops import Activate, Op
 from janusd.control.room import ControlRoom
 from janusd.control.start import pack_start
 from janusd.control.wake import wake_op
@@ -153,7 +153,7 @@ class SimControl:
             self._carry_all(self.room.finished(op, outcome, t, self.snapshot(t)), t)
 
         def then(t: float, outcome: str) -> None:
-            nxt = op.then
+            nxt = op.then if isinstance(op, Activate) else None
             if outcome != "ok" or nxt is None or self.c.core.instance(nxt.model, nxt.device).state is not S.ACTIVE:
                 done(t, outcome)
             else:
@@ -176,7 +176,7 @@ class SimControl:
         if not self.c.perf.weights_fit([*held, arch]):
             return done(now, f"WorkerError: {op.model} does not fit on device {op.device} beside {len(held)} model(s)")
         dev, nbytes = self.c.perf.device, self._bytes(op.model)
-        if op.source is not None:
+        if isinstance(op, Activate) and op.source is not None:
             via = S.FORKING
             load_s = self.c.perf.load_s(arch, dev.h2d_bw if self.mode == "prism" else dev.d2d_bw)
         elif inst.state in (S.WARM, S.COLD):
