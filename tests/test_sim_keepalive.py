@@ -82,12 +82,14 @@ def test_an_idle_model_rests_and_a_request_restores_it(runs):
 
 
 def test_resting_frees_the_device(runs):
-    """janus co-locates the two small apps on one device: resting `idle` frees its weights
-    there and wakes it in place (device-hours equal)."""
+    """janus starts the two small apps one device each and the first slow tick (30 s) packs
+    them onto one (a fork, then the source drains: 2 -> 3 -> 2 instances); from then on
+    resting `idle` frees its weights there and wakes it in place (device-hours equal)."""
     keep, never = runs["keep"][1], runs["never"][1]
     insts = {t: k for t, _, k in keep.device_series}
     assert insts[60.0] == 1 and insts[80.0] == 2 and insts[120.0] == 1  # `idle` rests from 60 s, back at 80 s
-    assert [k for _, _, k in never.device_series] == [2] and runs["never"][2].counts["rested"] == 0
+    assert [k for _, _, k in never.device_series] == [2, 3, 2] and runs["never"][2].counts["rested"] == 0
+    assert [d for _, d, _ in never.device_series] == [2, 2, 1]  # packed onto one device at 30 s
     assert keep.device_hours == pytest.approx(never.device_hours)
     # elastic-only pins every app elastic, and under the daemon's rules (the one control
     # room) an elastic model the controller places keeps its steady instance where the

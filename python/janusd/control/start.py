@@ -1,7 +1,10 @@
-"""Where the models the controller places start (before any instance serves): packed by
-policy/start_placement.py the way the first slow tick would pack them at zero load,
-around the pinned models; those it cannot size or place spread round robin over the
-pool. Both shells start this way: the daemon at start and on a reload that adds models
+"""Where the models the controller places start (before any instance serves): one device
+each while the pool has a free device per model (nothing has served yet, so there is no
+load to pack by: a zero-load packing put every model on one device, "Phi 0.0001", and the
+first bursts hit them there; the consolidation at the first slow tick packs them by what
+they served), else packed by policy/start_placement.py the way the first slow tick would
+pack them at zero load, around the pinned models; those it cannot size or place spread
+round robin over the pool. Both shells start this way: the daemon at start and on a reload that adds models
 (server/steady_start.py, after the oracle read their checkpoints), the simulator at
 time 0 (sim/control_shell.py)."""
 
@@ -17,9 +20,17 @@ from janusd.policy.start_placement import start_placement
 
 def pack_start(names: Sequence[str], pinned: list[SteadyModel], pool: Sequence[int], pred: CapacityPredictor,
                demand: DemandConfig, placement: PlacementConfig, elastic_devs: list[int],
-               out: dict[str, list[int]], spread: bool = True) -> list[str]:
+               out: dict[str, list[int]], spread: bool = True, one_each: bool = True) -> list[str]:
     """`out[name]` for each of `names` (module doc); without `spread` a model the packing
-    leaves out keeps what `out` has. Returns the log lines that say what happened."""
+    leaves out keeps what `out` has; without `one_each` (a reload adding models beside
+    what serves) they are packed even when free devices abound. Returns the log lines."""
+    taken = {d for m in pinned for d in m.devices} | set(elastic_devs)
+    room = [d for d in pool if d not in taken]
+    if one_each and len(names) <= len(room):  # one device each: nothing is known yet to pack by
+        for n, d in zip(sorted(names), room):
+            out[n] = [d]
+        return [f"start placement: one device each, {len(names)} model(s) on {len(room)} free device(s) "
+                "(packed by measured load at the first slow tick)"]
     try:
         res = start_placement(list(names), pinned, tuple(pool), pred, demand, placement, elastic_devs)
     except ValueError as e:  # a policy's refusal of odd input: round robin as before

@@ -52,10 +52,11 @@ async def _describe(cfg: JanusConfig, models: Sequence[ModelConfig],
 
 def _pack(cfg: JanusConfig, managed: Sequence[ModelConfig], pinned: list[SteadyModel], elastic_devs: list[int],
           pred: CapacityPredictor, out: dict[str, list[int]], spread: bool = True) -> None:
-    """`out[m]` for each managed model, by the control room's start rule (control/start.py)."""
+    """`out[m]` for each managed model, by the control room's start rule (control/start.py): at
+    start (`spread`) one device each while they last; on a reload, packed beside what serves."""
     pool = pool_devices(cfg.devices.count, cfg.control.pool_devices)
     for line in pack_start([m.name for m in managed], pinned, pool, pred, cfg.control.demand, cfg.control.placement,
-                           elastic_devs, out, spread):
+                           elastic_devs, out, spread, one_each=spread):
         _log(line, logging.ERROR if "round robin" in line else logging.INFO)
 
 
