@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from janusd.config import ConfigError, DispatchConfig, parse_config
 from janusd.policy.decode_route import DecodeLoad, least_decode_backlog
+from worker_frames import sent_frames
 
 BASE = "[devices]\ncount = 3\n[[models]]\nname = 'm'\ncheckpoint = 'demo:llama-tiny'\n"
 
@@ -321,16 +322,8 @@ def _decode_worker_with_a_full_region(tmp_path, timeout_s: float):
     return wp, dm, p.export_kv("7"), held, a, b
 
 
-def _sent(a, b):
-    from janusd.wire import worker_msgs as wm
-    from janusd.wire.framing import BlockingFramedSocket
-
-    a.close()
-    rx, dec = BlockingFramedSocket(b), wm.from_worker_decoder()
-    out = []
-    while (body := rx.recv()) is not None:
-        out.append(dec.decode(body))
-    return out
+def _sent(a, b):  # type: ignore[no-untyped-def]
+    return sent_frames(a, b)
 
 
 def test_an_import_without_free_blocks_waits_for_them_then_proceeds(tmp_path):

@@ -27,6 +27,7 @@ from janusd.engine.worker_proc import WorkerProc
 from janusd.engine.worker_tokenize import tokenize
 from janusd.wire import worker_msgs as wm
 from janusd.wire.framing import BlockingFramedSocket
+from worker_frames import sent_frames
 
 CACHE = Path(tempfile.gettempdir()) / "janusd-test-cache"
 SPEC = wm.SamplingSpec(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -40,14 +41,8 @@ def _engine(*names: str) -> DeviceEngine:
     return de
 
 
-def _sent(a: socket.socket, b: socket.socket) -> list[Any]:
-    """Everything the worker sent, in order (closes its end first)."""
-    a.close()
-    rx, dec = BlockingFramedSocket(b), wm.from_worker_decoder()
-    out = []
-    while (body := rx.recv()) is not None:
-        out.append(dec.decode(body))
-    return out
+def _sent(a, b):  # type: ignore[no-untyped-def]
+    return sent_frames(a, b)
 
 
 def test_a_failed_step_fails_and_frees_every_request_even_when_one_abort_raises(capsys):
