@@ -1,9 +1,9 @@
-"""A model without `devices` in the elastic pool, in a real daemon on cpu devices: the
-steady placement keeps its instance where it is, and under load (m* above one, by the
-tight configured SLO: see test_controller_daemon.py) the fast loop forks an extra
-replica onto the device the steady pool leaves free (D2D from the live instance); every
-request is served; idle, keep-alive sends every instance Warm and the extra is
-forgotten."""
+"""A model without `devices` in the elastic pool, in a real daemon on cpu devices: it is
+isolated (PAPER.md §2): under load (m* above one, by the tight configured SLO: see
+test_controller_daemon.py) the fast loop forks a replica of its own onto the device the
+steady pool leaves free (D2D from the live instance); the instance it started with,
+alone on its device, counts as one of its own (nothing to hand over); every request is
+served; idle, keep-alive sends every instance Warm."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _complete(d) -> int:
                                               "ignore_eos": True, "slo": {"ttft_ms": 20000, "tpot_ms": 5000}})[0]
 
 
-def test_an_elastic_model_without_devices_forks_an_extra_replica_onto_a_free_device():
+def test_an_elastic_model_without_devices_forks_a_replica_of_its_own_onto_a_free_device():
     d = start_daemon(server_section(Path("@RUN@"), model_wait_timeout_s=30.0) + CONFIG)
     try:
         assert wait_until(lambda: any(o["model"] == "e" and o["source"] == "prior"
@@ -46,8 +46,10 @@ def test_an_elastic_model_without_devices_forks_an_extra_replica_onto_a_free_dev
         assert statuses == [200] * 24
         plan = d.ctl(am.PlanReq()).data["plan"]
         ups = [r for r in plan["recent"] if r["model"] == "e" and r["target"] == "active" and r["device"] == 1]
-        assert ups and ups[0]["outcome"] == "ok" and "extra replicas" in ups[0]["reason"], plan["recent"]
+        assert ups and ups[0]["outcome"] == "ok" and "own replicas" in ups[0]["reason"], plan["recent"]
         assert not [r for r in plan["steady"]["recent"] if r["model"] == "e"]  # the placement never moved it
+
+        assert not [r for r in plan["recent"] if r["model"] == "e" and "handed over" in r["reason"]]
         assert wait_until(lambda: {s for (m, _), s in _states(d).items() if m == "e"} == {"warm"}, 30.0, 0.1), \
             _states(d)
         assert _complete(d) == 200

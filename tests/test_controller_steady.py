@@ -327,13 +327,13 @@ def test_ctl_plan_prints_the_steady_placement(capsys):
 
 
 def _extras_rig(devices: int = 4):
-    """`hot` pinned elastic with its steady instance on device 0, `s` placed on device 1,
+    """`hot` pinned elastic with its steady instance on device 0 beside `s` (placed, steady),
     the other devices free; `fast()` runs one fast tick and its operations."""
     rig = Rig(devices=devices)
     rig.core.add_model(ModelConfig(name="hot", checkpoint="demo:llama-tiny", pool="elastic"))
     rig.activate("hot", 0)
-    managed(rig, "s", 1)
-    host = Host(rig, ControlConfig(managed=True), {"hot": (0.6, 0.6, 0.6), "s": (0.5, 0.5, 0.5)})
+    managed(rig, "s", 0)
+    host = Host(rig, ControlConfig(managed=True), {"hot": (0.3, 0.3, 0.3), "s": (0.3, 0.3, 0.3)})
     ctl = Controller(host, clock=lambda: rig.now)
 
     def fast() -> list:
@@ -347,29 +347,35 @@ def _extras_rig(devices: int = 4):
     return rig, host, ctl, fast
 
 
-def test_a_placed_model_gets_extra_replicas_on_free_devices_and_gives_them_back():
-    """A model without `devices` in the elastic pool: its steady instance stays where the
-    placement put it; m* beyond it are extra replicas forked onto the devices the steady
-    pool leaves, never moved by the placement, and drained to Cold when m* falls."""
+def test_a_placed_elastic_model_gets_replicas_of_its_own_and_hands_its_steady_instance_over():
+    """A model without `devices` in the elastic pool is isolated (PAPER.md §2): m* replicas
+    of its own are forked onto the devices the steady pool leaves; its steady instance
+    (beside `s`) serves until one of them is Active, then drains to Cold (make before
+    break); the placement never moves the replicas; when m* falls they drain to Cold,
+    never below one."""
     rig, host, ctl, fast = _extras_rig()
     slow_tick(ctl, rig)
-    assert ctl.room.steady.plan is not None and ctl.room.steady.plan_devices() == [0, 1]
-    for _ in range(6):  # 6 rps: m* = 3, one steady instance besides: 2 extra replicas
+    assert ctl.room.steady.plan is not None and ctl.room.steady.plan_devices() == [0]
+    for _ in range(6):  # 6 rps: m* = 3, three free devices: three replicas of its own
         rig.submit("hot", max_tokens=2)
     ops = fast()
-    assert [(o.device, o.target) for o in ops] == [(2, "active"), (3, "active")]
-    assert [c[:4] for c in host.calls] == [("fork", "hot", 2, 0), ("fork", "hot", 3, 0)]
-    assert ctl.room.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
-    assert ctl.room.last_scaling is not None and ctl.room.last_scaling.budget == 2
+    assert [(o.device, o.target) for o in ops] == [(1, "active"), (2, "active"), (3, "active")]
+    assert [c[:4] for c in host.calls] == [("fork", "hot", d, 0) for d in (1, 2, 3)]
+    assert ctl.room.extras == {"hot": {1, 2, 3}} and serving(rig, "hot") == [0, 1, 2, 3]
+    assert ctl.room.last_scaling is not None and ctl.room.last_scaling.budget == 3
+    for _ in range(6):
+        rig.submit("hot", max_tokens=2)
+    ops = fast()  # its replicas serve: the steady instance beside `s` goes
+    assert [(o.device, o.target) for o in ops] == [(0, "cold")] and "handed over" in ops[0].reason
+    assert serving(rig, "hot") == [1, 2, 3] and serving(rig, "s") == [0]
     n = len(host.calls)
-    slow_tick(ctl, rig)  # the placement leaves the extras alone
+    slow_tick(ctl, rig)  # the placement leaves the replicas alone
     assert len(host.calls) == n and ctl.room.steady.plan.moves == ()
-    assert sorted(ctl.room.steady.plan.assignment, key=lambda a: a.key)[0].device == 0
     rig.now += 60.0  # the window empties but for new arrivals: 1 request, m* = 1
     rig.submit("hot", max_tokens=2)
     fast()
     fast()  # the debounce: two low demands
-    assert serving(rig, "hot") == [0] and ctl.room.extras == {}
+    assert serving(rig, "hot") == [1] and ctl.room.extras == {"hot": {1}}
     assert {rig.core.instance("hot", d).state for d in (2, 3)} == {S.COLD}
 
 
@@ -384,13 +390,13 @@ def test_extra_replicas_go_when_their_model_leaves_the_elastic_pool():
     for _ in range(6):  # m* = 3: two extra replicas
         rig.submit("hot", max_tokens=2)
     fast()
-    assert ctl.room.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
+    assert ctl.room.extras == {"hot": {1, 2, 3}} and serving(rig, "hot") == [0, 1, 2, 3]
     m = rig.core.registry.models["hot"]
     m.cfg = msgspec.structs.replace(m.cfg, pool="steady")
     for _ in range(6):  # the same traffic: only the pool changed
         rig.submit("hot", max_tokens=2)
     ops = fast()
-    assert sorted((o.device, o.target) for o in ops) == [(2, "cold"), (3, "cold")]
+    assert sorted((o.device, o.target) for o in ops) == [(1, "cold"), (2, "cold"), (3, "cold")]
     assert all("back in the steady pool" in o.reason for o in ops)
     assert serving(rig, "hot") == [0] and ctl.room.extras == {}
     assert ctl.room.steady.plan is not None and 0 in ctl.room.steady.plan_devices()
@@ -402,7 +408,7 @@ def test_an_extra_replica_coming_up_counts_as_one():
     snapshot does not take the forking instance for a steady one."""
     rig, host, ctl, _fast = _extras_rig(devices=5)
     slow_tick(ctl, rig)
-    for _ in range(6):  # m* = 3: two extra replicas
+    for _ in range(6):  # m* = 3: three replicas of its own on the three free devices
         rig.submit("hot", max_tokens=2)
     host.gate = asyncio.Event()
 
@@ -412,7 +418,7 @@ def test_an_extra_replica_coming_up_counts_as_one():
         again = ctl.plan_fast(rig.now)  # the forks have not started yet
         for _ in range(3):
             await asyncio.sleep(0)
-        assert {rig.core.instance("hot", d).state for d in (2, 3)} == {S.FORKING}
+        assert {rig.core.instance("hot", d).state for d in (1, 2, 3)} == {S.FORKING}
         forking = ctl.plan_fast(rig.now)  # they fork, waiting at the gate
         snap, _ = placement_snapshot(ctl.snapshot(rig.now), host.cfg.control.demand, ["hot"], {},
                                      extras=ctl.room.extras)
@@ -421,11 +427,11 @@ def test_an_extra_replica_coming_up_counts_as_one():
         return first, again, forking, snap
 
     first, again, forking, snap = asyncio.run(go())
-    assert [(o.device, o.target) for o in first] == [(2, "active"), (3, "active")]
+    assert [(o.device, o.target) for o in first] == [(1, "active"), (2, "active"), (3, "active")]  # m* = 3
     assert again == [] and forking == []
-    assert [a.device for a in snap.current if a.key.startswith("hot")] == [0]
-    assert set(snap.elastic_devices) >= {2, 3}
-    assert ctl.room.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
+    assert [a.device for a in snap.current if a.key.startswith("hot")] == []  # the elastic pool's
+    assert set(snap.elastic_devices) >= {0, 1, 2, 3}
+    assert ctl.room.extras == {"hot": {1, 2, 3}} and serving(rig, "hot") == [0, 1, 2, 3]
 
 
 def test_a_failed_scale_out_is_no_extra_and_is_planned_again():
@@ -433,19 +439,19 @@ def test_a_failed_scale_out_is_no_extra_and_is_planned_again():
     any more (at once, not at the next tick) and the next fast tick starts it again."""
     rig, host, ctl, fast = _extras_rig()
     slow_tick(ctl, rig)
-    for _ in range(6):  # m* = 3: two extra replicas
+    for _ in range(6):  # m* = 3: three replicas of its own
         rig.submit("hot", max_tokens=2)
     host.fail = {("hot", 2)}
     ops = fast()
-    assert [(o.device, o.target) for o in ops] == [(2, "active"), (3, "active")]
-    assert ctl.room.extras == {"hot": {3}} and serving(rig, "hot") == [0, 3]
-    assert [d.outcome == "ok" for d in ctl.room.recent] == [False, True]
+    assert [(o.device, o.target) for o in ops] == [(1, "active"), (2, "active"), (3, "active")]
+    assert ctl.room.extras == {"hot": {1, 3}} and serving(rig, "hot") == [0, 1, 3]
+    assert [d.outcome == "ok" for d in ctl.room.recent] == [True, False, True]
     host.fail = set()
     for _ in range(6):
         rig.submit("hot", max_tokens=2)
-    ops = fast()
-    assert [(o.device, o.target) for o in ops] == [(2, "active")]
-    assert ctl.room.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
+    ops = fast()  # again on device 2; its replicas serve, so the steady instance goes
+    assert [(o.device, o.target) for o in ops] == [(2, "active"), (0, "cold")]
+    assert ctl.room.extras == {"hot": {1, 2, 3}} and serving(rig, "hot") == [1, 2, 3]
 
 
 def test_an_extra_coming_up_is_drained_only_once_it_is_up():
@@ -453,7 +459,7 @@ def test_an_extra_coming_up_is_drained_only_once_it_is_up():
     replica is drained for it; the next ticks drain it once it serves."""
     rig, host, ctl, fast = _extras_rig()
     slow_tick(ctl, rig)
-    for _ in range(6):  # m* = 3: two extra replicas
+    for _ in range(6):  # m* = 3: three replicas of its own
         rig.submit("hot", max_tokens=2)
     host.gate = asyncio.Event()
 
@@ -469,7 +475,7 @@ def test_an_extra_coming_up_is_drained_only_once_it_is_up():
         return falls
 
     assert asyncio.run(go()) == []
-    assert ctl.room.extras == {"hot": {2, 3}} and serving(rig, "hot") == [0, 2, 3]
-    ops = fast()
-    assert sorted((o.device, o.target) for o in ops) == [(2, "cold"), (3, "cold")]
-    assert serving(rig, "hot") == [0] and ctl.room.extras == {}
+    assert ctl.room.extras == {"hot": {1, 2, 3}} and serving(rig, "hot") == [0, 1, 2, 3]
+    ops = fast()  # m* = 1: two replicas drained, and the steady instance handed over
+    assert sorted((o.device, o.target) for o in ops) == [(0, "cold"), (2, "cold"), (3, "cold")]
+    assert serving(rig, "hot") == [1] and ctl.room.extras == {"hot": {1}}

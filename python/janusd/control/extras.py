@@ -1,9 +1,9 @@
-"""Extra (elastic) replicas of models the steady placement places (PAPER.md §2): a model
-without `devices` that the classifier puts in the elastic pool keeps its steady
-instance(s), and m* beyond them become replicas on the pool devices nobody else holds.
-The room owns the set of them (`ControlRoom.extras`: model -> devices); these functions
-keep it, find the free devices, and plan the replicas' scale out and in. The steady and
-elastic pools meet only here."""
+"""Replicas of their own for the models the steady placement places, while the classifier
+has them in the elastic pool (PAPER.md §2: bursty apps are isolated): m* replicas on the
+pool devices nobody else holds (the room hands their steady instance over once one
+serves: control/room.py). The room owns the set of them (`ControlRoom.extras`: model ->
+devices); these functions keep it, find the free devices, and plan the replicas' scale
+out and in. The steady and elastic pools meet only here."""
 
 from __future__ import annotations
 

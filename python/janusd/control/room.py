@@ -8,9 +8,11 @@
   GP or the roofline prior); the counts are debounced and compressed to the elastic
   budget (policy/scaling.py) and met: a model with `devices` with its own instances there
   (control/counts.py: Warm before Cold, a surplus Active one goes Warm after draining), a
-  model the steady placement places with extra replicas on the pool's free devices
-  beyond its steady instance(s) (control/extras.py: forked from a live instance, drained
-  to Cold when m* falls), a P/D model with a prefill / decode split (control/roles.py).
+  model the steady placement places isolated on devices of its own (PAPER.md §2: left out
+  of the steady snapshot; m* replicas on the pool's free devices, forked from a live
+  instance, drained to Cold when m* falls, never below one; its steady instance serves
+  beside its neighbours until one of them is Active, then drains: _hand_over; one alone on
+  its device counts as its own), a P/D model with a prefill / decode split (control/roles.py).
   The elastic budget is the elastic models' devices less those the steady placement took.
 - slow (control.slow_period_s, 30 s): keep-alive (policy/keepalive.py, control/keepalive.py):
   a model without a request for `warm_after_s` goes Warm on every device, after
@@ -33,18 +35,19 @@ from janusd.control.baselines import first_come
 from janusd.control.counts import meet_count
 from janusd.control.extras import free_elastic_devices, meet_extras, prune_extras
 from janusd.control.keepalive import activity, keepalive_ops
-from janusd.control.ops import SCALE_IN, Done, Op, halves
+from janusd.control.ops import SCALE_IN, Done, Op, Rest, halves
 from janusd.control.roles import meet_roles
 from janusd.control.snapshot import ControlSnapshot, ModelView
 from janusd.control.steady import SteadyPlanner, model_of
 from janusd.control.traffic import ArrivalHistory
-from janusd.lifecycle.states import RESTORABLE
+from janusd.lifecycle.states import RESTORABLE, InstanceState
 from janusd.policy.classify import classify as classify_apps
 from janusd.policy.demand import elastic_demand
 from janusd.policy.keepalive import residency
 from janusd.policy.scaling import scale
 from janusd.policy.snapshot import AppCount, AppPool, ElasticApp, RolePlan, ScalingPlan, ScalingState
 
+S = InstanceState
 ALLOCATORS = ("global", "first_come")
 # between slow ticks, the steady pool is re-planned without consolidation this often (and
 # at once when the classifier moved a model between pools): a device whose grown demand
@@ -185,15 +188,15 @@ class ControlRoom:
             self.log(f"controller: {m.name}: {e}; keeping its instances as they are", logging.DEBUG)
             return None
         if snap.placed_by_controller(m):
-            # its steady instance(s) stay the steady pool's; m* beyond them are extra
-            # replicas on the devices the steady pool leaves
+            # isolated (PAPER.md §2): its replicas are devices of its own, the ones the steady
+            # pool leaves; the steady instance it had serves until one is Active (_hand_over)
+            if not self.extras.get(m.name) and not any(i.serving for i in m.instances.values()):
+                return None  # resting (keep-alive): the waking request brings it back first
+            self._adopt_lone(snap, m)
             extras = self.extras.get(m.name, set())
-            base = [d for d, i in m.instances.items() if i.serving and d not in extras]
-            if not base:  # resting (keep-alive): the waking request brings it back first
-                return None
             mine = extras | set(free)
-            want = max(0, min(want - len(base), len(mine)))
-            self.demands[m.name] = (want, f"{why}; {len(base)} steady instance(s) besides")
+            want = min(want, len(mine))
+            self.demands[m.name] = (want, f"{why}; {len(mine)} device(s) of its own at most")
             devices.update(mine)
             return ElasticApp(app=m.name, demand=want, current=len(extras))
         usable = sum(1 for i in m.instances.values() if i.serving or i.state in RESTORABLE)
@@ -209,11 +212,11 @@ class ControlRoom:
         self.demands = {}
         prune_extras(self.extras, snap.models, self.in_flight)
         elastic = self._elastic(snap, now)
+        ops = self._extras_left_behind(snap, {m.name for m in elastic})
         last = self.steady.planned_at
         if any(d["changed"] for d in self.last_pools) or last is None or now - last >= RECHECK_S:
             self._plan_steady(snap, now, set(), consolidate=False)
         free = free_elastic_devices(snap.pool, self.steady.plan_devices(), self.extras, snap.models.values())
-        ops = self._extras_left_behind(snap, {m.name for m in elastic})
         apps: list[ElasticApp] = []
         devices: set[int] = set()
         for m in elastic:
@@ -243,24 +246,65 @@ class ControlRoom:
         self.on_elastic(a.app, a.demand, a.count, (a.prefill, a.decode) if m.pd else None)
         why = f"m*={a.demand} (debounced {a.debounced}, given {a.count}): {a.reason}"
         if snap.placed_by_controller(m):
-            return meet_extras(m, a.count, free, f"extra replicas {why}", self.extras, self.in_flight, snap.load_on)
+            base = self._base(m)
+            count = a.count if base else max(1, a.count)  # never below one instance that serves
+            ops = meet_extras(m, count, free, f"own replicas {why}", self.extras, self.in_flight, snap.load_on)
+            return ops + self._hand_over(snap, m, base)
         if m.pd:
             plan, ops = meet_roles(m, a, why, self.in_flight)
             self.roles[m.name] = plan
             return ops
         return meet_count(m, max(1, a.count), why, self.in_flight, snap.load_on, self.steady.managed_devices())
 
+    def _base(self, m: ModelView) -> list[int]:
+        """Where a placed model serves outside its own replicas: its steady instance(s)."""
+        mine = self.extras.get(m.name, set())
+        return sorted(d for d, i in m.instances.items() if i.serving and d not in mine)
+
+    def _adopt_lone(self, snap: ControlSnapshot, m: ModelView) -> None:
+        """A steady instance of an elastic model alone on its device is already a replica of
+        its own: it counts as one (handing it over would free the device only to take it again)."""
+        for d in self._base(m):
+            if not any(o.name != m.name and d in o.instances and o.instances[d].serving for o in snap.models.values()):
+                self.extras.setdefault(m.name, set()).add(d)
+
+    def _hand_over(self, snap: ControlSnapshot, m: ModelView, base: list[int]) -> list[Op]:
+        """An elastic model's steady instance(s) go Cold once one of its own replicas is
+        Active (make before break: until then they serve, beside their co-located models).
+        With none (no device left for it), it keeps one: the one sharing its device with
+        the fewest other models (the steady pool has priority: PAPER.md §2)."""
+        mine = self.extras.get(m.name, set())
+        up = sorted(d for d in mine if d in m.instances and m.instances[d].state is S.ACTIVE)
+        if up:
+            keep, why = None, f"handed over to the elastic pool: its replica on device {up[0]} serves"
+        elif len(base) > 1:
+            def shared(d: int) -> tuple[int, int]:
+                return (sum(1 for o in snap.models.values()
+                            if o.name != m.name and d in o.instances and o.instances[d].serving), d)
+
+            keep = min(base, key=shared)
+            why = f"elastic, off the steady pool's devices: it keeps its instance on device {keep}"
+        else:
+            return []
+        return [Rest(model=m.name, device=d, reason=why, target="cold") for d in base
+                if d != keep and (m.name, d) not in self.in_flight]
+
     def _extras_left_behind(self, snap: ControlSnapshot, elastic: set[str]) -> list[Op]:
-        """Extra replicas of models no longer in the elastic pool go Cold. Only elastic
-        scaling shrinks extras and the steady snapshot leaves their devices out, so a
-        model that went back to the steady pool kept them serving, in no plan, for as
-        long as its traffic kept keep-alive away."""
+        """A placed model no longer in the elastic pool: where a steady instance of it
+        serves, its own replicas go Cold (only elastic scaling shrinks them, and the
+        steady snapshot leaves their devices out: it kept them serving, in no plan);
+        where none does (it was handed over), its replicas become its steady instances,
+        and the steady placement packs them (a surplus one is removed by the plan)."""
         ops: list[Op] = []
         for name in sorted(self.extras):
             m = snap.models.get(name)
-            if m is not None and name not in elastic:
+            if m is None or name in elastic:
+                continue
+            if self._base(m):
                 ops += meet_extras(m, 0, [], f"{SCALE_IN}: back in the steady pool", self.extras, self.in_flight,
                                    snap.load_on)
+            else:
+                del self.extras[name]
         return ops
 
     # ------------------------------------------------------------------ slow

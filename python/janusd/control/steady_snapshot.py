@@ -41,7 +41,7 @@ def placement_snapshot(snap: ControlSnapshot, demand: DemandConfig, elastic: Ite
         if not devs or m.pd or m.name in resting:
             continue
         placed = snap.placed_by_controller(m)
-        if not placed and m.name in elastic:
+        if m.name in elastic:  # isolated in the elastic pool: where it serves is the elastic pool's
             elastic_devs.update(devs)
             continue
         load = m.load
