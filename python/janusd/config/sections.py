@@ -129,7 +129,7 @@ class ControlConfig(Section):
     # the telemetry window every per-model rate and length figure covers (controller,
     # oracle features, ctl, /metrics); shorter reacts faster, longer is steadier
     window_s: Annotated[float, Meta(ge=1.0)] = 60.0
-    # steady placement (server/steady.py): models without `devices` are placed by the slow
+    # steady placement (control/steady.py): models without `devices` are placed by the slow
     # loop on these devices (empty = every device); models with `devices` stay pinned
     pool_devices: list[NonNegInt] = []
     # weight transfers (activations, D2D forks: a fork counts on its source too) running

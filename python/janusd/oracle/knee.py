@@ -19,7 +19,7 @@ on the flat parts, so the next rate is chosen from what the series has measured:
    HIGH or above) wider than FILL_RATIO gets its geometric mean. Why: the Capacity GP
    learns only from served points (fit.py), and a start below the bracket's grid (a series
    of m > 1 starts from one instance's knee) can leave them more than GROWTH apart; and a served
-   point measures a window KNEE_STRETCH times shorter than a knee point (profile.py). The
+   point measures a window KNEE_STRETCH times shorter than a knee point (profiling/). The
    fill used to wait until the knee pair was within FILL_RATIO, and in three profiles
    it never fired: the budget went to knee points whose bandwidth is the least
    reproducible (bench/RESULTS.md "Twice the budget, a lag cap, a served-range fill" and

@@ -1,7 +1,7 @@
 """The measurement's noise floor: how far one measurement of a load point lies from the
 point's true value, estimated from repeats (pure).
 
-Rows sharing a point_id are repeats of one load setting (profile.py measures each point
+Rows sharing a point_id are repeats of one load setting (profiling/ measures each point
 `repeats` times). No model can predict a row better than the setting's expected value
 mu, and a row's distance to mu is the noise; with n repeats a_1..a_n of mean a_bar,
 E[(a_i - a_bar)^2] = sigma^2 (n - 1) / n, so |a_i - a_bar| * sqrt(n / (n - 1)) estimates
