@@ -134,7 +134,13 @@ class ControlRoom:
             kind = self.steady.done(op, outcome, now, detail)
             if kind is not None:
                 self.on_move(kind, "ok" if outcome == "ok" else "failed")
-            return self.steady.pump(snap, now) if self.steady.queue else []
+        else:
+            self._done(op, outcome, now, snap, phases)
+        return self.steady.pump(snap, now) if self.steady.queue else []
+
+    def _done(self, op: Op, outcome: str, now: float, snap: ControlSnapshot, phases: dict[str, float] | None) -> None:
+        """An elastic, keep-alive or role operation ended: its claim goes, an extra that
+        did not come up (or was scaled in) is no more, `ctl plan` and the metrics hear it."""
         t0 = self.in_flight.get((op.model, op.device), (op, now))[1]
         self._release(op.model, op.device)
         m = snap.models.get(op.model)
@@ -147,7 +153,6 @@ class ControlRoom:
                      logging.WARNING)
         self.recent.append(Done(op, t0, now - t0, outcome, dict(phases or {})))
         self.on_op(op.target, "ok" if outcome == "ok" else "failed")
-        return self.steady.pump(snap, now) if self.steady.queue else []
 
     def _drop_extra(self, model: str, device: int) -> None:
         left = self.extras.get(model)
@@ -265,7 +270,7 @@ class ControlRoom:
         """A steady instance of an elastic model alone on its device is already a replica of
         its own: it counts as one (handing it over would free the device only to take it again)."""
         for d in self._base(m):
-            if not any(o.name != m.name and d in o.instances and o.instances[d].serving for o in snap.models.values()):
+            if not snap.others_on(d, m.name):
                 self.extras.setdefault(m.name, set()).add(d)
 
     def _hand_over(self, snap: ControlSnapshot, m: ModelView, base: list[int]) -> list[Op]:
@@ -278,11 +283,7 @@ class ControlRoom:
         if up:
             keep, why = None, f"handed over to the elastic pool: its replica on device {up[0]} serves"
         elif len(base) > 1:
-            def shared(d: int) -> tuple[int, int]:
-                return (sum(1 for o in snap.models.values()
-                            if o.name != m.name and d in o.instances and o.instances[d].serving), d)
-
-            keep = min(base, key=shared)
+            keep = min(base, key=lambda d: (snap.others_on(d, m.name), d))
             why = f"elastic, off the steady pool's devices: it keeps its instance on device {keep}"
         else:
             return []

@@ -80,3 +80,8 @@ class ControlSnapshot:
 
     def load_on(self, device: int) -> int:
         return self.device_load.get(device, 0)
+
+    def others_on(self, device: int, model: str) -> int:
+        """How many models besides `model` serve on `device` (what an instance there shares)."""
+        return sum(1 for o in self.models.values()
+                   if o.name != model and device in o.instances and o.instances[device].serving)

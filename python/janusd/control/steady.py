@@ -184,16 +184,22 @@ class SteadyPlanner:
                         steady=True)
 
     def _failed(self, mv: Move, why: str) -> None:
-        self.log(f"steady placement: {mv.kind} {mv.model} {mv.src}->{mv.dst} failed: {why}")
-        self.queue.clear()
-        self.failed_plans += 1
+        self._end(mv, 0.0, why)
+
+    def _end(self, mv: Move, seconds: float, outcome: str, detail: dict[str, Any] | None = None) -> None:
+        """A move ended (recorded for `ctl plan`); one that failed drops the rest of the
+        plan, which the next slow tick makes again from what is really there."""
+        if outcome != "ok":
+            self.log(f"steady placement: {mv.kind} {mv.model} {mv.src}->{mv.dst} failed: {outcome}; planned again "
+                     "at the next slow tick")
+            self.queue.clear()
+            self.failed_plans += 1
         self.recent.append({"kind": mv.kind, "model": mv.model, "src": mv.src, "dst": mv.dst, "reason": mv.reason,
-                            "forced": mv.forced, "seconds": 0.0, "outcome": why})
+                            "forced": mv.forced, "seconds": round(seconds, 3), "outcome": outcome, **(detail or {})})
 
     def done(self, op: Op, outcome: str, now: float, detail: dict[str, Any] | None = None) -> str | None:
         """A released move's Op ended (`outcome`: "ok" or the error); returns the move's
-        kind, None when the op is not one of this planner's. A failure drops the rest of
-        the plan."""
+        kind, None when the op is not one of this planner's."""
         run = next((r for r in self.running if r.op is op), None)
         if run is None:
             return None
@@ -202,14 +208,7 @@ class SteadyPlanner:
         for d in self._devices(mv):
             self.transfers[d] -= 1
             self.release(mv.model, d)
-        if outcome != "ok":
-            self.log(f"steady placement: {mv.kind} {mv.model} {mv.src}->{mv.dst} failed: {outcome}; planned again "
-                     "at the next slow tick")
-            self.queue.clear()
-            self.failed_plans += 1
-        self.recent.append({"kind": mv.kind, "model": mv.model, "src": mv.src, "dst": mv.dst, "reason": mv.reason,
-                            "forced": mv.forced, "seconds": round(now - run.started, 3), "outcome": outcome,
-                            **(detail or {})})
+        self._end(mv, now - run.started, outcome, detail)
         return mv.kind
 
     # -------------------------------------------------------------------- view

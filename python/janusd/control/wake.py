@@ -7,6 +7,7 @@ estimate), unless one is already coming up. Both shells ask it: the daemon
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
+from typing import Protocol
 
 from janusd.control.ops import Activate
 from janusd.lifecycle.states import COMING_UP, RESTORABLE, InstanceState
@@ -14,7 +15,7 @@ from janusd.lifecycle.states import COMING_UP, RESTORABLE, InstanceState
 S = InstanceState
 
 
-class Resting:
+class Resting(Protocol):
     """An instance as the wake rule reads it (the core's Instance and the room's
     InstanceView both have these fields)."""
 

@@ -45,6 +45,10 @@ class Bandwidths:
     def estimate_s(self, path: str, nbytes: int) -> float:
         return _FIXED_S[path] + nbytes / self.of(path)
 
+    def restore_s(self, state: str, nbytes: int, has_active_peer: bool = False) -> float:
+        """The estimated seconds of the fastest way back from `state` (choose's pick)."""
+        return min(self.estimate_s(p, nbytes) for p in options_for(state, has_active_peer))
+
 
 def choose(options: list[str], nbytes: int, bw: Bandwidths) -> str:
     """The path of `options` with the least estimated time (ties: the order given)."""

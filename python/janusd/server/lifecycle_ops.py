@@ -158,8 +158,7 @@ class LifecycleOps:
             return None
         nbytes = self.weight_bytes.get(name, 1 << 30)
         busy = {d for (model, d) in self._busy if model == name}
-        op = wake_op(name, m.instances, m.pd, lambda st: self.bw.estimate_s(
-            choose(options_for(st.value, False), nbytes, self.bw), nbytes), busy)
+        op = wake_op(name, m.instances, m.pd, lambda st: self.bw.restore_s(st.value, nbytes), busy)
         if op is None:
             return None
         inst, role = m.instances[op.device], op.role

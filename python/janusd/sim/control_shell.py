@@ -34,7 +34,7 @@ from janusd.control.ops import Activate, Op
 from janusd.control.room import ControlRoom
 from janusd.control.start import pack_start
 from janusd.control.wake import wake_op
-from janusd.lifecycle.restore_path import Bandwidths, choose, options_for
+from janusd.lifecycle.restore_path import Bandwidths
 from janusd.lifecycle.states import COMING_UP, InstanceState
 from janusd.policy.policy_config import ControllerConfig
 from janusd.sim.cluster import Cluster
@@ -123,12 +123,11 @@ class SimControl:
     def _arrival(self, row: int, now: float) -> None:
         name = self.c.req_model[int(self.c.request_model[row])]
         m = self.c.core.registry.models[name]
-        if m.active:
+        if m.view().active:  # (the view's tuple: no list made per arrival)
             return
         nbytes = self._bytes(name)
         busy = {d for (n, d) in self.waking if n == name} | {d for (n, d) in self.room.in_flight if n == name}
-        op = wake_op(name, m.instances, m.pd, lambda st: self.bw.estimate_s(
-            choose(options_for(st.value, False), nbytes, self.bw), nbytes), busy)
+        op = wake_op(name, m.instances, m.pd, lambda st: self.bw.restore_s(st.value, nbytes), busy)
         if op is not None:
             self.counts["woken"] += 1
             self.waking.add((name, op.device))
@@ -181,7 +180,7 @@ class SimControl:
             load_s = self.c.perf.load_s(arch, dev.h2d_bw if self.mode == "prism" else dev.d2d_bw)
         elif inst.state in (S.WARM, S.COLD):
             via = S.RESTORING
-            load_s = self.bw.estimate_s(choose(options_for(inst.state.value, False), nbytes, self.bw), nbytes)
+            load_s = self.bw.restore_s(inst.state.value, nbytes)
         else:
             via, load_s = S.LOADING, self.c.perf.load_s(arch, dev.h2d_bw)
         self._load(op.model, op.device, now, via, done, load_s)
