@@ -353,3 +353,11 @@ mod tests;
 #[cfg(test)]
 #[path = "dispatcher_group_tests.rs"]
 mod group_tests;
+
+#[cfg(test)]
+#[path = "dispatcher_conservation_tests.rs"]
+mod conservation_tests;
+
+#[cfg(test)]
+#[path = "dispatcher_group_integrity_tests.rs"]
+mod group_integrity_tests;
