@@ -52,27 +52,23 @@ class _Live(Collector):
             yield from part(s)
 
 
+def _by_model(family: Any, values: dict[str, float]) -> Any:
+    """A family with one sample per model."""
+    for model, n in values.items():
+        family.add_metric([model], n)
+    return family
+
+
 def _request_families(s: dict[str, Any]) -> Iterator[Any]:
     """Queues, held and in-flight requests, the telemetry window, the dispatcher's counters."""
-    q = GaugeMetricFamily("janusd_queue_length", "requests waiting in the model's global queue", labels=["model"])
-    for model, n in s["queues"].items():
-        q.add_metric([model], n)
-    yield q
-    held = GaugeMetricFamily("janusd_requests_held", "requests waiting for an Active instance of their model "
-                             "(loading, restarting or unloaded)", labels=["model"])
-    for model, n in s.get("held", {}).items():
-        held.add_metric([model], n)
-    yield held
-    inflight = GaugeMetricFamily("janusd_requests_in_flight", "admitted requests not yet finished",
-                                 labels=["model"])
-    for model, n in s["in_flight"].items():
-        inflight.add_metric([model], n)
-    yield inflight
-    rel = CounterMetricFamily("janusd_relaxed", "deadline extensions granted to the model's queued "
-                              "requests (dispatch.requeue = relax)", labels=["model"])
-    for model, n in s.get("relaxed", {}).items():
-        rel.add_metric([model], n)
-    yield rel
+    yield _by_model(GaugeMetricFamily("janusd_queue_length", "requests waiting in the model's global queue",
+                                      labels=["model"]), s["queues"])
+    yield _by_model(GaugeMetricFamily("janusd_requests_held", "requests waiting for an Active instance of their "
+                                      "model (loading, restarting or unloaded)", labels=["model"]), s.get("held", {}))
+    yield _by_model(GaugeMetricFamily("janusd_requests_in_flight", "admitted requests not yet finished",
+                                      labels=["model"]), s["in_flight"])
+    yield _by_model(CounterMetricFamily("janusd_relaxed", "deadline extensions granted to the model's queued "
+                                        "requests (dispatch.requeue = relax)", labels=["model"]), s.get("relaxed", {}))
     tel = s.get("telemetry")
     if tel is not None:  # telemetry/: the sliding window the oracle and controller read
         for field, help_text in _WINDOW_FIELDS:
