@@ -13,7 +13,7 @@ import pytest
 
 from janusd.config import ControlConfig, JanusConfig
 from janusd.lifecycle.states import InstanceState
-from janusd.oracle.types import AttainmentEstimate, LoadFeatures, MinInstances
+from janusd.oracle.types import AttainmentEstimate, LoadFeatures, MinInstances, ResourceEstimate
 from janusd.policy.policy_config import KeepAliveConfig, ScalingConfig
 from janusd.server.controller import Controller, Op
 
@@ -31,6 +31,10 @@ class PerTwoRps:
     def min_instances(self, model: str, load: LoadFeatures, target: float, margin: float, limit: int) -> MinInstances:
         m = max(1, math.ceil(load.request_rate / 2))
         return MinInstances(m if m <= limit else None, None, f"{load.request_rate:.1f} rps / 2")
+
+    def capacity(self, model: str, load: LoadFeatures) -> ResourceEstimate:
+        """The same machine seen as device time: one instance carries 2 rps."""
+        return ResourceEstimate((0.1, load.request_rate / 2, 0.1), (0.0, 0.0, 0.0), "test")
 
 
 class Host:
@@ -213,8 +217,9 @@ def test_config_managed_section_parses_and_refuses_typos():
 def test_an_auto_model_goes_elastic_on_a_burst_and_is_scaled_only_then():
     """pool = "auto": a trickle (1 request every 2 s) is steady, so the controller leaves
     the model alone; a burst of 40 within a second is bursty (peak over 5 s / mean over the
-    window), the model turns elastic and scales out in the same tick (45 arrivals over the
-    10 s the telemetry has seen: 4.5 rps, m* = 3)."""
+    window), the model turns elastic and scales out in the same tick, sized by the burst's
+    own rate (40 arrivals in the last second, far beyond the window's 4.5 rps: m* = 4, one
+    per device; the window's mean alone said 3)."""
     from janusd.policy.policy_config import ClassifyConfig
 
     rig = Rig(devices=4)
@@ -233,5 +238,6 @@ def test_an_auto_model_goes_elastic_on_a_burst_and_is_scaled_only_then():
     assert ctl.room.last_pools[0] == {"model": "hot", "pool": "elastic", "changed": True,
                                  "reason": ctl.room.last_pools[0]["reason"]}
     assert ctl.room.last_pools[0]["reason"].startswith("bursty")
-    assert [(o.device, o.target) for o in ops] == [(1, "active"), (2, "active")]
+    assert [(o.device, o.target) for o in ops] == [(1, "active"), (2, "active"), (3, "active")]
+    assert "burst: 40.0 req/s" in ops[0].reason
     assert ctl.view(rig.now)["pools"][0]["pool"] == "elastic"

@@ -96,8 +96,9 @@ class Host:
             else:
                 await self._up(name, device, S.RESTORING)
             return {"state": "active", "path": "checkpoint" if inst.state is S.ACTIVE else "h2d"}
-        self.core.set_state(inst, S.DRAINING, self.rig.now)
-        await asyncio.sleep(0)
+        if inst.state is not S.WARM:  # Warm -> Cold drops the host copy, nothing to drain
+            self.core.set_state(inst, S.DRAINING, self.rig.now)
+            await asyncio.sleep(0)
         self.core.set_state(inst, S.WARM if target == "warm" else S.COLD, self.rig.now)
         return {"state": target, "total_s": 0.0}
 
@@ -351,8 +352,8 @@ def test_a_placed_elastic_model_gets_replicas_of_its_own_and_hands_its_steady_in
     """A model without `devices` in the elastic pool is isolated (PAPER.md §2): m* replicas
     of its own are forked onto the devices the steady pool leaves; its steady instance
     (beside `s`) serves until one of them is Active, then drains to Cold (make before
-    break); the placement never moves the replicas; when m* falls they drain to Cold,
-    never below one."""
+    break); the placement never moves the replicas; when m* falls (past the hold time) they
+    drain to Warm, never below one, and go Cold after keep-alive's Warm time."""
     rig, host, ctl, fast = _extras_rig()
     slow_tick(ctl, rig)
     assert ctl.room.steady.plan is not None and ctl.room.steady.plan_devices() == [0]
@@ -371,12 +372,17 @@ def test_a_placed_elastic_model_gets_replicas_of_its_own_and_hands_its_steady_in
     n = len(host.calls)
     slow_tick(ctl, rig)  # the placement leaves the replicas alone
     assert len(host.calls) == n and ctl.room.steady.plan.moves == ()
-    rig.now += 60.0  # the window empties but for new arrivals: 1 request, m* = 1
+    rig.now += 60.0  # the window empties but for new arrivals: 1 request, m* = 1 (past the hold)
     rig.submit("hot", max_tokens=2)
     fast()
-    fast()  # the debounce: two low demands
     assert serving(rig, "hot") == [1] and ctl.room.extras == {"hot": {1}}
-    assert {rig.core.instance("hot", d).state for d in (2, 3)} == {S.COLD}
+    assert {rig.core.instance("hot", d).state for d in (2, 3)} == {S.WARM}  # a scale-out again restores
+    k = host.cfg.control.keepalive
+    rig.now += k.cold_after_s - k.warm_after_s  # Warm as long as keep-alive keeps an idle model Warm
+    rig.submit("hot", max_tokens=2)
+    ops = fast()
+    assert sorted((o.device, o.target) for o in ops) == [(2, "cold"), (3, "cold")]
+    assert {rig.core.instance("hot", d).state for d in (2, 3)} == {S.COLD} and serving(rig, "hot") == [1]
 
 
 def test_extra_replicas_go_when_their_model_leaves_the_elastic_pool():
@@ -396,7 +402,7 @@ def test_extra_replicas_go_when_their_model_leaves_the_elastic_pool():
     for _ in range(6):  # the same traffic: only the pool changed
         rig.submit("hot", max_tokens=2)
     ops = fast()
-    assert sorted((o.device, o.target) for o in ops) == [(1, "cold"), (2, "cold"), (3, "cold")]
+    assert sorted((o.device, o.target) for o in ops) == [(1, "warm"), (2, "warm"), (3, "warm")]
     assert all("back in the steady pool" in o.reason for o in ops)
     assert serving(rig, "hot") == [0] and ctl.room.extras == {}
     assert ctl.room.steady.plan is not None and 0 in ctl.room.steady.plan_devices()
@@ -477,5 +483,5 @@ def test_an_extra_coming_up_is_drained_only_once_it_is_up():
     assert asyncio.run(go()) == []
     assert ctl.room.extras == {"hot": {1, 2, 3}} and serving(rig, "hot") == [0, 1, 2, 3]
     ops = fast()  # m* = 1: two replicas drained, and the steady instance handed over
-    assert sorted((o.device, o.target) for o in ops) == [(0, "cold"), (2, "cold"), (3, "cold")]
+    assert sorted((o.device, o.target) for o in ops) == [(0, "cold"), (2, "warm"), (3, "warm")]
     assert serving(rig, "hot") == [1] and ctl.room.extras == {"hot": {1}}

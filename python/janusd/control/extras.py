@@ -44,8 +44,9 @@ def meet_extras(m: ModelView, count: int, free: list[int], reason: str, extras: 
                 in_flight: InFlight, load_on: Callable[[int], int]) -> list[Op]:
     """Bring a placed model to `count` extra replicas: new ones on free devices (one
     where it rests Warm or Cold first, then the lowest id; taken from `free`; an
-    Unloaded one forks from a live replica), surplus ones drained to Cold (the least
-    busy first)."""
+    Unloaded one forks from a live replica), surplus ones drained to Warm (the least
+    busy first; Cold once Warm as long as keep-alive keeps an idle model Warm:
+    control/keepalive.py cool_scaled_in)."""
     mine = extras.get(m.name, set())
     pending = {d: op.target for (name, d), (op, _) in in_flight.items() if name == m.name}
     have = sum(1 for d in mine if pending.get(d, "active") == "active")
@@ -67,6 +68,6 @@ def meet_extras(m: ModelView, count: int, free: list[int], reason: str, extras: 
         for d in sorted((d for d in mine if d not in pending), key=lambda d: (load_on(d), -d)):
             if have <= count:
                 break
-            ops.append(Rest(model=m.name, device=d, reason=f"{SCALE_IN}: {reason}", target="cold"))
+            ops.append(Rest(model=m.name, device=d, reason=f"{SCALE_IN}: {reason}", target="warm"))
             have -= 1
     return ops

@@ -63,3 +63,28 @@ def keepalive_ops(decisions: Iterable[ResidencyDecision], models: Mapping[str, M
                     and (m.name, i.device) not in in_flight:
                 ops.append(Rest(model=m.name, device=i.device, reason=f"keep-alive: {d.reason}", target=d.residency))
     return ops
+
+
+def cool_scaled_in(models: Iterable[ModelView], warm_since: dict[tuple[str, int], float], now: float,
+                   warm_for_s: float, in_flight: Mapping[tuple[str, int], object]) -> list[Op]:
+    """A scaled-in replica rests Warm (its next scale-out is an H2D restore, not a load)
+    and goes Cold after `warm_for_s` Warm, as an idle model would: keep-alive only moves
+    models with nothing serving, so a busy model's Warm replicas are cooled here.
+    `warm_since` ((model, device) -> first seen Warm) is the room's, updated here."""
+    seen: set[tuple[str, int]] = set()
+    ops: list[Op] = []
+    for m in models:
+        if not any(i.serving for i in m.instances.values()):
+            continue  # resting as a whole: keep-alive's
+        for i in m.instances.values():
+            key = (m.name, i.device)
+            if i.state is not S.WARM or key in in_flight:
+                continue
+            seen.add(key)
+            since = warm_since.setdefault(key, now)
+            if now - since >= warm_for_s:
+                ops.append(Rest(model=m.name, device=i.device, target="cold",
+                                reason=f"keep-alive: scaled-in replica Warm for {now - since:.0f} s"))
+    for key in [k for k in warm_since if k not in seen]:
+        del warm_since[key]
+    return ops

@@ -5,15 +5,19 @@
   bursty (peak over short windows / mean, from arrivals bucketed per second over the
   window); `pool = "steady"` / `"elastic"` pin it. Every elastic model that has traffic
   gets m* from the oracle (policy/demand.py, through the snapshot's predictor: a fitted
-  GP or the roofline prior); the counts are debounced and compressed to the elastic
-  budget (policy/scaling.py) and met: a model with `devices` with its own instances there
+  GP or the roofline prior) at the load of a burst when one shows in the last second, one
+  more than serves after refusals, and held at its largest over `scale_in_hold_s`
+  (control/burst.py: scale out at once, in only after demand stayed low); the counts are
+  debounced and compressed to the elastic budget (policy/scaling.py) and met: a model with `devices` with its own instances there
   (control/counts.py: Warm before Cold, a surplus Active one goes Warm after draining), a
   model the steady placement places isolated on devices of its own (PAPER.md §2: left out
   of the steady snapshot; m* replicas on the pool's free devices, forked from a live
-  instance, drained to Cold when m* falls, never below one; its steady instance serves
+  instance, drained to Warm when m* falls, never below one; its steady instance serves
   beside its neighbours until one of them is Active, then drains: _hand_over; one alone on
   its device counts as its own), a P/D model with a prefill / decode split (control/roles.py).
   The elastic budget is the elastic models' devices less those the steady placement took.
+  A scaled-in replica rests Warm as long as keep-alive keeps an idle model Warm, then goes
+  Cold (control/keepalive.py cool_scaled_in).
 - slow (control.slow_period_s, 30 s): keep-alive (policy/keepalive.py, control/keepalive.py):
   a model without a request for `warm_after_s` goes Warm on every device, after
   `cold_after_s` Cold; its next request wakes it (control/wake.py); then the steady
@@ -32,9 +36,10 @@ from typing import Any
 
 from janusd.config import ControlConfig
 from janusd.control.baselines import first_come
+from janusd.control.burst import BurstWatch
 from janusd.control.counts import meet_count
 from janusd.control.extras import free_elastic_devices, meet_extras, prune_extras
-from janusd.control.keepalive import activity, keepalive_ops
+from janusd.control.keepalive import activity, cool_scaled_in, keepalive_ops
 from janusd.control.ops import SCALE_IN, Done, Op, Rest, halves
 from janusd.control.roles import meet_roles
 from janusd.control.snapshot import ControlSnapshot, ModelView
@@ -42,7 +47,7 @@ from janusd.control.steady import SteadyPlanner, model_of
 from janusd.control.traffic import ArrivalHistory
 from janusd.lifecycle.states import RESTORABLE, InstanceState
 from janusd.policy.classify import classify as classify_apps
-from janusd.policy.demand import elastic_demand
+from janusd.policy.demand import elastic_demand, replicas_to_fit
 from janusd.policy.keepalive import residency
 from janusd.policy.scaling import scale
 from janusd.policy.snapshot import AppCount, AppPool, ElasticApp, RolePlan, ScalingPlan, ScalingState
@@ -67,19 +72,24 @@ class ControlRoom:
     until the budget runs out). Hooks: `on_op(target, outcome)` per finished operation,
     `on_elastic(model, m*, count, (prefill, decode) or None)` per elastic model at each
     fast tick, `on_move(kind, outcome)` per finished steady move, `on_figure(name, value)`
-    for the plans' figures, `log(message, level)`."""
+    for the plans' figures, `log(message, level)`, `on_undone(model)` per scale-in of a
+    replica within the hold time of its scale-out (control/burst.py)."""
 
     def __init__(self, cfg: ControlConfig, allocator: str = "global",
                  on_op: Callable[[str, str], None] = _nothing,
                  on_elastic: Callable[[str, int, int, tuple[int, int] | None], None] = _nothing,
                  on_move: Callable[[str, str], None] = _nothing,
                  on_figure: Callable[[str, float], None] = _nothing,
-                 log: Callable[[str, int], None] = _nothing) -> None:
+                 log: Callable[[str, int], None] = _nothing,
+                 on_undone: Callable[[str], None] = _nothing) -> None:
         if allocator not in ALLOCATORS:
             raise ValueError(f"unknown allocator {allocator!r} (known: {', '.join(ALLOCATORS)})")
         self.cfg = cfg
         self.allocator = allocator
         self.on_op, self.on_elastic, self.on_move, self.on_figure = on_op, on_elastic, on_move, on_figure
+        self.on_undone = on_undone
+        self.burst = BurstWatch(cfg.scaling.scale_in_hold_s)
+        self.warm_since: dict[tuple[str, int], float] = {}  # a scaled-in replica resting Warm, since
         self.log = log
         self.scaling_state = ScalingState()
         self.pools: tuple[AppPool, ...] = ()  # the classifier's state between ticks
@@ -121,6 +131,8 @@ class ControlRoom:
             m = snap.models.get(op.model)
             if op.scales_out and m is not None and snap.placed_by_controller(m):
                 self.extras.setdefault(op.model, set()).add(op.device)
+            if op.scales and op.target != "active" and self.burst.undone(op.model, op.device, now):
+                self.on_undone(op.model)
             self.log(f"controller: {op.model} on device {op.device} -> {op.target} ({op.reason})", logging.INFO)
             out.append(op)
         return out + self.steady.pump(snap, now)
@@ -148,6 +160,10 @@ class ControlRoom:
         if (outcome == "ok" and placed and op.scales and op.target != "active") or \
                 (outcome != "ok" and op.scales_out):  # a scale-in ends an extra; a failed scale-out is none
             self._drop_extra(op.model, op.device)
+        if outcome == "ok" and op.scales_out:
+            self.burst.scaled_out(op.model, op.device, now)
+        if outcome == "ok" and op.target == "warm":  # a scaled-in replica's Warm time starts now
+            self.warm_since[(op.model, op.device)] = now
         if outcome != "ok":
             self.log(f"controller: {op.model} on device {op.device} -> {op.target} failed: {outcome}",
                      logging.WARNING)
@@ -181,16 +197,14 @@ class ControlRoom:
         return [m for m in models if m.name in elastic]
 
     def _elastic_app(self, snap: ControlSnapshot, m: ModelView, free: list[int],
-                     devices: set[int]) -> ElasticApp | None:
+                     devices: set[int], now: float) -> ElasticApp | None:
         """One elastic model's ask of the budget (None: no traffic, or no prior yet); the
         devices it may use join `devices`."""
         w = m.window
         if w.request_rate <= 0.0 and w.in_flight == 0:  # left to keep-alive (a request wakes it)
             return None
-        try:
-            want, why = elastic_demand(m.name, m.load, snap.predictor, self.cfg.demand)
-        except KeyError as e:  # the oracle has no prior for it yet (its spec is being read)
-            self.log(f"controller: {m.name}: {e}; keeping its instances as they are", logging.DEBUG)
+        want, why = self._demand(snap, m, now)
+        if want is None:
             return None
         if snap.placed_by_controller(m):
             # isolated (PAPER.md §2): its replicas are devices of its own, the ones the steady
@@ -211,13 +225,39 @@ class ControlRoom:
         return ElasticApp(app=m.name, demand=want, prefill_share=m.prefill_share if m.pd else 0.5,
                           current=sum(1 for i in m.instances.values() if i.serving))
 
+    def _demand(self, snap: ControlSnapshot, m: ModelView, now: float) -> tuple[int | None, str]:
+        """m* at the load a burst raised it to, one more than serves after refusals, held
+        over the hold time (control/burst.py); None: the oracle has no prior for it yet."""
+        load, burst = self.burst.load(m, self.arrivals, now)
+        refused = self.burst.refused(m)
+        try:
+            want, why = elastic_demand(m.name, load, snap.predictor, self.cfg.demand)
+        except KeyError as e:  # its spec is being read
+            self.log(f"controller: {m.name}: {e}; keeping its instances as they are", logging.DEBUG)
+            return None, ""
+        notes = [burst] if burst else []
+        fit, _ = replicas_to_fit(m.name, load, snap.predictor, 0.0, self.cfg.demand.max_elastic_instances)
+        fit = self.cfg.demand.max_elastic_instances if fit is None else fit
+        if fit > want:  # the device time the load takes: m* never gives it less than that
+            want = fit
+            notes.append(f"capacity: {fit} instance(s) to carry the load")
+        serving = sum(1 for i in m.instances.values() if i.serving)
+        if refused and want <= serving:
+            want = min(serving + 1, self.cfg.demand.max_elastic_instances)
+            notes.append(f"{refused} request(s) refused since the last tick: one more than the {serving} serving")
+        want, held = self.burst.hold(m.name, want, now)
+        notes += [held] if held else []
+        return want, "; ".join([why] + notes)
+
     def plan_fast(self, snap: ControlSnapshot, now: float) -> list[Op]:
         """Elastic scaling (module doc): m* per elastic model with traffic, debounced and
         compressed to the budget, then met with instances."""
         self.demands = {}
         prune_extras(self.extras, snap.models, self.in_flight)
         elastic = self._elastic(snap, now)
+        self.burst.forget({m.name for m in elastic})
         ops = self._extras_left_behind(snap, {m.name for m in elastic})
+        ops += cool_scaled_in(snap.models.values(), self.warm_since, now, self._warm_for_s(), self.in_flight)
         last = self.steady.planned_at
         if any(d["changed"] for d in self.last_pools) or last is None or now - last >= RECHECK_S:
             self._plan_steady(snap, now, set(), consolidate=False)
@@ -225,7 +265,7 @@ class ControlRoom:
         apps: list[ElasticApp] = []
         devices: set[int] = set()
         for m in elastic:
-            a = self._elastic_app(snap, m, free, devices)
+            a = self._elastic_app(snap, m, free, devices, now)
             if a is not None:
                 apps.append(a)
         if apps:
@@ -234,6 +274,12 @@ class ControlRoom:
             for a in plan.apps:
                 ops += self._meet(snap, snap.models[a.app], a, free)
         return self._issue(snap, ops, now)
+
+    def _warm_for_s(self) -> float:
+        """How long a scaled-in replica rests Warm before Cold: as long as keep-alive keeps
+        an idle model Warm."""
+        k = self.cfg.keepalive
+        return k.cold_after_s - k.warm_after_s
 
     def _scale(self, apps: list[ElasticApp], budget: int) -> ScalingPlan:
         if self.allocator == "first_come":
@@ -249,7 +295,7 @@ class ControlRoom:
     def _meet(self, snap: ControlSnapshot, m: ModelView, a: AppCount, free: list[int]) -> list[Op]:
         """Ops toward one elastic model's count (module doc's three kinds of model)."""
         self.on_elastic(a.app, a.demand, a.count, (a.prefill, a.decode) if m.pd else None)
-        why = f"m*={a.demand} (debounced {a.debounced}, given {a.count}): {a.reason}"
+        why = f"m*={a.demand} (debounced {a.debounced}, given {a.count}): {a.reason}; {self.demands[a.app][1]}"
         if snap.placed_by_controller(m):
             base = self._base(m)
             count = a.count if base else max(1, a.count)  # never below one instance that serves
@@ -292,7 +338,7 @@ class ControlRoom:
 
     def _extras_left_behind(self, snap: ControlSnapshot, elastic: set[str]) -> list[Op]:
         """A placed model no longer in the elastic pool: where a steady instance of it
-        serves, its own replicas go Cold (only elastic scaling shrinks them, and the
+        serves, its own replicas go Warm (only elastic scaling shrinks them, and the
         steady snapshot leaves their devices out: it kept them serving, in no plan);
         where none does (it was handed over), its replicas become its steady instances,
         and the steady placement packs them (a surplus one is removed by the plan)."""

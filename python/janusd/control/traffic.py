@@ -41,3 +41,19 @@ class ArrivalHistory:
         counts = [max(0, b - a) for a, b in zip(at, at[1:])]
         pin = None if pool == "auto" else pool
         return traffic_from_counts(name, counts, BUCKET_S, SHORT_BUCKETS, pin=pin)  # type: ignore[arg-type]
+
+    def recent_rate(self, name: str, now: float, span: float) -> float:
+        """Arrivals per second over the last `span` seconds, from the samples taken at the
+        fast ticks (the latest sample at or before `now - span` is the counter then; when
+        every sample is younger, the oldest stands in, so a model first seen mid burst reads
+        an under-estimate, never an over-estimate)."""
+        hist = self._arrivals.get(name)
+        if not hist or span <= 0.0:
+            return 0.0
+        edge = now - span
+        then = hist[0][1]
+        for t, total in reversed(hist):  # the newest few samples: a short span reads two or three
+            if t <= edge:
+                then = total
+                break
+        return max(0, hist[-1][1] - then) / span

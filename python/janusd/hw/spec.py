@@ -59,6 +59,13 @@ class DeviceSpec(msgspec.Struct, frozen=True, kw_only=True):
             if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"device spec {self.name!r}: {f} must be a finite number >= 0, got {v!r}")
 
+    @property
+    def host_is_device(self) -> bool:
+        """The host's work per step runs on the cores that compute (a cpu device): another
+        model's steps wait for it, so it counts in the device's compute share; on an
+        accelerator it overlaps other workers' kernels."""
+        return self.name == "cpu"
+
     def step_time_floor(self, layers: int, batch: float) -> float:
         """Seconds one engine step of a `layers`-layer model over `batch` sequences costs
         besides its FLOPs and bytes (module doc)."""

@@ -16,7 +16,11 @@ at any load (bench/RESULTS.md "oracle").
   t_step(B) (Little's law), t_step(B) = roofline of one step of B sequences at the mean
   context (iterated from B = 1; capped when it diverges: overload).
 Capacity of one instance carrying the load z:
-- compute = (rate * FLOPs per request) / peak;
+- compute = (rate * FLOPs per request) / peak, plus, on a cpu device (where the engine's
+  host time per step runs on the very cores that compute: DeviceSpec.host_is_device), the
+  share of time that host work takes: rate * prefill host time + decode steps per second
+  * host time per step. Without it two bursty demo models were packed on one cpu device
+  as if free ("Phi 0.0001") and shared its cores at their bursts;
 - bandwidth = (decode steps per second * bytes per step + prefill bytes per second) /
   peak bandwidth, with steps per second = P(some sequence decodes) / t_step, P = 1 -
   exp(-B) (M/G/inf occupancy);
@@ -106,6 +110,8 @@ class RooflinePrior:
         dec_flops = z.output_len_mean * (2.0 * s.matmul_params + 4 * s.layers * s.heads * s.head_dim * ctx)
         compute = z.request_rate * (pf_flops + dec_flops) / d.peak_flops
         steps = (1.0 - math.exp(-b)) / t_step if t_step > 0 else 0.0
+        if d.host_is_device:  # the engine's host time runs on the cores that compute (module doc)
+            compute += z.request_rate * d.prefill_time_floor(s.layers, z.input_len_mean) + steps * self._floor(b)
         bw = (steps * s.decode_step_bytes(b, b * ctx) + z.request_rate * pf_bytes) / d.hbm_bw
         in_flight = z.request_rate * (t_pf + z.output_len_mean * t_step)
         kv = in_flight * (z.input_len_mean + z.output_len_mean) * s.kv_bytes_per_token

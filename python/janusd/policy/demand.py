@@ -70,18 +70,30 @@ def steady_items(models: Sequence[SteadyModel], pred: CapacityPredictor, cfg: De
                                      pinned_device=d) for d in devs)
             out.append(SteadyDemand(model=m.model, items=items, reason=f"pinned to devices {devs}"))
             continue
-        for r in range(1, cfg.max_steady_replicas + 1):
-            v = _vector(pred, m.model, scaled(m.load, 1.0 / r), cfg.capacity_margin)
-            if max(v) <= 1.0 + FIT_EPS:
-                keys = [m.model] + [f"{m.model}#{k}" for k in range(1, r)]
-                items = tuple(SteadyItem(key=key, model=m.model, vector=v) for key in keys)
-                out.append(SteadyDemand(model=m.model, items=items,
-                                        reason="fits one device" if r == 1 else f"{r} replicas at 1/{r} of the load"))
-                break
+        r, v = replicas_to_fit(m.model, m.load, pred, cfg.capacity_margin, cfg.max_steady_replicas)
+        if r is not None:
+            keys = [m.model] + [f"{m.model}#{k}" for k in range(1, r)]
+            items = tuple(SteadyItem(key=key, model=m.model, vector=v) for key in keys)
+            out.append(SteadyDemand(model=m.model, items=items,
+                                    reason="fits one device" if r == 1 else f"{r} replicas at 1/{r} of the load"))
         else:
             out.append(SteadyDemand(model=m.model, items=(), reason=f"exceeds one device even at "
                                     f"{cfg.max_steady_replicas} replicas: {tuple(round(x, 3) for x in v)}"))
     return tuple(out)
+
+
+def replicas_to_fit(model: str, load: LoadFeatures, pred: CapacityPredictor, margin: float,
+                    limit: int) -> tuple[int | None, Vec3]:
+    """The fewest replicas r <= `limit` whose capacity vector at 1/r of the load fits one
+    device, and that vector (None and the vector at `limit` when none does). The steady
+    pool sizes its replicas by it; the fast loop floors m* with it (control/room.py), so
+    a load the capacity says no device carries is never given one instance."""
+    v: Vec3 = (0.0, 0.0, 0.0)
+    for r in range(1, max(1, limit) + 1):
+        v = _vector(pred, model, scaled(load, 1.0 / r), margin)
+        if max(v) <= 1.0 + FIT_EPS:
+            return r, v
+    return None, v
 
 
 def elastic_demand(app_model: str, load: LoadFeatures, pred: ElasticityPredictor, cfg: DemandConfig) -> tuple[int, str]:

@@ -54,8 +54,12 @@ class ScalingConfig(Section):
     """Elastic pool (scaling.py)."""
 
     # debounce: a count moves only when the last `debounce_plans` demands all lie on the
-    # same side of it (1 = no debounce)
-    debounce_plans: PositiveInt = 2
+    # same side of it (1 = no debounce: the scale-in hold below keeps counts from flapping,
+    # and each plan past 1 delays a scale-out by one fast tick)
+    debounce_plans: PositiveInt = 1
+    # hysteresis on m* (control/burst.py): the count asked is the largest m* of this many
+    # seconds, so a scale-in comes only after demand stayed low this long
+    scale_in_hold_s: NonNegFloat = 20.0
     # under compression each app keeps at least this many instances when the budget
     # allows it for every app
     min_instances_per_app: NonNegInt = 1
