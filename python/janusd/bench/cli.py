@@ -14,6 +14,8 @@ import json
 # name -> (module path, help). Only real benchmarks are listed.
 BENCHES: dict[str, tuple[str, str]] = {
     "api": ("janusd.bench.api", "daemon overhead over the engine (TTFT) and the highest rate before p99 TTFT doubles"),
+    "cluster": ("janusd.bench.cluster", "the controller on a real daemon: a bursty six-app trace, managed vs a static "
+                "even split, beside the simulator's prediction"),
     "dispatch": ("janusd.bench.dispatch", "LST-IMH per call: Rust vs the pure-Python reference"),
     "dispatch-replay": ("janusd.bench.dispatch_replay",
                         "dispatch policies end to end: a bursty trace replayed on a real daemon at 0.7x/1.5x capacity"),
