@@ -59,7 +59,7 @@ class ScalingConfig(Section):
     debounce_plans: PositiveInt = 1
     # hysteresis on m* (control/burst.py): the count asked is the largest m* of this many
     # seconds, so a scale-in comes only after demand stayed low this long
-    scale_in_hold_s: NonNegFloat = 20.0
+    scale_in_hold_s: NonNegFloat = 10.0
     # under compression each app keeps at least this many instances when the budget
     # allows it for every app
     min_instances_per_app: NonNegInt = 1
