@@ -121,6 +121,8 @@ class Daemon(RequestFront, WorkerSupervision):
         if cfg.control.managed:
             self.controller = Controller(self, clock, self.metrics.controller_op, self.metrics.controller_elastic,
                                          self.metrics.controller_move, self.metrics.controller_figure)
+        if self.controller is not None:
+            self.controller.room.on_undone = self.metrics.controller_undone
         self.http_port: int | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 

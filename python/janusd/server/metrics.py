@@ -232,6 +232,9 @@ class Metrics:
         self.controller_moves = Counter("janusd_controller_moves", "steady placement moves the controller executed, "
                                         "by kind (place | migrate | remove) and outcome (ok | failed)",
                                         ["kind", "outcome"], registry=r)
+        self.scale_outs_undone = Counter("janusd_controller_scale_outs_undone", "elastic replicas scaled in within "
+                                         "control.scaling.scale_in_hold_s of their scale-out (flapping: only budget "
+                                         "compression should cause one)", ["model"], registry=r)
         self.controller_plan = Gauge("janusd_controller_plan", "the controller's last plans (figure: steady_bins_used, "
                                      "steady_phi, steady_migrations, steady_pending_moves; elastic_budget, "
                                      "elastic_asked, elastic_given)", ["figure"], registry=r)
@@ -294,6 +297,9 @@ class Metrics:
 
     def controller_move(self, kind: str, outcome: str) -> None:
         self.controller_moves.labels(kind, outcome).inc()
+
+    def controller_undone(self, model: str) -> None:
+        self.scale_outs_undone.labels(model).inc()
 
     def controller_figure(self, figure: str, value: float) -> None:
         self.controller_plan.labels(figure).set(value)
