@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from janusd.config import ControlConfig
 from janusd.control.burst import BurstWatch, burst_rate
+from janusd.control.ops import SCALE_IN, SCALE_OUT, Activate, Rest
 from janusd.lifecycle.states import InstanceState
 from janusd.policy.policy_config import KeepAliveConfig, ScalingConfig
 from janusd.server.controller import Controller
@@ -130,3 +131,16 @@ def test_a_short_count_is_a_burst_only_beyond_three_sigmas_of_the_mean(rate: flo
     assert (got is not None) == beyond
     if got is not None:
         assert got == count
+
+
+def test_the_undone_counter_is_on_metrics():
+    from janusd.server.metrics import Metrics
+
+    rig, ctl, _ = _rig()
+    metrics = Metrics(lambda: {**rig.core.snapshot(rig.now), "workers": {}, "pools": {}})
+    ctl.room.on_undone = metrics.controller_undone
+    up = Activate(model="hot", device=1, reason=f"{SCALE_OUT}: m*=2")
+    ctl.room.finished(up, "ok", rig.now, ctl.snapshot(rig.now))  # the scale-out ended now
+    down = Rest(model="hot", device=1, reason=f"{SCALE_IN}: m*=1", target="warm")
+    assert ctl.room._issue(ctl.snapshot(rig.now + 5.0), [down], rig.now + 5.0) == [down]  # within the hold
+    assert 'janusd_controller_scale_outs_undone_total{model="hot"} 1.0' in metrics.render().decode()

@@ -464,6 +464,8 @@ def test_an_extra_coming_up_is_drained_only_once_it_is_up():
     """m* falls while an extra replica forks: the fork is not cut short and no other
     replica is drained for it; the next ticks drain it once it serves."""
     rig, host, ctl, fast = _extras_rig()
+    undone: list[str] = []
+    ctl.room.on_undone = undone.append
     slow_tick(ctl, rig)
     for _ in range(6):  # m* = 3: three replicas of its own
         rig.submit("hot", max_tokens=2)
@@ -485,3 +487,4 @@ def test_an_extra_coming_up_is_drained_only_once_it_is_up():
     ops = fast()  # m* = 1: two replicas drained, and the steady instance handed over
     assert sorted((o.device, o.target) for o in ops) == [(0, "cold"), (2, "warm"), (3, "warm")]
     assert serving(rig, "hot") == [1] and ctl.room.extras == {"hot": {1}}
+    assert undone == ["hot", "hot"]  # up and down within the hold time: counted (janusd_controller_scale_outs_undone)
