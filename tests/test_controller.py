@@ -138,7 +138,11 @@ async def _execute(ctl: Controller, ops: list[Op]) -> None:
     await asyncio.gather(*ctl._tasks)
 
 
-def test_budget_compresses_two_elastic_models_to_their_shared_devices():
+def test_two_elastic_models_sharing_their_devices_each_count_their_own_instances():
+    """The budget of models with `devices` is their instance slots, not the devices: `a`
+    and `b` share devices 0 and 1, so each may have both of its instances (4 seats). Until
+    [W] the budget was the 2 devices, `a`'s base instance took one, and `b`'s burst got no
+    second instance (measured on a real daemon)."""
     rig = Rig(devices=2)
     rig.model("a", [0, 1], pool="elastic", warm_devices=[1])
     rig.model("b", [0, 1], pool="elastic", warm_devices=[1])
@@ -152,10 +156,11 @@ def test_budget_compresses_two_elastic_models_to_their_shared_devices():
     for _ in range(8):
         rig.submit("a", max_tokens=2)
         rig.submit("b", max_tokens=2)
-    ctl.plan_fast(rig.now)
+    ops = ctl.plan_fast(rig.now)
     plan = ctl.room.last_scaling
-    assert plan is not None and plan.budget == 2 and plan.given == 2 and plan.compressed
-    assert [a.count for a in plan.apps] == [1, 1]
+    assert plan is not None and plan.budget == 4 and plan.given == 4 and not plan.compressed
+    assert [a.count for a in plan.apps] == [2, 2]
+    assert sorted((o.model, o.device, o.target) for o in ops) == [("a", 1, "active"), ("b", 1, "active")]
 
 
 def test_keepalive_sends_an_idle_elastic_model_warm_then_cold_and_leaves_steady_ones():

@@ -16,7 +16,8 @@ from test_sim_controller import burst_trace
 RECORDED = {
     "burst/janus": {  # re-recorded 2026-12-07 ([W]): a burst is seen within a tick (the last second's
         # rate beyond 3 sigmas of the window's mean, the capacity floor) and m* is held 10 s before a
-        # scale-in: every request on time (was 0.95609 at 0.12326 h; without the hold 1.0 at 0.1298 h,
+        # scale-in, only the replicas it scaled in cooled to Cold: every request on time (was 0.95609 at
+        # 0.12326 h; without the hold 1.0 at 0.1298 h,
         # with a 20 s hold 0.1697 h). Before that, [U]: the simulator runs the daemon's controller
         # (control/room.py): the apps start one device each, an elastic app is isolated on devices of
         # its own, scaled under one budget; was on_time 212700, ok 1432, 0.96250, 0.12293 h
@@ -25,7 +26,7 @@ RECORDED = {
         "ttft_met": 1485,
         "tpot_met": 1485,
         "token_attainment": 1.0,
-        "device_hours": 0.1397733871335586,
+        "device_hours": 0.13974609268837093,
         "sim_end_s": 90.0
     },
     "burst/static": {

@@ -56,6 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vs-static", action="store_true",
                         help="also run static: on all devices, right-sized (the fewest devices reaching this "
                              "policy's token attainment, by bisection) and on this policy's mean devices")
+    parser.add_argument("--config", default=None, metavar="JANUSD_TOML",
+                        help="run a daemon's configuration: its models' devices, start states and pools, its "
+                             "[control] and [dispatch] (policy janus: its controller; static: its placement alone); "
+                             "the trace's model names are the config's")
     parser.add_argument("--out", default=None, help="run directory: results.jsonl, devices.csv, summary.json")
     parser.add_argument("--json", action="store_true", help="print only the summary JSON")
 
@@ -85,6 +89,14 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(e))
     if len(trace.arrival_s) == 0:
         return fail(f"{args.trace}: the trace has no requests")
+    config = None
+    if args.config:
+        from janusd.sim.configured import ConfigError, read
+
+        try:
+            config = read(args.config)
+        except ConfigError as e:
+            return fail(str(e))
     try:
         perf, engine, figures = _perf(args, archs)
     except (CalibrationError, ValueError, OSError) as e:
@@ -101,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             figures = {**figures, **fitted, "host_scale": k}
         cluster, summ = simulate(trace, archs, args.devices, args.policy, args.device,
                                  keep_times=args.out is not None, perf=perf, engine=engine,
-                                 oracle_error=args.oracle_error, oracle_seed=args.oracle_seed)
+                                 oracle_error=args.oracle_error, oracle_seed=args.oracle_seed, config=config)
         if args.vs_static:
             summ["static"] = _vs_static(args, trace, archs, perf, engine, summ)
     except (PlacementError, ValueError) as e:

@@ -35,6 +35,11 @@ from janusd.bench.cluster_setup import APPS, HOLD_S, burst_starts, config, expec
 from janusd.trace.formats import write_trace
 
 POLL_S = 0.25
+# the simulator's cpu model of this machine: the engine bench recorded on a quiet machine, its
+# host figures scaled by what the daemon, the token stream and the replayer add on the same
+# two cores (2.70: fitted to a real replay's median TPOT, bench/RESULTS.md "sim, second pass")
+CALIBRATION = Path(__file__).resolve().parents[3] / "tests" / "data" / "sim_calib_engine.json"
+HOST_SCALE = 2.70
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -103,7 +108,7 @@ def _one_run(arm: str, trace: Any, run_dir: Path, threads: int) -> dict[str, Any
 
 
 def _sim(arm: str, trace_path: Path, run_dir: Path, seconds: float) -> dict[str, Any]:
-    """`janus sim --device cpu` on the trace (janus: the room; static: all devices)."""
+    """`janus sim --device cpu --config` on the trace: the arm's own daemon config, simulated."""
     models = run_dir / "models.toml"
     run_dir.mkdir(parents=True, exist_ok=True)
     from janusd.engine.checkpoint.demo import demo_arch
@@ -115,11 +120,36 @@ def _sim(arm: str, trace_path: Path, run_dir: Path, seconds: float) -> dict[str,
         cfg_path.write_text(json.dumps(msgspec.to_builtins(demo_arch(arch, size))))
         lines.append(f'[{app}]\nconfig = "{cfg_path.name}"\nttft_slo_ms = 1000\ntpot_slo_ms = 100\n')
     models.write_text("\n".join(lines))
+    daemon_cfg = run_dir / "janusd.toml"  # the very config the daemon ran (sim/configured.py)
+    daemon_cfg.write_text(config(arm, str(run_dir)))
     out = run_dir / "sim"
     cmd = [sys.executable, "-m", "janusd.cli", "sim", "--trace", str(trace_path), "--devices", "2", "--policy", arm,
-           "--device", "cpu", "--device-memory-mib", "512", "--models", str(models), "--out", str(out), "--json"]
+           "--device", "cpu", "--device-memory-mib", "512", "--models", str(models), "--config", str(daemon_cfg),
+           "--out", str(out), "--json"]
+    if CALIBRATION.exists():
+        perf = run_dir / "perf.json"
+        perf.write_text(json.dumps(_calibrated_perf(run_dir / "burst-a.json")))
+        cmd += ["--perf", str(perf)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=1800)
     return {"results": out / "results.jsonl", "devices": out / "devices.csv"}
+
+
+def _calibrated_perf(arch_config: Path) -> dict[str, float]:
+    """The simulator's cpu figures fitted to CALIBRATION (demo:llama-small's steps), host
+    figures times HOST_SCALE: what `janus sim --calibrate ... --calibrate-tpot-ms` found."""
+    from janusd.hw import device_spec
+    from janusd.sim.calibrate import fit, points_from_bench
+    from janusd.sim.perfmodel import PerfModel
+    from janusd.sim.specs import load_models_file
+
+    models = arch_config.parent / "calib.toml"
+    models.write_text(f'[llm]\nconfig = "{arch_config.name}"\n')
+    m = load_models_file(models)["llm"]
+    result = json.loads(CALIBRATION.read_text().strip().splitlines()[-1])
+    f = fit(points_from_bench(result, "demo-llama-small"), m, PerfModel(device_spec("cpu", hbm_bytes=512 * 2**20)))
+    p = f.perf
+    return {"overhead_s": p.overhead_s * HOST_SCALE, "seq_overhead_s": p.seq_overhead_s * HOST_SCALE,
+            "compute_eff": p.compute_eff, "bandwidth_eff": p.bandwidth_eff}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -70,7 +70,8 @@ def cool_scaled_in(models: Iterable[ModelView], warm_since: dict[tuple[str, int]
     """A scaled-in replica rests Warm (its next scale-out is an H2D restore, not a load)
     and goes Cold after `warm_for_s` Warm, as an idle model would: keep-alive only moves
     models with nothing serving, so a busy model's Warm replicas are cooled here.
-    `warm_since` ((model, device) -> first seen Warm) is the room's, updated here."""
+    `warm_since` ((model, device) -> when its scale-in ended) is the room's: an instance
+    Warm for another reason (`warm_devices`, `ctl state`) is not in it and stays."""
     seen: set[tuple[str, int]] = set()
     ops: list[Op] = []
     for m in models:
@@ -80,8 +81,10 @@ def cool_scaled_in(models: Iterable[ModelView], warm_since: dict[tuple[str, int]
             key = (m.name, i.device)
             if i.state is not S.WARM or key in in_flight:
                 continue
+            since = warm_since.get(key)
+            if since is None:  # Warm by the operator's config or `ctl state`: not the room's to cool
+                continue
             seen.add(key)
-            since = warm_since.setdefault(key, now)
             if now - since >= warm_for_s:
                 ops.append(Rest(model=m.name, device=i.device, target="cold",
                                 reason=f"keep-alive: scaled-in replica Warm for {now - since:.0f} s"))

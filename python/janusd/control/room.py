@@ -15,7 +15,9 @@
   instance, drained to Warm when m* falls, never below one; its steady instance serves
   beside its neighbours until one of them is Active, then drains: _hand_over; one alone on
   its device counts as its own), a P/D model with a prefill / decode split (control/roles.py).
-  The elastic budget is the elastic models' devices less those the steady placement took.
+  The elastic budget is the seats the elastic models may use (a placed model's devices of
+  its own, a model with `devices` its instance slots) less those on devices the steady
+  placement took.
   A scaled-in replica rests Warm as long as keep-alive keeps an idle model Warm, then goes
   Cold (control/keepalive.py cool_scaled_in).
 - slow (control.slow_period_s, 30 s): keep-alive (policy/keepalive.py, control/keepalive.py):
@@ -197,9 +199,13 @@ class ControlRoom:
         return [m for m in models if m.name in elastic]
 
     def _elastic_app(self, snap: ControlSnapshot, m: ModelView, free: list[int],
-                     devices: set[int], now: float) -> ElasticApp | None:
-        """One elastic model's ask of the budget (None: no traffic, or no prior yet); the
-        devices it may use join `devices`."""
+                     seats: set[int | tuple[str, int]], now: float) -> ElasticApp | None:
+        """One elastic model's ask of the budget (None: no traffic, or no prior yet); what
+        it may use joins `seats`: a placed model's devices of its own (whole devices), a
+        model with `devices` its own instance slots (model, device): two such models
+        sharing their devices each count theirs, so that one's base instance does not take
+        the other's burst replica out of the budget (on a real daemon burst-b never got
+        its second instance beside burst-a: [W])."""
         w = m.window
         if w.request_rate <= 0.0 and w.in_flight == 0:  # left to keep-alive (a request wakes it)
             return None
@@ -216,12 +222,12 @@ class ControlRoom:
             mine = extras | set(free)
             want = min(want, len(mine))
             self.demands[m.name] = (want, f"{why}; {len(mine)} device(s) of its own at most")
-            devices.update(mine)
+            seats.update(mine)  # whole devices of its own
             return ElasticApp(app=m.name, demand=want, current=len(extras))
         usable = sum(1 for i in m.instances.values() if i.serving or i.state in RESTORABLE)
         want = max(1, min(want, usable))
         self.demands[m.name] = (want, why)
-        devices.update(m.instances)
+        seats.update((m.name, d) for d in m.instances)  # its own instance slots: co-located ones each count
         return ElasticApp(app=m.name, demand=want, prefill_share=m.prefill_share if m.pd else 0.5,
                           current=sum(1 for i in m.instances.values() if i.serving))
 
@@ -263,14 +269,15 @@ class ControlRoom:
             self._plan_steady(snap, now, set(), consolidate=False)
         free = free_elastic_devices(snap.pool, self.steady.plan_devices(), self.extras, snap.models.values())
         apps: list[ElasticApp] = []
-        devices: set[int] = set()
+        seats: set[int | tuple[str, int]] = set()
         for m in elastic:
-            a = self._elastic_app(snap, m, free, devices, now)
+            a = self._elastic_app(snap, m, free, seats, now)
             if a is not None:
                 apps.append(a)
         if apps:
             # the steady pool has priority (PAPER.md §2): devices it took leave the elastic budget
-            plan = self._scale(apps, len(devices - self.steady.managed_devices()))
+            managed = self.steady.managed_devices()
+            plan = self._scale(apps, sum(1 for k in seats if (k if isinstance(k, int) else k[1]) not in managed))
             for a in plan.apps:
                 ops += self._meet(snap, snap.models[a.app], a, free)
         return self._issue(snap, ops, now)

@@ -30,14 +30,17 @@ import msgspec
 
 from janusd.config import ControlConfig
 from janusd.control.observe import observe
-from janusd.control.ops import Activate, Op
+from janusd.control.ops import Activate, Op, Rest
 from janusd.control.room import ControlRoom
 from janusd.control.start import pack_start
 from janusd.control.wake import wake_op
 from janusd.lifecycle.restore_path import Bandwidths
 from janusd.lifecycle.states import COMING_UP, InstanceState
 from janusd.policy.policy_config import ControllerConfig
+from janusd.policy.demand import SteadyModel
+from janusd.policy.start_placement import NO_LOAD
 from janusd.sim.cluster import Cluster
+from janusd.sim.configured import start_states
 from janusd.sim.oracle_error import MisjudgingOracle
 from janusd.sim.served import Served
 from janusd.sim.sim_oracle import ControllerError, build_oracle
@@ -68,9 +71,13 @@ class SimControl:
 
     def __init__(self, cluster: Cluster, served: list[Served], mode: str = "janus",
                  cfg: ControllerConfig = ControllerConfig(), periods: Periods = Periods(),
-                 oracle_error: float = 0.0, oracle_seed: int = 0) -> None:
+                 oracle_error: float = 0.0, oracle_seed: int = 0, control: ControlConfig | None = None,
+                 plans: bool = True) -> None:
         """`oracle_error`: the room's oracle misjudges each model's load by up to this
-        fraction (sim/oracle_error.py); 0: the simulator's own performance model, exactly."""
+        fraction (sim/oracle_error.py); 0: the simulator's own performance model, exactly.
+        `control`: a daemon's [control] section (`janus sim --config`: its periods, window
+        and policies instead of `cfg` and `periods`); `plans` False: no ticks (an unmanaged
+        daemon: the models stay where they start, requests still wake resting ones)."""
         if mode not in MODES:
             raise ControllerError(f"unknown controller mode {mode!r} (known: {', '.join(MODES)})")
         self.c = cluster
@@ -79,7 +86,12 @@ class SimControl:
         self.oracle = build_oracle(served, cluster)
         if oracle_error > 0.0:
             self.oracle = MisjudgingOracle(self.oracle, [x.name for x in served], oracle_error, oracle_seed)
-        self.room = ControlRoom(control_config(cfg, periods), "first_come" if mode == "blitzscale" else "global")
+        if control is not None:
+            self.p = Periods(fast_s=control.fast_period_s, slow_s=control.slow_period_s,
+                             traffic_window_s=int(control.window_s), control_overhead_s=periods.control_overhead_s)
+        self.plans = plans
+        ctl_cfg = control if control is not None else control_config(cfg, periods)
+        self.room = ControlRoom(ctl_cfg, "first_come" if mode == "blitzscale" else "global")
         pin = _PINS.get(mode)
         if pin is not None:
             for m in cluster.core.registry.models.values():
@@ -100,15 +112,25 @@ class SimControl:
         self.c.at(0.0, self._first)
 
     def _first(self, now: float) -> None:
-        names = sorted(self.c.core.registry.models)
+        models = self.c.core.registry.models
+        names = sorted(n for n, m in models.items() if not m.cfg.devices)
         out: dict[str, list[int]] = {}
         ctl = self.room.cfg
-        pack_start(names, [], tuple(range(self.c.n_devices)), self.oracle, ctl.demand, ctl.placement, [], out)
+        pins = [SteadyModel(model=n, load=NO_LOAD, devices=tuple(m.cfg.devices)) for n, m in models.items()
+                if m.cfg.devices]
+        if names:
+            pack_start(names, pins, tuple(range(self.c.n_devices)), self.oracle, ctl.demand, ctl.placement, [], out)
         for name in names:
             for d in out.get(name, []):
                 self._load(name, d, now, S.LOADING, None)
-        self._fast(now)
-        self.c.at(now + self.p.slow_s, self._slow)
+        for m in pins:  # a pinned model starts as the daemon starts it (sim/configured.py)
+            for d, state in start_states(models[m.model].cfg):
+                rest = None if state == "active" else Rest(model=m.model, device=d, reason="start", target=state)
+                self._load(m.model, d, now, S.LOADING, None if rest is None else
+                           (lambda t, ok, r=rest: self._down(r, t, lambda *_: None)))
+        if self.plans:
+            self._fast(now)
+            self.c.at(now + self.p.slow_s, self._slow)
 
     def _fast(self, now: float) -> None:
         self._carry_all(self.room.plan_fast(self.snapshot(now), now), now)

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from janusd.config import JanusConfig
 from janusd.hw import device_spec
 from janusd.sim.cluster import Cluster
 from janusd.sim.served import served_models
@@ -32,11 +33,12 @@ from janusd.trace.results import jsonable
 def simulate(trace: Trace, archs: dict[str, SimModel], devices: int, policy: str,
              device: str = "ascend-910c-die", keep_times: bool = False,
              perf: PerfModel | None = None, engine: EngineLimits = EngineLimits(), oracle_error: float = 0.0,
-             oracle_seed: int = 0) -> tuple[Cluster, dict[str, Any]]:
+             oracle_seed: int = 0, config: JanusConfig | None = None) -> tuple[Cluster, dict[str, Any]]:
     """Run `policy` on `devices` devices of kind `device`; ValueError for bad arguments
     (unknown policy, a pool too small for one instance of every model, an oracle error
     outside [0, 1)). `oracle_error`: a controller policy's oracle misjudges each model's load
-    by up to that fraction (sim/oracle_error.py)."""
+    by up to that fraction (sim/oracle_error.py). `config`: a daemon's configuration to run
+    as that daemon would (sim/configured.py; policy janus runs its room, static only places)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
     if devices < 1:
@@ -44,13 +46,39 @@ def simulate(trace: Trace, archs: dict[str, SimModel], devices: int, policy: str
     pol = POLICIES[policy]
     perf = perf or PerfModel(device_spec(device))
     served, req_model = served_models(trace, archs)
-    cluster = Cluster(trace, served, req_model, perf, devices, pol.dispatch, engine=engine, keep_times=keep_times)
-    pol.setup(cluster, served, trace, req_model, oracle_error, oracle_seed)
+    if config is not None:
+        cluster = _configured(config, policy, trace, served, req_model, perf, devices, engine, keep_times,
+                              oracle_error, oracle_seed)
+    else:
+        cluster = Cluster(trace, served, req_model, perf, devices, pol.dispatch, engine=engine, keep_times=keep_times)
+        pol.setup(cluster, served, trace, req_model, oracle_error, oracle_seed)
     wall = cluster.run()
     out = summary(cluster, policy, wall)
     if pol.controlled:
         out["oracle_error"] = oracle_error
     return cluster, out
+
+
+def _configured(cfg: JanusConfig, policy: str, trace: Trace, served: list, req_model: np.ndarray, perf: PerfModel,
+                devices: int, engine: EngineLimits, keep_times: bool, oracle_error: float,
+                oracle_seed: int) -> Cluster:
+    """A cluster running a daemon's configuration (sim/configured.py)."""
+    from janusd.sim import configured
+    from janusd.sim.control_shell import SimControl
+
+    if policy not in ("janus", "static"):
+        raise ValueError(f"--config runs the daemon's own policy: janus (its controller) or static (its "
+                         f"placement alone), not {policy!r}")
+    pins = configured.pinned(cfg, served, devices)
+    if policy == "static" and any(not m.devices for m in pins.values()):
+        raise ValueError("static with --config: every model needs `devices` (an unmanaged daemon places nothing)")
+    cluster = Cluster(trace, served, req_model, perf, devices, cfg.dispatch, engine=engine, keep_times=keep_times,
+                      model_wait_timeout_s=cfg.server.model_wait_timeout_s, telemetry_window_s=cfg.control.window_s)
+    configured.apply(cluster.core.registry.models, pins)
+    control = msgspec.structs.replace(cfg.control, managed=True)
+    SimControl(cluster, served, "janus", oracle_error=oracle_error, oracle_seed=oracle_seed, control=control,
+               plans=policy == "janus").start()
+    return cluster
 
 
 def summary(cluster: Cluster, policy: str, wall_s: float) -> dict[str, Any]:
