@@ -3,7 +3,6 @@ as the original HF tensors; the shipped SmolLM2 GGUF tokenizes and templates lik
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -11,67 +10,13 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf.quants import dequantize, quantize
+from gguf.quants import dequantize
 
-from gguf_fixtures import add_arch, gguf_name, llamacpp_permute
-from janusd.engine.checkpoint.demo import demo_arch, make_demo
+from gguf_fixtures import demo_vocab, gguf_name, llamacpp_permute, write_gguf
+from janusd.engine.checkpoint.demo import demo_arch
 from janusd.engine.loader import CheckpointError, ModelArch, expected_tensor_shapes, open_checkpoint
 
 Q = gguf.GGMLQuantizationType
-def demo_vocab(tmp: Path) -> dict:
-    d = make_demo(tmp / "vocab-src", "llama", "tiny")
-    data = json.loads((d / "tokenizer.json").read_text())
-    vocab = data["model"]["vocab"]
-    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    merges = [" ".join(m) if isinstance(m, list) else m for m in data["model"]["merges"]]
-    specials = {t["content"] for t in data["added_tokens"]}
-    return {"dir": d, "tokens": tokens, "merges": merges,
-            "types": [3 if t in specials else 1 for t in tokens]}
-
-
-def write_gguf(path: Path, a: ModelArch, tensors: dict[str, np.ndarray], qtype: Q, vocab: dict,
-               extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    """Write a GGUF like llama.cpp would; return, per HF name, what an exact reader must produce.
-    `extra` tensors are written under their GGUF names as they are (e.g. rope_freqs.weight)."""
-    w = gguf.GGUFWriter(str(path), a.architecture)
-    add_arch(w, a)
-    w.add_vocab_size(a.vocab_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(vocab["tokens"])
-    w.add_token_merges(vocab["merges"])
-    w.add_token_types(vocab["types"])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
-    w.add_float32("general.sampling.temp", 0.25)
-    expected: dict[str, np.ndarray] = {}
-    for name, x in tensors.items():
-        stored = x
-        if a.architecture == "llama" and name.endswith("q_proj.weight"):
-            stored = llamacpp_permute(x, a.num_attention_heads)
-        elif a.architecture == "llama" and name.endswith("k_proj.weight"):
-            stored = llamacpp_permute(x, a.num_key_value_heads)
-        q = qtype if x.ndim == 2 else Q.F32
-        if q == Q.F32:
-            w.add_tensor(gguf_name(name), stored)
-            expected[name] = x
-        else:
-            packed = quantize(stored, q)
-            w.add_tensor(gguf_name(name), packed, raw_dtype=q)
-            back = dequantize(packed, q).reshape(x.shape)
-            if stored is not x:  # undo the permutation on the dequantised values, independently
-                heads = a.num_attention_heads if name.endswith("q_proj.weight") else a.num_key_value_heads
-                back = back.reshape(heads, back.shape[0] // heads // 2, 2, -1).swapaxes(1, 2).reshape(x.shape)
-            expected[name] = back
-    for gname, x in (extra or {}).items():
-        w.add_tensor(gname, x)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return expected
 
 
 @pytest.fixture(scope="module")

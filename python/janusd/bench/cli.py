@@ -27,6 +27,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "restore-device": ("janusd.bench.restore_device",
                        "H2D restore and D2H on an accelerator vs raw copies of the same bytes; first token Warm/Cold"),
     "pd": ("janusd.bench.pd", "P/D handoff cost per request (token 1 to 2 gap vs mixed) and KV transfer bandwidth"),
+    "tp": ("janusd.bench.tp", "tensor parallelism: prefill and decode step time at tp 1 vs tp 2 on one model, "
+           "all-reduce time per step (gloo on cpu)"),
     "xtensor": ("janusd.bench.xtensor", "xTensor map/unmap vs raw mmap, bookkeeping ns/op, churn fragmentation"),
 }
 

@@ -43,9 +43,13 @@ def check_config(cfg: JanusConfig) -> None:
         if m.tp > cfg.devices.count:
             raise ValueError(f"models[{i}].tp: {m.tp} exceeds devices.count = {cfg.devices.count}")
         if m.tp > 1:
-            # refused rather than ignored: a tp = 2 model would silently run unsharded
-            raise ValueError(f"models[{i}].tp: tensor parallelism is not implemented yet; tp must be 1 "
-                             "(list several devices in `devices` for replicas instead)")
+            # refused rather than ignored: a tp = 2 model would silently run unsharded. The
+            # engine runs tp > 1 (engine/tp/); what the daemon lacks is named here
+            raise ValueError(f"models[{i}].tp: the daemon does not serve tensor-parallel instances yet (its "
+                             "workers start one device per instance, and the dispatcher and the controller's "
+                             "oracle prior and placement take one device per instance); tp must be 1 here "
+                             "(list several devices in `devices` for replicas). The engine runs tp > 1 offline: "
+                             "`janus generate --tp N`, `janus bench tp`")
         if m.kv_cache_mib > cfg.devices.memory_mib:
             raise ValueError(
                 f"models[{i}].kv_cache_mib: {m.kv_cache_mib} exceeds devices.memory_mib = {cfg.devices.memory_mib}"

@@ -91,14 +91,17 @@ class DeviceEngine:
         self._lock = threading.Lock()
         self._stalled = False  # every model stepped last time did nothing (and freed nothing)
 
-    def load_model(self, model_cfg: Any, engine_cfg: Any, cache_dir: Path | None = None, checkpoint: Any = None) -> ModelEngine:
+    def load_model(self, model_cfg: Any, engine_cfg: Any, cache_dir: Path | None = None, checkpoint: Any = None,
+                   shard: Any = None) -> ModelEngine:
         """Open the checkpoint, place its weights in one segment, reserve its KV region.
 
-        `checkpoint` may pass an already opened Checkpoint (the bench opens once)."""
-        return self.register(self.build_model(model_cfg, engine_cfg, cache_dir, checkpoint))
+        `checkpoint` may pass an already opened Checkpoint (the bench opens once).
+        `shard` (engine/tp/shard.py TPShard): load only this shard's slices of a
+        tensor-parallel model; its weights and KV pages live in this device's pool."""
+        return self.register(self.build_model(model_cfg, engine_cfg, cache_dir, checkpoint, shard))
 
     def build_model(self, model_cfg: Any, engine_cfg: Any, cache_dir: Path | None = None,
-                    checkpoint: Any = None) -> ModelEngine:
+                    checkpoint: Any = None, shard: Any = None) -> ModelEngine:
         """Everything of a load except making the model visible to step(): safe to run on
         another thread while this device steps its other models (the pool is thread-safe
         and nothing here touches them), so loading a model never stalls its neighbours.
@@ -109,7 +112,7 @@ class DeviceEngine:
                 raise EngineError(f"model {name!r} is already loaded on this device")
             self._building.add(name)
         try:
-            return self._build(model_cfg, engine_cfg, cache_dir, checkpoint)
+            return self._build(model_cfg, engine_cfg, cache_dir, checkpoint, shard)
         except BaseException:
             with self._lock:
                 self._building.discard(name)
@@ -122,20 +125,28 @@ class DeviceEngine:
             self.models[me.name] = me
         return me
 
-    def _build(self, model_cfg: Any, engine_cfg: Any, cache_dir: Path | None, checkpoint: Any) -> ModelEngine:
+    def _build(self, model_cfg: Any, engine_cfg: Any, cache_dir: Path | None, checkpoint: Any,
+               shard: Any = None) -> ModelEngine:
         from janusd.engine.loader import open_checkpoint
 
         ck = checkpoint if checkpoint is not None else open_checkpoint(model_cfg.checkpoint, cache_dir)
-        plan = plan_weights(ck.arch, ck.tensor_specs(), torch_dtype(model_cfg.dtype))
+        dtype = torch_dtype(model_cfg.dtype)
+        if shard is None:
+            plan = plan_weights(ck.arch, ck.tensor_specs(), dtype)
+            slices = None
+        else:  # the shard's own arch and shapes; the reader reads only its slices
+            plan = plan_weights(shard.layout.local, shard.layout.local_specs(ck.tensor_specs()), dtype)
+            slices = shard.layout.slices(ck.tensor_specs())
 
         def fill(seg: Any) -> dict[str, torch.Tensor]:
             views = materialize(plan, seg.view)
-            ck.load_into(lambda n: views[n], plan.dtype)
+            ck.load_into(lambda n: views[n], plan.dtype, slices)
             return views
 
-        return self._on_device(model_cfg, engine_cfg, ck, plan, fill)
+        return self._on_device(model_cfg, engine_cfg, ck, plan, fill, shard)
 
-    def _on_device(self, model_cfg: Any, engine_cfg: Any, ck: Any, plan: Any, fill: Any) -> ModelEngine:
+    def _on_device(self, model_cfg: Any, engine_cfg: Any, ck: Any, plan: Any, fill: Any,
+                   shard: Any = None) -> ModelEngine:
         """Reserve the weight segment, `fill(seg)` it (returns the views), reserve the KV
         region, build the engine. Anything that fails frees what was reserved: the pool is
         as before (an out-of-memory restore rolls back, never half-loaded)."""
@@ -146,13 +157,14 @@ class DeviceEngine:
         try:
             seg = self.pool.alloc_weights(name, plan.total_bytes)
             views = fill(seg)
-            model = LlamaModel(arch, views, max_positions=model_cfg.max_model_len)
+            model = LlamaModel(arch, views, max_positions=model_cfg.max_model_len, shard=shard)
             if self._kv_cache_pages is None:
                 region = self.pool.kv_region(name, model_cfg.kv_cache_mib << 20)
             else:
                 low, high = self._kv_cache_pages
                 region = self.pool.kv_region(name, model_cfg.kv_cache_mib << 20, cache_low=low, cache_high=high)
-            kv = PagedKVCache(region, arch, plan.dtype, engine_cfg.block_size)
+            kv = PagedKVCache(region, shard.layout.local if shard is not None else arch, plan.dtype,
+                              engine_cfg.block_size)
             # its own weights never leave while it serves: KV beyond the rest of the pool never fits
             max_kv_blocks = kv.blocks_within(self.pool.num_pages - len(seg.page_ids))
             tokenizer = ck.tokenizer  # an image's may still be being built (host_image.py): wait here
@@ -270,6 +282,9 @@ class DeviceEngine:
         speed instead of paying the kernel's page zeroing on first touch (about 1 GB/s on
         this VM, several times slower than memcpy; `janus bench restore`)."""
         name = me.name
+        if keep_host and getattr(me.model, "shard", None) is not None:
+            raise EngineError(f"model {name!r}: a tensor-parallel shard cannot go Warm yet (host copies, restores "
+                              "and forks shard by shard are not built)")
         pl: Placement = me.placement  # type: ignore[attr-defined]
         wait_landed(me.model)  # an overlapped restore's copy may still be writing the segment
         sync_device(me.device)  # no kernel of this model may still touch the memory

@@ -16,6 +16,7 @@ bottom and the region can shrink once the high blocks are released.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -105,6 +106,9 @@ class PagedKVCache:
         full = region.view(0, (self.max_blocks, self.num_layers, 2, block_size, self.kv_heads, self.head_dim), dtype)
         self.layers = [(full[:, i, 0], full[:, i, 1]) for i in range(self.num_layers)]
         self.alloc = BlockAllocator(self._usable(int(region.mapped_pages)))
+        # tensor parallelism (engine/tp/shard.py): the leader shard's region tells the
+        # followers' regions each new page count first; False = a follower could not map them
+        self.mirror: Callable[[int], bool] | None = None
 
     def _usable(self, pages: int) -> int:
         return min(self.max_blocks, pages * self.page_size // self.block_bytes)
@@ -136,10 +140,15 @@ class PagedKVCache:
         if blocks > self.max_blocks:
             return False
         pages = self._pages_for(blocks)
-        if pages > self.region.mapped_pages:
+        before = int(self.region.mapped_pages)
+        if pages > before:
             try:
                 self.region.resize(pages)
             except XTensorError:
+                return False
+            if self.mirror is not None and not self.mirror(pages):
+                self.region.resize(before)
+                self.mirror(before)  # the followers that did map them give them back
                 return False
         self.alloc.grow(self._usable(int(self.region.mapped_pages)))
         return True
@@ -155,6 +164,8 @@ class PagedKVCache:
             return 0
         self.alloc.shrink(self._usable(pages))
         self.region.resize(pages)  # the refill thread trims the spare pages to the watermark
+        if self.mirror is not None:
+            self.mirror(pages)
         return before - pages
 
     def block_view(self, block_id: int) -> torch.Tensor:

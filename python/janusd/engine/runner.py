@@ -115,6 +115,9 @@ class ModelEngine(KVTransferMixin):
         self._stalled = False  # the last step scheduled nothing: its requests wait for KV pages
         # tests and tools may observe the float32 logits each sampled row came from
         self.logit_sink: Callable[[str, torch.Tensor], None] | None = None
+        # tensor parallelism: the leader shard's link to its followers (engine/tp/shard.py
+        # LeaderLink), told each step's inputs before the forward; None on one device
+        self.group: Any = None
 
     # ---- requests -------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -222,11 +225,9 @@ class ModelEngine(KVTransferMixin):
         for it in items:
             ids += it.seq.tokens[it.start : it.start + it.n]
             pos += range(it.start, it.start + it.n)
-        meta = build_attn_batch(
-            [(it.seq.blocks, it.start + 1) for it in items[:n_dec]],
-            [(it.seq.blocks, it.start, it.n) for it in items[n_dec:]],
-            self.block_size, self.device, window=self._window,
-        )
+        decodes = [(it.seq.blocks, it.start + 1) for it in items[:n_dec]]
+        prefills = [(it.seq.blocks, it.start, it.n) for it in items[n_dec:]]
+        meta = build_attn_batch(decodes, prefills, self.block_size, self.device, window=self._window)
         rows, sampling = [], []
         r = 0
         for it in items:
@@ -237,6 +238,8 @@ class ModelEngine(KVTransferMixin):
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         positions = torch.tensor(pos, dtype=torch.long, device=self.device)
         t1 = time.perf_counter()
+        if self.group is not None:  # the other shards run this step's forward with us
+            self.group.announce_step(ids, pos, decodes, prefills, rows)
         with torch.inference_mode(), stream_scope(self._stream):
             hidden = self.model.forward(input_ids, positions, meta, self._kv_layers)
             logits = self.model.logits(hidden[rows]).cpu() if rows else None

@@ -12,7 +12,7 @@ before a worker has allocated device memory for it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     import torch
 
     from janusd.engine.tokenizer import Tokenizer
+
+# a tensor-parallel shard's part of a tensor: (dim, start, stop), engine/tp/layout.py
+Slice = tuple[int, int, int]
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 # RoPE scalings the forward implements (engine/models/rope.py); anything else is refused
@@ -164,6 +167,14 @@ def check_tensor_set(
             )
 
 
+def sliced_shape(shape: tuple[int, ...], sl: Slice | None) -> tuple[int, ...]:
+    """The shape of slice ``sl`` of a tensor of ``shape`` (the whole shape when None)."""
+    if sl is None:
+        return tuple(shape)
+    dim, a, b = sl
+    return tuple(b - a if i == dim else s for i, s in enumerate(shape))
+
+
 class Checkpoint:
     """An opened, validated checkpoint. Subclasses implement ``_iter_raw``.
 
@@ -188,6 +199,9 @@ class Checkpoint:
         self.tokenizer = tokenizer
         self.generation_defaults = generation_defaults
         self.eos_token_ids = eos_token_ids
+        # bytes of tensor data read from the file so far, as stored (quantized blocks for GGUF):
+        # a tensor-parallel shard reads about its share (tests/test_tp_engine.py)
+        self.bytes_read = 0
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.format} {self.arch.architecture} {self.path}>"
@@ -205,21 +219,32 @@ class Checkpoint:
             total += n
         return total
 
-    def _iter_raw(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    def _iter_raw(self, dtype: torch.dtype, slices: Mapping[str, Slice | None] | None = None
+                  ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (name, tensor) in HF layout converted to ``dtype``; with ``slices``, only the
+        slice ``slices[name]`` of each tensor (a tensor-parallel shard's part), read as
+        such from the file (never the whole tensor), counted in ``bytes_read``."""
         raise NotImplementedError
 
-    def iter_tensors(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (HF name, tensor in HF layout converted to ``dtype``), one tensor at a time."""
-        for name, tensor in self._iter_raw(dtype):
-            shape = self._specs[name][0]
+    def iter_tensors(self, dtype: torch.dtype, slices: Mapping[str, Slice | None] | None = None
+                     ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (HF name, tensor in HF layout converted to ``dtype``), one tensor at a time.
+
+        ``slices``: name -> (dim, start, stop) or None (engine/tp/layout.py): the reader
+        reads only rows (dim 0) or columns (dim 1) [start, stop) of that tensor."""
+        for name, tensor in self._iter_raw(dtype, slices):
+            shape = sliced_shape(self._specs[name][0], slices.get(name) if slices else None)
             if tuple(tensor.shape) != shape:  # a reader bug or a file changed under us
                 raise CheckpointError(
                     f"{self.path}: tensor {name!r} read with shape {list(tensor.shape)}, expected {list(shape)}"
                 )
             yield name, tensor
 
-    def load_into(self, dest: Callable[[str], torch.Tensor], dtype: torch.dtype) -> None:
-        """Copy every tensor into ``dest(name)`` (a preallocated view of exactly the HF shape).
+    def load_into(self, dest: Callable[[str], torch.Tensor], dtype: torch.dtype,
+                  slices: Mapping[str, Slice | None] | None = None) -> None:
+        """Copy every tensor into ``dest(name)`` (a preallocated view of exactly the HF shape,
+        or with ``slices`` of the slice's shape; a slice shorter than its destination along
+        the sliced dim, a vocabulary shard's padding, fills the front and zeroes the rest).
 
         Only one source tensor is alive at a time. A progress bar appears when loading
         takes longer than a second (tqdm's ``delay``), and stays quiet off a terminal.
@@ -230,8 +255,20 @@ class Checkpoint:
         with tqdm(
             total=len(self._specs), desc=f"loading {self.path.name}", unit="tensor", delay=1.0, disable=None, leave=False
         ) as bar:
-            for name, tensor in self.iter_tensors(dtype):
+            for name, tensor in self.iter_tensors(dtype, slices):
                 target = dest(name)
+                sl = slices.get(name) if slices else None
+                if sl is not None and tuple(target.shape) != tuple(tensor.shape):
+                    dim = sl[0]
+                    n = tensor.shape[dim]
+                    if (target.dim() != tensor.dim() or n > target.shape[dim]
+                            or any(a != b for i, (a, b) in enumerate(zip(target.shape, tensor.shape)) if i != dim)):
+                        raise CheckpointError(
+                            f"{self.path}: destination for the slice of tensor {name!r} has shape "
+                            f"{list(target.shape)}, expected {list(tensor.shape)} (or longer along dim {dim})"
+                        )
+                    target.narrow(dim, n, target.shape[dim] - n).zero_()
+                    target = target.narrow(dim, 0, n)
                 if tuple(target.shape) != tuple(tensor.shape):
                     raise CheckpointError(
                         f"{self.path}: destination for tensor {name!r} has shape {list(target.shape)}, "

@@ -11,7 +11,7 @@ that llama.cpp's converter applies for its interleaved RoPE.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +19,10 @@ from janusd.engine.checkpoint.base import (
     Checkpoint,
     CheckpointError,
     ModelArch,
+    Slice,
     check_tensor_set,
     expected_tensor_shapes,
+    sliced_shape,
     validate_arch,
 )
 from janusd.engine.checkpoint.gguf_vocab import tokenizer_from_gguf
@@ -165,27 +167,60 @@ class GGUFCheckpoint(Checkpoint):
         validate_arch(arch, str(path))
         return arch
 
-    def _iter_raw(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-        import numpy as np
+    def _iter_raw(self, dtype: torch.dtype, slices: Mapping[str, Slice | None] | None = None
+                  ) -> Iterator[tuple[str, torch.Tensor]]:
         import torch
-        from gguf.quants import dequantize
 
         permute = self.arch.architecture == "llama"
+        d = self.arch.head_dim
         for name, (shape, _) in self._specs.items():
             t = self._tensors[name]
+            sl = slices.get(name) if slices else None
             try:
-                if t.tensor_type.name in ("F32", "F16"):
-                    values = np.array(t.data)  # a copy: the memmap is read-only
-                else:
-                    values = dequantize(np.asarray(t.data), t.tensor_type)
-                tensor = torch.from_numpy(np.ascontiguousarray(values)).reshape(shape).to(dtype)
+                values = self._read(t, sl)
+                tensor = torch.from_numpy(values).reshape(sliced_shape(shape, sl)).to(dtype)
             except Exception as e:  # a truncated file surfaces here as a short buffer
                 raise CheckpointError(f"{self.path}: cannot read tensor {t.name!r}: {type(e).__name__}: {e}") from e
-            if permute and name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
-                tensor = unpermute_rows(tensor, self.arch.num_attention_heads)
-            elif permute and name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
-                tensor = unpermute_rows(tensor, self.arch.num_key_value_heads)
+            # llama.cpp permutes q/k rows within each head, and a shard's slice is whole heads
+            if permute and name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias",
+                                          "self_attn.k_proj.weight", "self_attn.k_proj.bias")):
+                tensor = unpermute_rows(tensor, tensor.shape[0] // d)
             yield name, tensor
+
+    def _read(self, t: Any, sl: Slice | None) -> Any:
+        """The tensor's values (HF layout, float32 or its plain dtype) as a contiguous numpy
+        array; with `sl`, only those rows or columns. Rows of a quantized tensor are whole
+        rows of blocks; a column slice reads the blocks that cover it (quant blocks run
+        along a row), so a shard reads its part of the file, not the whole tensor."""
+        import numpy as np
+        from gguf.quants import dequantize
+
+        data = t.data  # a read-only memmap: HF rows x (elements, or bytes of blocks when quantized)
+        plain = t.tensor_type.name in ("F32", "F16")  # numpy floats; the rest are rows of bytes
+        if sl is None:
+            raw = data
+            cut = None
+        elif sl[0] == 0:
+            raw = data[sl[1] : sl[2]]
+            cut = None
+        elif plain:
+            raw = data[:, sl[1] : sl[2]]
+            cut = None
+        else:
+            import gguf
+
+            block, size = gguf.GGML_QUANT_SIZES[t.tensor_type]
+            a0, b0 = sl[1] // block * block, -(-sl[2] // block) * block
+            raw = data[:, a0 // block * size : b0 // block * size]
+            cut = (sl[1] - a0, sl[2] - a0)
+        # reading the memmap's slice here is what reads the file: a copy of plain values
+        # (the memmap is read-only), the quantized bytes as they lie when contiguous
+        raw = np.array(raw) if plain else np.ascontiguousarray(raw)
+        self.bytes_read += raw.nbytes
+        values = raw if plain else dequantize(raw, t.tensor_type)
+        if cut is not None:
+            values = values[:, cut[0] : cut[1]]
+        return np.ascontiguousarray(values)
 
 
 def _rope_factors(t: Any, path: Path) -> list[float]:

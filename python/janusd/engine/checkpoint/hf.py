@@ -2,7 +2,8 @@
 
 Shapes and dtypes come from the safetensors headers, parsed directly (8-byte length +
 JSON) so that opening a checkpoint reads a few KB per shard, never the weights. Tensor
-data is read later through safetensors' mmap-backed ``safe_open``, one tensor at a time.
+data is read later through safetensors' mmap-backed ``safe_open``, one tensor at a time
+(a tensor-parallel shard reads only its rows or columns, through ``get_slice``).
 Pickle-based ``pytorch_model.bin`` checkpoints are refused on purpose.
 """
 
@@ -10,11 +11,11 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from janusd.engine.checkpoint.base import Checkpoint, CheckpointError, check_tensor_set, expected_tensor_shapes
+from janusd.engine.checkpoint.base import Checkpoint, CheckpointError, Slice, check_tensor_set, expected_tensor_shapes
 from janusd.engine.checkpoint.hf_config import arch_from_config, generation_defaults, load_hf_tokenizer, read_json
 
 if TYPE_CHECKING:
@@ -144,7 +145,8 @@ class HFCheckpoint(Checkpoint):
                 out[name] = shard
         return out
 
-    def _iter_raw(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    def _iter_raw(self, dtype: torch.dtype, slices: Mapping[str, Slice | None] | None = None
+                  ) -> Iterator[tuple[str, torch.Tensor]]:
         from safetensors import SafetensorError, safe_open
 
         by_file: dict[Path, list[str]] = {}
@@ -157,8 +159,15 @@ class HFCheckpoint(Checkpoint):
                 raise CheckpointError(f"{file}: cannot open: {e}") from e
             with handle as f:
                 for name in names:
+                    sl = slices.get(name) if slices else None
                     try:
-                        tensor = f.get_tensor(name)
+                        if sl is None:
+                            tensor = f.get_tensor(name)
+                        else:  # a shard's rows or columns: safetensors reads only those bytes (mmap)
+                            dim, a, b = sl
+                            part = f.get_slice(name)
+                            tensor = part[a:b] if dim == 0 else part[:, a:b]
                     except (SafetensorError, OSError) as e:
                         raise CheckpointError(f"{file}: cannot read tensor {name!r}: {e}") from e
+                    self.bytes_read += tensor.numel() * tensor.element_size()
                     yield name, tensor.to(dtype)

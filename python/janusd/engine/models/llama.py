@@ -7,6 +7,13 @@ nn.Module of Parameters. The forward takes a packed batch of rows (tokens of sev
 sequences, see attention.py) and the per-layer KV cache views, and returns hidden
 states; `logits` applies the final norm and the LM head to the rows that sample.
 Numerics follow HF: RMSNorm in float32, RoPE tables in float32 cast to the model dtype.
+
+Tensor parallelism (engine/tp/): with a `shard` the weights are that shard's slices
+(engine/tp/layout.py) and the forward is Megatron's: the shard's own query and KV heads
+and its part of the MLP, the products of o and down are partial sums completed by one
+all-reduce each, the embedding is vocab-parallel (a masked lookup summed over shards) and
+the LM head's logits are gathered. `shard` is duck-typed (engine/tp/shard.py TPShard:
+`layout`, `all_reduce`, `gather_vocab`) so this module never imports torch.distributed.
 """
 
 from __future__ import annotations
@@ -50,7 +57,10 @@ class _Layer:
 class LlamaModel:
     """One module for the whole family; `arch` is a ModelArch (janusd.engine.loader)."""
 
-    def __init__(self, arch: Any, weights: Mapping[str, torch.Tensor], max_positions: int | None = None) -> None:
+    def __init__(self, arch: Any, weights: Mapping[str, torch.Tensor], max_positions: int | None = None,
+                 shard: Any = None) -> None:
+        """`arch`: the whole model's ModelArch; `shard`: None on one device, else this
+        shard's TPShard (its weights are the shard's slices)."""
         if arch.architecture not in SUPPORTED_ARCHS:
             raise EngineError(f"architecture {arch.architecture!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
         if arch.num_attention_heads % arch.num_key_value_heads:
@@ -62,9 +72,11 @@ class LlamaModel:
         self.dtype = self.embed.dtype
         self.device = self.embed.device
         self.layers = [_Layer(weights, f"model.layers.{i}.") for i in range(arch.num_hidden_layers)]
-        self.nq, self.nkv, self.hd = arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim
+        self.shard = shard
+        local = shard.layout.local if shard is not None else arch  # this device's part of the model
+        self.nq, self.nkv, self.hd = local.num_attention_heads, local.num_key_value_heads, arch.head_dim
         self.q_size, self.kv_size = self.nq * self.hd, self.nkv * self.hd
-        self.inter = arch.intermediate_size
+        self.inter = local.intermediate_size
         self.eps = float(arch.rms_norm_eps)
         n_pos = min(max_positions or arch.max_position_embeddings, arch.max_position_embeddings)
         self.rope = RotaryTable(self.hd, float(arch.rope_theta), arch.rope_scaling, n_pos, self.dtype, self.device)
@@ -92,7 +104,8 @@ class LlamaModel:
         landing = self.landing
         if landing is not None:
             landing.wait(0)
-        h = F.embedding(input_ids, self.embed)
+        shard = self.shard
+        h = F.embedding(input_ids, self.embed) if shard is None else self._embed_shard(input_ids)
         cos, sin = self.rope.lookup(positions)
         t = input_ids.shape[0]
         for i, layer in enumerate(self.layers):
@@ -111,10 +124,26 @@ class LlamaModel:
             k = apply_rotary(k, cos, sin)
             kc, vc = kv[i] if kv is not None else (None, None)
             a = paged_attention(q, k, v.contiguous(), kc, vc, meta)
-            h = h + linear(a.view(t, self.q_size), layer.o_w)
+            o = linear(a.view(t, self.q_size), layer.o_w)
+            if shard is not None:
+                shard.all_reduce(o)  # row-parallel o: each shard's heads give a partial sum
+            h = h + o
             x = rms_norm(h, layer.ln2, self.eps)
             gu = linear(x, layer.gate_up_w)
-            h = h + linear(F.silu(gu[:, : self.inter]) * gu[:, self.inter :], layer.down_w)
+            m = linear(F.silu(gu[:, : self.inter]) * gu[:, self.inter :], layer.down_w)
+            if shard is not None:
+                shard.all_reduce(m)  # row-parallel down
+            h = h + m
+        return h
+
+    def _embed_shard(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Vocab-parallel lookup: this shard's rows for the ids it holds, zeros for the rest,
+        summed over the shards (exact: one shard contributes each row)."""
+        lay = self.shard.layout
+        local = input_ids - lay.vocab_start
+        mine = (local >= 0) & (local < lay.vocab_rows)
+        h = F.embedding(torch.where(mine, local, 0), self.embed).masked_fill_(~mine.unsqueeze(1), 0)
+        self.shard.all_reduce(h)
         return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -123,4 +152,7 @@ class LlamaModel:
             self.landing.wait(len(self.layers) + 1)
             if self.landing.done:
                 self.landing = None
-        return linear(rms_norm(hidden, self.norm, self.eps), self.lm_head).float()
+        out = linear(rms_norm(hidden, self.norm, self.eps), self.lm_head).float()
+        if self.shard is not None:  # vocab-parallel LM head: every shard's columns, padding cut
+            out = self.shard.gather_vocab(out)
+        return out
