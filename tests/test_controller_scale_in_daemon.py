@@ -2,7 +2,8 @@
 a burst scales the elastic model out to every device it has; once its traffic falls to a
 trickle that never stops, the fast loop's m* falls to one and the surplus instances drain
 to Warm through the scaling path ("scale in: m*=1 ..."), not through keep-alive (whose
-windows here are far longer than the test). Every request is answered 200, none refused
+windows here are far longer than the test), once m* stayed below the count for the
+2 s hold the test sets (the default's 10 s would only make the test slower). Every request is answered 200, none refused
 or routed to an instance that is not Active (such a request would fail), and ctl plan
 shows m* going down.
 
@@ -27,9 +28,9 @@ from daemon_harness import managed_header, start_daemon, wait_until
 from janusd.hw.cpu_peaks import CACHE_VERSION, machine_identity
 from janusd.wire import admin_msgs as am
 
-PEAK_FLOPS, MEM_BW = 1.0e7, 2.0e6  # a cpu 10^4 times slower than this one (module doc)
+PEAK_FLOPS, MEM_BW = 1.0e7, 4.0e6  # a cpu some 10^4 times slower than this one (module doc)
 BURST_RPS, BURST_S = 3.0, 4.0
-TRICKLE_RPS = 0.5
+TRICKLE_RPS = 0.25
 
 CONFIG = """
 [server]
@@ -41,6 +42,10 @@ drain_timeout_s = 10.0
 worker_ready_timeout_s = 120.0
 model_wait_timeout_s = 30.0
 """ + managed_header(3, warm_after_s=600.0, cold_after_s=1200.0) + """
+[control.scaling]
+scale_in_hold_s = 2.0
+debounce_plans = 2
+
 [[models]]
 name = "hot"
 checkpoint = "demo:llama-tiny"
@@ -61,19 +66,27 @@ def _slow_cpu_cache(cache: Path) -> None:
 
 
 def expected_m(cache: Path, rate: float) -> int | None:
-    """m* the daemon's prior gives at `rate` for the test's requests (same code, same spec)."""
+    """m* the daemon's prior gives at `rate` for the test's requests (same code, same spec),
+    floored as the room floors it by the replicas whose capacity carries the load. One
+    trickle request in the 3 s window reads as up to 0.5 req/s (the window's span is 2-3 s,
+    telemetry.py): at MEM_BW 2e6 that already needed two devices (a prefill reading the
+    weights for about 1 s), so the trickle flapped back out; at 4e6 it fits one."""
     from janusd.engine.loader import open_checkpoint
     from janusd.hw.devices import device_spec
     from janusd.hw.model_spec import ModelSpec
     from janusd.oracle.elasticity import min_instances
     from janusd.oracle.prior import RooflinePrior
     from janusd.oracle.types import LoadFeatures
+    from janusd.policy.demand import replicas_to_fit
 
     ck = open_checkpoint("demo:llama-tiny", cache)
     spec = ModelSpec.from_config(msgspec.to_builtins(ck.arch), dtype="float32")
     prior = RooflinePrior(spec, device_spec("cpu", hbm_bytes=64 * 2**20, cache_dir=cache), 20.0, 5.0)
     z = LoadFeatures(rate, rate * 12, rate * 16, 12.0, 1.0, 16.0, 0.0)
-    return min_instances(prior, z, 0.95, 1.0, 3, "prior").m
+    m = min_instances(prior, z, 0.95, 1.0, 3, "prior").m
+    fit, _ = replicas_to_fit("hot", z, prior, 0.0, 64)
+    return None if m is None else max(m, 64 if fit is None else fit)
+
 
 
 def _states(d) -> dict[int, str]:
@@ -105,7 +118,7 @@ def _open_loop(d, rps: float, seconds: float, statuses: list[int], lock: threadi
 def test_a_falling_m_star_drains_the_surplus_instances_to_warm_while_traffic_goes_on(tmp_path):
     cache = tmp_path / "cache"
     _slow_cpu_cache(cache)
-    assert expected_m(cache, BURST_RPS) == 3 and expected_m(cache, TRICKLE_RPS) == 1
+    assert expected_m(cache, BURST_RPS) >= 3 and expected_m(cache, 2 * TRICKLE_RPS) == 1
     d = start_daemon(CONFIG.replace("@CACHE@", str(cache)))
     statuses: list[int] = []
     lock = threading.Lock()
@@ -150,7 +163,7 @@ def test_a_falling_m_star_drains_the_surplus_instances_to_warm_while_traffic_goe
         assert [a["demand"] for a in plan["elastic"]["apps"] if a["model"] == "hot"] == [1], plan["elastic"]
         assert all(k["residency"] == "active" for k in plan["keepalive"] if k["model"] == "hot")
         print(f"scale-in: back to one Active instance {back:.2f} s after the burst's last request (window "
-              f"3 s, debounce 2 ticks of 0.25 s); drains: "
+              f"3 s, debounce 2 ticks of 0.25 s, hold 2 s); drains: "
               + ", ".join(f"device {r['device']} {r['reason'].split(' (')[0]} in {r['seconds']:.3f} s" for r in downs))
         n = len(statuses)
         assert n >= BURST_RPS * BURST_S + 2 and statuses == [200] * n, statuses
