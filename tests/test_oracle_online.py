@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -67,6 +68,23 @@ def test_window_usage_counts_from_the_config():
              + w.output_token_rate * (2 * SPEC.matmul_params + attn * (w.input_len_mean + w.output_len_mean / 2)))
     assert compute == pytest.approx(flops / 2 / 1e10)
     assert bw > 0
+
+
+def test_window_usage_on_a_cpu_adds_the_host_seconds_the_prior_counts():
+    """[W]: on a cpu the engine's host work runs on the computing cores, so an online point's
+    compute share carries it as the prior's does (a fitted GP would otherwise see a small
+    model as nearly free again); an accelerator's point is the FLOPs share alone."""
+    w = windows(np.random.default_rng(0), 4.0, 50, 1)[-1]
+    host = dict(step_overhead_s=1e-4, layer_overhead_s=1e-3, seq_overhead_s=2e-4, prefill_token_overhead_s=1e-5)
+    cpu = msgspec.structs.replace(DEV, name="cpu", **host)
+    accel = msgspec.structs.replace(DEV, name="h100", **host)
+    _, c_cpu, bw_cpu = window_usage(w, 2, SPEC, cpu, 0.0)
+    _, c_acc, bw_acc = window_usage(w, 2, SPEC, accel, 0.0)
+    assert bw_cpu == bw_acc and c_acc == pytest.approx(window_usage(w, 2, SPEC, DEV, 0.0)[1])
+    seqs = max(1.0, w.in_flight / 2)
+    want = (w.request_rate / 2 * cpu.prefill_time_floor(SPEC.layers, w.input_len_mean)
+            + w.output_token_rate / 2 / seqs * cpu.step_time_floor(SPEC.layers, seqs))
+    assert want > 0.01 and c_cpu - c_acc == pytest.approx(want, rel=1e-9)
 
 
 def test_buffer_is_bounded_keeps_the_newest_and_skips_idle_windows():

@@ -12,6 +12,10 @@ Every sample period the daemon turns each model's telemetry window into one poin
   sequences decoding per instance, at least 1) x the weight bytes, plus the KV each
   delivered token reads at the mean context, over peak bandwidth. An approximation (the
   profile measures step times; a window only has counts), documented as such.
+- on a device whose host work runs on the cores that compute (DeviceSpec.host_is_device:
+  cpu), compute adds the engine's host seconds per second the prior counts (oracle/prior.py):
+  a prefill's floor per request plus a step's floor per decode step. Without it the GP,
+  once fitted, would see the small models as nearly free again where the prior does not.
 A point needs traffic: no counted tokens or no Active instance, no point. The buffer of
 a model keeps the newest `max_points` (the oldest go first: the load the model sees now
 matters more than last week's) and says when a refit is due.
@@ -40,7 +44,11 @@ def window_usage(w: ModelWindow, instances: int, spec: ModelSpec, device: Device
     dec_tok = 2.0 * spec.matmul_params + attn * ctx
     compute = (w.input_token_rate * pf_tok + w.request_rate * head + w.output_token_rate * dec_tok) / m / device.peak_flops
     per_inst_tokens = w.output_token_rate / m
-    steps = per_inst_tokens / max(1.0, w.in_flight / m)
+    seqs = max(1.0, w.in_flight / m)
+    steps = per_inst_tokens / seqs
+    if device.host_is_device:  # host time on the computing cores (module doc)
+        compute += (w.request_rate / m * device.prefill_time_floor(spec.layers, w.input_len_mean)
+                    + steps * device.step_time_floor(spec.layers, seqs))
     bw = (steps * spec.weight_bytes + per_inst_tokens * spec.kv_bytes_per_token * ctx) / device.hbm_bw
     hbm = (spec.weight_bytes + kv_used_bytes) / device.hbm_bytes
     return hbm, compute, bw
