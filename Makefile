@@ -28,6 +28,12 @@ sysdeps:
 		(apt-get install -y -q libibverbs1 >/dev/null 2>&1 || \
 		 (apt-get update -q >/dev/null && apt-get install -y -q libibverbs1 >/dev/null)); \
 	fi
+	@# tmux: tests/test_top_daemon.py drives `janus top` in a pseudo-terminal (skipped without it)
+	@if command -v apt-get >/dev/null 2>&1 && ! command -v tmux >/dev/null 2>&1; then \
+		echo "installing tmux (the terminal test of janus top)"; \
+		(apt-get install -y -q tmux >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null && apt-get install -y -q tmux >/dev/null)) || true; \
+	fi
 
 $(STAMP_DEPS): pyproject.toml | $(PY)
 	$(MAKE) --no-print-directory sysdeps

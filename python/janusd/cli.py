@@ -23,18 +23,23 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("janusd.report_cli", "plots and a markdown table from replay/sim run directories"),
     "serve": ("janusd.serve_cli", "run the serving daemon (janusd) in the foreground"),
     "sim": ("janusd.sim_cli", "simulate a supernode on a trace: the daemon's core on a virtual clock"),
+    "top": ("janusd.top_cli", "watch a running daemon: devices, models against their SLOs, the controller's "
+            "decisions"),
     "trace": ("janusd.trace_cli", "convert, synthesise, sample, compress and inspect request traces"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every subcommand's parser, or (`only`) the one the command line names: the others
+    are listed but their modules are not imported (`janus top` and `janus ctl` start fast)."""
     parser = argparse.ArgumentParser(prog="janus", description="janusd: multi-LLM serving (Janus design)")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
+        if only is None or name == only:
+            importlib.import_module(module).add_arguments(p)
     return parser
 
 
@@ -45,8 +50,14 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
+    args, rest = parser.parse_known_args(argv)
     module = importlib.import_module(args._module)
+    # a positional after an option (`ctl state NAME --device N warm`) is one argparse
+    # leaves over; a subcommand that takes such words says so (`take_rest`)
+    if rest and not getattr(module, "take_rest", lambda a, r: False)(args, rest):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         return int(module.run(args) or 0)
     except KeyboardInterrupt:

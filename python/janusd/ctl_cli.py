@@ -1,9 +1,13 @@
 """`janus ctl`: operate a running daemon over its admin Unix socket.
 
 status | models | instances | pools | load NAME | unload NAME | remove NAME | drain | config |
-state NAME --device N active|warm|cold | fork NAME --from N --to M | oracle | plan.
-Prints rich tables, or exactly one JSON object with --json (for scripts). The socket
-path comes from --socket, else from --config's server.admin_socket, else the default.
+state NAME --device N active|warm|cold | fork NAME --from N --to M | oracle | plan |
+events [--follow] [--last N].
+Prints rich tables that fit 80 columns (the essential columns; --wide: all of them,
+ctl_tables.py), or exactly one JSON object with --json (for scripts; `events --follow
+--json` prints one JSON object per line, one per decision as it starts and as it ends).
+The socket path comes from --socket, else from --config's server.admin_socket, else the
+default.
 """
 
 from __future__ import annotations
@@ -12,12 +16,13 @@ import argparse
 import json
 import socket
 import sys
+import time
 from typing import Any
 
 from janusd.lifecycle.states import TARGETS
 
 SUBCOMMANDS = ("status", "models", "instances", "pools", "load", "unload", "remove", "drain", "config", "state", "fork",
-               "oracle", "plan")
+               "oracle", "plan", "events")
 _NAMED = ("load", "unload", "remove", "state", "fork")
 
 
@@ -32,10 +37,23 @@ def _seconds(text: str) -> float:
     return v
 
 
+def _count(text: str) -> int:
+    """--last: a whole number >= 0 (a negative count is refused, not read as 0)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--socket", help="admin socket path (default: server.admin_socket of --config or the default)")
     p.add_argument("--config", metavar="FILE", help="config file to read the admin socket path from")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--wide", action="store_true", help="tables with every column (default: the essential ones, "
+                   "to fit 80 columns)")
     p.add_argument("--timeout", type=_seconds, default=600.0, help="seconds to wait for the reply (load can be slow)")
     p.add_argument("action", choices=SUBCOMMANDS)
     p.add_argument("name", nargs="?", help="model name (load, unload, remove, state, fork)")
@@ -45,6 +63,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="load: device index (repeatable); state: the instance's device")
     p.add_argument("--from", dest="from_device", type=int, help="fork: the device serving the model")
     p.add_argument("--to", dest="to_device", type=int, help="fork: the device to bring it up on")
+    p.add_argument("--follow", "-f", action="store_true", help="events: keep printing decisions as they start "
+                   "and end (Ctrl-C stops)")
+    p.add_argument("--last", type=_count, default=0, metavar="N", help="events: only the last N (default: all kept)")
+    p.add_argument("--interval", type=_seconds, default=0.5, help="events --follow: seconds between polls")
+
+
+def take_rest(args: argparse.Namespace, rest: list[str]) -> bool:
+    """Positionals argparse left over because an option came between them (`state NAME
+    --device N warm`): they fill NAME and the target in order, else they are refused."""
+    if any(w.startswith("-") for w in rest):
+        return False
+    words = list(rest)
+    if args.name is None and words:
+        args.name = words.pop(0)
+    if args.target is None and words and words[0] in TARGETS:
+        args.target = words.pop(0)
+    return not words
 
 
 def _socket_path(args: argparse.Namespace) -> str:
@@ -70,6 +105,8 @@ def _request(args: argparse.Namespace) -> Any:
         raise ValueError("state: give exactly one --device N")
     if a == "fork" and (args.from_device is None or args.to_device is None):
         raise ValueError("fork: give --from N and --to M")
+    if a != "events" and (args.follow or args.last):
+        raise ValueError(f"{a}: --follow and --last are for `janus ctl events`")
     return {
         "status": lambda: am.StatusReq(),
         "models": lambda: am.ModelsReq(),
@@ -84,6 +121,7 @@ def _request(args: argparse.Namespace) -> Any:
         "fork": lambda: am.ForkReq(args.name, args.from_device, args.to_device),
         "oracle": lambda: am.OracleReq(),
         "plan": lambda: am.PlanReq(),
+        "events": lambda: am.EventsReq(0, args.last),
     }[a]()
 
 
@@ -112,74 +150,10 @@ def call(path: str, req: Any, timeout: float = 60.0) -> Any:
     return am.reply_decoder().decode(body)
 
 
-def _table(title: str, rows: list[dict[str, Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _print(action: str, data: dict[str, Any], wide: bool = False) -> None:
+    from janusd.ctl_tables import print_reply
 
-    t = Table(title=title)
-    cols: list[str] = []
-    for r in rows:
-        cols += [k for k in r if k not in cols]
-    for c in cols:
-        t.add_column(c, overflow="fold")
-    for r in rows:
-        t.add_row(*("" if r.get(c) is None else str(r.get(c)) for c in cols))
-    # piped output (no terminal) gets a wide page instead of rich's 80 columns
-    Console(width=None if sys.stdout.isatty() else 200).print(t)
-
-
-def _print(action: str, data: dict[str, Any]) -> None:
-    if action == "config":
-        sys.stdout.write(data["toml"])
-        return
-    if action == "pools":
-        keep = ("device", "state", "models", "running", "engine_requests", "num_pages", "free_pages",
-                "weight_pages", "kv_pages", "cached_pages", "fragmentation_pct")
-        _table("pools", [{k: r[k] for k in keep if k in r} for r in data["pools"]])
-        return
-    key = {"models": "models", "instances": "instances", "oracle": "oracle"}.get(action)
-    if key:
-        _table(key, data[key])
-        return
-    if action == "status":
-        flat = {k: v for k, v in data.items() if k not in ("workers", "dispatch")}
-        _table("janusd", [flat])
-        _table("workers", data["workers"])
-        _table("dispatch", [data["dispatch"]])
-        return
-    if action == "plan":
-        p = data["plan"]
-        if not p.get("managed"):
-            _table("plan", [p])
-            return
-        st = p.get("steady") or {}
-        if st.get("bins_used") is not None:
-            _table("steady placement", [{k: st[k] for k in ("planned_at_s_ago", "bins_used", "phi", "migrations",
-                                                             "failed_plans") if k in st}])
-            _table("steady devices", st["devices"])
-            _table("steady moves (last plan)", st["moves"])
-            _table("steady moves running / queued", st["running"] + st["queued"])
-            _table("steady moves done", st["recent"])
-            if st.get("notes"):
-                _table("steady notes", [{"note": n} for n in st["notes"]])
-        e = p["elastic"]
-        _table("elastic", [{k: v for k, v in e.items() if k != "apps"}])
-        _table("pools", p.get("pools", []))
-        _table("elastic models", [{k: v for k, v in a.items() if k not in ("instances", "held")} for a in e["apps"]])
-        roles = [{"model": a["model"], **i} for a in e["apps"] for i in a.get("instances", ())]
-        if roles:  # elastic P/D models: each instance's role now
-            _table("P/D roles", roles)
-            _table("P/D removals held", [{"model": a["model"], **h} for a in e["apps"] for h in a.get("held", ())])
-        _table("keep-alive", p["keepalive"])
-        _table("in flight", p["in_flight"])
-        _table("recent operations", [{k: v for k, v in r.items() if k != "phases"} for r in p["recent"]])
-        return
-    if action in ("state", "fork"):  # one row for the move, one for its phases
-        _table(action, [{k: v for k, v in data.items() if k != "phases"}])
-        if data.get("phases"):
-            _table("phases (s)", [data["phases"]])
-        return
-    _table(action, [data])
+    print_reply(action, data, wide)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -196,8 +170,49 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"error": reply.message}) if args.json else f"janus ctl: {reply.message}",
               file=sys.stdout if args.json else sys.stderr)
         return 1
+    if args.action == "events" and args.follow:
+        return _follow(path, args, reply.data)
     if args.json:
         print(json.dumps(reply.data, default=str))
     else:
-        _print(args.action, reply.data)
+        _print(args.action, reply.data, args.wide)
     return 0
+
+
+def _follow(path: str, args: argparse.Namespace, first: dict[str, Any]) -> int:
+    """`ctl events --follow`: the kept decisions, then each change as it comes (a line,
+    or a JSON object per line), polling every --interval; a daemon that goes away is
+    waited for (its new ring starts again at version 0). Ctrl-C ends it (status 0)."""
+    from janusd.ctl_tables import event_line
+    from janusd.wire import admin_msgs as am
+
+    def out(events: list[dict[str, Any]]) -> None:
+        for e in events:
+            print(json.dumps(e, default=str) if args.json else event_line(e), flush=True)
+
+    out(first["events"])
+    after, away = first["version"], False
+    try:
+        while True:
+            time.sleep(args.interval)
+            try:
+                reply = call(path, am.EventsReq(after, 0), args.timeout)
+            except OSError as e:
+                if not away:
+                    print(f"janus ctl: {e}; waiting for the daemon", file=sys.stderr, flush=True)
+                away = True
+                continue
+            if isinstance(reply, am.AdminError):
+                print(f"janus ctl: {reply.message}", file=sys.stderr)
+                return 1
+            data = reply.data
+            if data["version"] < after:  # a new daemon: its ring starts again
+                reply = call(path, am.EventsReq(0, 0), args.timeout)
+                data = reply.data if isinstance(reply, am.AdminResult) else {"events": [], "version": 0}
+            if away:
+                print("janus ctl: the daemon is back", file=sys.stderr, flush=True)
+                away = False
+            out(data["events"])
+            after = data["version"]
+    except KeyboardInterrupt:
+        return 0

@@ -139,6 +139,9 @@ class ControlConfig(Section):
     # reads their checkpoints for their priors before they load: server/steady_start.py);
     # false = round robin over the devices, repacked by the slow loop
     place_at_start: bool = True
+    # the controller's last decisions kept in memory with their reasons (server/decisions.py:
+    # `janus ctl events`, `janus top`); each is a few hundred bytes
+    decisions_kept: PositiveInt = 500
     # the policies' own settings (policy/policy_config.py), each section its own table
     demand: DemandConfig = DemandConfig()
     placement: PlacementConfig = PlacementConfig()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from janusd.control.ops import Op, Rest
+from janusd.control.ops import KEEPALIVE, Op, Rest
 from janusd.control.snapshot import ModelView
 from janusd.lifecycle.states import InstanceState
 from janusd.policy.snapshot import ModelActivity, Residency, ResidencyDecision
@@ -61,7 +61,8 @@ def keepalive_ops(decisions: Iterable[ResidencyDecision], models: Mapping[str, M
         for i in sorted(m.instances.values(), key=lambda i: i.device):
             if (i.state is src or (d.residency == "cold" and i.state is S.ACTIVE)) \
                     and (m.name, i.device) not in in_flight:
-                ops.append(Rest(model=m.name, device=i.device, reason=f"keep-alive: {d.reason}", target=d.residency))
+                ops.append(Rest(model=m.name, device=i.device, reason=f"{KEEPALIVE}: {d.residency} after {d.reason}",
+                                target=d.residency))
     return ops
 
 

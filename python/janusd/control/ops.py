@@ -25,16 +25,31 @@ Target = TargetWord
 # a scale-out or scale-in of elastic scaling: the reasons' first words (metrics, extras)
 SCALE_OUT = "scale out"
 SCALE_IN = "scale in"
+KEEPALIVE = "keep-alive"
+WOKEN = "woken by a request"
+# each rule by the first words of its Ops' reasons (steady placement Ops are `steady`)
+_RULE_HEADS = (("scale_out", SCALE_OUT), ("scale_in", SCALE_IN), ("keepalive", KEEPALIVE), ("wake", WOKEN),
+               ("reassign", "reassign"))
+RULES = ("scale_out", "scale_in", "keepalive", "wake", "reassign", "steady", "other")
 
 
 class _OpBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
-    """What every operation names: the instance (model, device), why (`ctl plan` shows
-    it), and whether it is a steady placement move (the room's SteadyPlanner paces it)."""
+    """What every operation names: the instance (model, device), why, and whether it is
+    a steady placement move (the room's SteadyPlanner paces it). `reason` is short text
+    that starts with the rule that decided (SCALE_OUT, SCALE_IN, "keep-alive", "steady
+    placement", "woken by a request", ...) and carries the figures behind it ("keep-alive:
+    warm after idle 312 s >= 300 s"); `ctl plan`, `ctl events`, `janus top` and the log
+    show it as it is."""
 
     model: str
     device: int
     reason: str
     steady: bool = False
+
+    @property
+    def kind(self) -> str:
+        """The operation's tag: activate | rest | reassign."""
+        return str(self.__struct_config__.tag)
 
     @property
     def reassign(self) -> bool:
@@ -48,6 +63,14 @@ class _OpBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
     @property
     def scales(self) -> bool:
         return self.reason.startswith(SCALE_OUT) or self.reason.startswith(SCALE_IN)
+
+    @property
+    def rule(self) -> str:
+        """The rule that decided it, read from the reason's first words (RULES; the label
+        of `janusd_controller_decisions_total`)."""
+        if self.steady:
+            return "steady"
+        return next((rule for rule, head in _RULE_HEADS if self.reason.startswith(head)), "other")
 
 
 class Activate(_OpBase, frozen=True, kw_only=True, tag="activate"):

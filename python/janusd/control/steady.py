@@ -166,9 +166,9 @@ class SteadyPlanner:
         a move onto an instance coming up or draining fails the rest of the plan."""
         m = snap.models.get(mv.model)
         down = None
+        why = self._why(mv)
         if mv.kind in ("migrate", "remove") and mv.src is not None and not self._kept(mv.model, mv.src):
-            down = Rest(model=mv.model, device=mv.src, reason=f"steady placement: {mv.reason}", target="cold",
-                        steady=True)
+            down = Rest(model=mv.model, device=mv.src, reason=why, target="cold", steady=True)
         if mv.kind == "remove" or mv.dst is None:
             return down
         inst = m.instances.get(mv.dst) if m is not None else None
@@ -180,8 +180,24 @@ class SteadyPlanner:
         if state is S.ACTIVE:
             return down
         src = fork_source(m.instances, mv.dst, prefer=mv.src) if state is S.UNLOADED else None
-        return Activate(model=mv.model, device=mv.dst, reason=f"steady placement: {mv.reason}", source=src, then=down,
-                        steady=True)
+        return Activate(model=mv.model, device=mv.dst, reason=why, source=src, then=down, steady=True)
+
+    def _why(self, mv: Move) -> str:
+        """A move's reason with the figures behind it: what it does, the planner's own
+        reason, the summed Phi it lowers, the devices it frees, the target device's Phi
+        in the plan, and the plan it belongs to (`janus ctl events`, the log)."""
+        what = {"place": f"place on device {mv.dst}", "migrate": f"move device {mv.src} -> {mv.dst}",
+                "remove": f"remove from device {mv.src}"}[mv.kind]
+        figures = [f"Phi gain {mv.phi_gain:+.3g}"] if abs(mv.phi_gain) >= 1e-4 else []
+        if mv.bins_freed:
+            figures.append(f"{mv.bins_freed} device(s) freed")
+        p = self.plan
+        if p is not None:
+            dst = next((d for d in p.devices if d.device == mv.dst), None)
+            if dst is not None:
+                figures.append(f"device {dst.device} Phi {dst.phi:.3g} after")
+            figures.append(f"plan: {p.bins_used} device(s), Phi {p.phi:.3g}")
+        return f"steady placement: {what}: {mv.reason}" + (f" ({'; '.join(figures)})" if figures else "")
 
     def _failed(self, mv: Move, why: str) -> None:
         self._end(mv, 0.0, why)

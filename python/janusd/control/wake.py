@@ -6,10 +6,11 @@ estimate), unless one is already coming up. Both shells ask it: the daemon
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
-from janusd.control.ops import Activate
+from janusd.control.ops import WOKEN, Activate
 from janusd.lifecycle.states import COMING_UP, RESTORABLE, InstanceState
 
 S = InstanceState
@@ -43,4 +44,6 @@ def wake_op(model: str, instances: Mapping[int, Resting], pd: bool, estimate_s: 
         return None
     inst = min(free, key=lambda i: (estimate_s(i.state), i.device))
     role = None if not pd else "decode" if any(i.role == "prefill" for i in active) else "mixed"
-    return Activate(model=model, device=inst.device, reason=f"woken by a request ({inst.state.value})", role=role)
+    est = estimate_s(inst.state)
+    figures = f"{inst.state.value}, restore est. {est:.2f} s" if math.isfinite(est) else inst.state.value
+    return Activate(model=model, device=inst.device, reason=f"{WOKEN} ({figures})", role=role)

@@ -21,6 +21,8 @@ import msgspec
 from janusd.config import JanusConfig
 from janusd.core import ServingCore
 from janusd.server.controller import Controller
+from janusd.server.decisions import DecisionLog
+from janusd.server.metrics import Metrics
 from janusd.server.model_ops import ConfigHolder
 from janusd.server.oracle_refit import OracleRefit
 from janusd.server.workers import WorkerHandle
@@ -40,6 +42,8 @@ class AdminBackend(Protocol):
     clock: Callable[[], float]
     oracle: OracleRefit
     controller: Controller | None
+    decisions: DecisionLog
+    metrics: Metrics
 
     @property
     def cfg(self) -> JanusConfig: ...
@@ -124,6 +128,10 @@ async def _serve(daemon: AdminBackend, reader: asyncio.StreamReader, writer: asy
             await writer.wait_closed()
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1e3, 1)
+
+
 def _fit(core: ServingCore, model: str, device: int) -> dict[str, Any]:
     """The online prefill-time fit t = a + b * tokens of one instance (PAPER.md §6 p_j)."""
     est = core.dispatch.estimators.get((model, device))
@@ -167,8 +175,11 @@ async def handle(daemon: AdminBackend, req: Any) -> dict[str, Any]:
         }
     if isinstance(req, am.ModelsReq):
         rows = []
+        ctl = daemon.controller
+        pools = {p.app: p.pool for p in ctl.room.pools} if ctl is not None else {}
         for name, m in core.registry.models.items():
             win = core.telemetry.model(name, now)  # the last minute of traffic (telemetry/)
+            lat = daemon.metrics.recent.figures(name, now)  # the last minute's ended requests
             rows.append({
                 "name": name, "checkpoint": m.cfg.checkpoint, "app": m.cfg.app_name,
                 "devices": sorted(d for d, i in m.instances.items() if i.state.value != "unloaded"),
@@ -177,12 +188,21 @@ async def handle(daemon: AdminBackend, req: Any) -> dict[str, Any]:
                 "in_flight": core.requests.count(name), "max_model_len": m.max_model_len,
                 "rate_rps": round(win.request_rate, 3), "out_tok_s": round(win.output_token_rate, 1),
                 "in_len_mean": round(win.input_len_mean, 1), "out_len_mean": round(win.output_len_mean, 1),
+                # the pool it is in now (the classifier's when managed), requests waiting for an
+                # Active instance, and the last minute's latencies and per-token attainment
+                "pool": pools.get(name, m.cfg.pool), "held": core.held.count(name),
+                "ended_1m": lat.requests, "ttft_p50_ms": _ms(lat.ttft_p50_s), "ttft_p99_ms": _ms(lat.ttft_p99_s),
+                "tpot_p50_ms": _ms(lat.tpot_p50_s), "tpot_p99_ms": _ms(lat.tpot_p99_s),
+                "attainment_1m": None if lat.attainment is None else round(lat.attainment, 4),
             })
         return {"models": rows}
     if isinstance(req, am.InstancesReq):
         return {"instances": _instances(core, now)}
+    if isinstance(req, am.EventsReq):
+        return daemon.decisions.view(req.after, req.limit or None)
     if isinstance(req, am.PoolsReq):
-        await daemon.refresh_stats()
+        if req.refresh:
+            await daemon.refresh_stats()
         rows = []
         for w in daemon.workers:
             row: dict[str, Any] = {"device": w.device_index, "state": w.state}

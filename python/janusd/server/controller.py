@@ -32,6 +32,7 @@ from janusd.core import ServingCore
 from janusd.lifecycle.states import InstanceState
 from janusd.log import log
 from janusd.server.daemon_clock import clock as daemon_clock
+from janusd.server.decisions import Decision, DecisionLog
 
 __all__ = ["Controller", "ControllerHost", "Op", "Predictor"]
 
@@ -62,10 +63,14 @@ class Controller:
                  on_elastic: Callable[[str, int, int, tuple[int, int] | None], None] =
                  lambda model, demand, count, split: None,
                  on_move: Callable[[str, str], None] = lambda kind, outcome: None,
-                 on_figure: Callable[[str, float], None] = lambda figure, value: None) -> None:
-        """The hooks are the room's (control/room.py ControlRoom): metrics."""
+                 on_figure: Callable[[str, float], None] = lambda figure, value: None,
+                 decisions: DecisionLog | None = None) -> None:
+        """The hooks are the room's (control/room.py ControlRoom): metrics. `decisions`:
+        where each Op carried is recorded (server/decisions.py; the daemon's, shared with
+        the wakes)."""
         self.host = host
         self.clock = clock
+        self.decisions = decisions if decisions is not None else DecisionLog(host.cfg.control.decisions_kept)
         self.room = ControlRoom(host.cfg.control, on_op=on_op, on_elastic=on_elastic, on_move=on_move,
                                 on_figure=on_figure, log=lambda msg, level: log.log(level, msg))
         self.overruns = {"fast": 0, "slow": 0}
@@ -87,7 +92,8 @@ class Controller:
     def start(self, ops: list[Op]) -> None:
         """Carry each Op out as a task (the room issued each one once)."""
         for op in ops:
-            t = asyncio.get_running_loop().create_task(self._run(op), name=f"ctl-{op.model}-{op.device}")
+            rec = self.decisions.carried(op, self.clock())
+            t = asyncio.get_running_loop().create_task(self._run(op, rec), name=f"ctl-{op.model}-{op.device}")
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
 
@@ -116,7 +122,7 @@ class Controller:
         i = m.instances.get(device) if m is not None else None
         return i is not None and i.state is S.ACTIVE
 
-    async def _run(self, op: Op) -> None:
+    async def _run(self, op: Op, rec: Decision) -> None:
         replies: dict[str, dict[str, Any]] = {}
         try:
             replies = await self._carry(op)
@@ -124,6 +130,7 @@ class Controller:
         except Exception as e:  # a refused or failed move: planned again next period
             outcome = f"{type(e).__name__}: {e}"
         now = self.clock()
+        self.decisions.ended(rec, outcome, now)
         phases = {f"{half}_{k}" if half in ("leave", "down") and op.target == "active" else k: float(v)
                   for half, r in replies.items() for k, v in (r.get("phases") or {}).items()}
         detail = {half: {k: r[k] for k in ("path", "state", "total_s", "source_device", "kept") if k in r}

@@ -38,6 +38,7 @@ from janusd.server.api import start_http
 from janusd.server.controller import Controller
 from janusd.server.daemon_clock import clock, wall_clock
 from janusd.server.daemon_requests import RequestFront
+from janusd.server.decisions import DecisionLog
 from janusd.server.lifecycle_ops import LifecycleOps
 from janusd.server.metrics import Metrics
 from janusd.server.model_ops import ConfigHolder, ModelOps
@@ -113,6 +114,10 @@ class Daemon(RequestFront, WorkerSupervision):
                             cfg.server.worker_ready_timeout_s, cfg.server.drain_timeout_s, clock, cfg.lifecycle)
         self.life = LifecycleOps(self.ops, cfg.lifecycle, self.metrics.lifecycle)
         self.ops.starter = self.life.start
+        # the decisions carried out with their reasons (`ctl events`, `janus top`): the
+        # controller's Ops and the wakes requests start
+        self.decisions = DecisionLog(cfg.control.decisions_kept, self.metrics.controller_decision)
+        self.life.decisions = self.decisions
         self.clock = clock
         # the performance oracle: priors, stored fits, online refits off the loop ([O])
         self.oracle = OracleRefit(cfg.oracle, cfg.devices, str(cache_dir(cfg.server)), eager=cfg.control.managed)
@@ -120,7 +125,8 @@ class Daemon(RequestFront, WorkerSupervision):
         self.controller: Controller | None = None
         if cfg.control.managed:
             self.controller = Controller(self, clock, self.metrics.controller_op, self.metrics.controller_elastic,
-                                         self.metrics.controller_move, self.metrics.controller_figure)
+                                         self.metrics.controller_move, self.metrics.controller_figure,
+                                         self.decisions)
         if self.controller is not None:
             self.controller.room.on_undone = self.metrics.controller_undone
         self.http_port: int | None = None

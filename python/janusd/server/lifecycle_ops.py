@@ -27,6 +27,7 @@ from janusd.lifecycle.restore_path import Bandwidths, choose, options_for
 from janusd.lifecycle.states import TARGETS, InstanceState, check_transition
 from janusd.log import log
 from janusd.server.daemon_clock import clock
+from janusd.server.decisions import DecisionLog
 from janusd.server.drain import drained
 from janusd.server.model_ops import ModelOps
 from janusd.server.workers import WorkerError
@@ -56,6 +57,7 @@ class LifecycleOps:
         self.wanted: dict[tuple[str, int], str] = {}
         self.weight_bytes: dict[str, int] = {}  # model -> bytes of its weight segment (learnt)
         self.fork_fallbacks = 0
+        self.decisions: DecisionLog | None = None  # where a wake is recorded (the daemon's ring)
 
     # ---- the admin operations ----
     async def set_state(self, name: str, device: int, target: str, probe: bool = True,
@@ -162,12 +164,17 @@ class LifecycleOps:
         if op is None:
             return None
         inst, role = m.instances[op.device], op.role
+        rec = self.decisions.carried(op, clock()) if self.decisions is not None else None
 
         async def go() -> None:
+            outcome = "ok"
             try:
                 await self.set_state(name, inst.device, "active", probe=False, role=role)  # the request is its probe
             except (ValueError, WorkerError) as e:
+                outcome = f"{type(e).__name__}: {e}"
                 _log(f"waking {name} on device {inst.device} failed: {e}", logging.WARNING)
+            if rec is not None and self.decisions is not None:
+                self.decisions.ended(rec, outcome, clock())
 
         _log(f"a request for {name} woke its {inst.state.value} instance on device {inst.device}"
              + (f" as {role}" if role else ""))

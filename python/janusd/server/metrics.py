@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from janusd.core import Request
 from janusd.lifecycle.states import STATE_WORDS
+from janusd.telemetry.latency import LatencyWindow
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # the `*_created` sample families carry no information an operator uses and double the
@@ -229,6 +230,11 @@ class Metrics:
                              "tick (kind: demand = the oracle's m*, count = given within the budget; a P/D "
                              "model's count split into prefill and decode: prefill 0 = all mixed)",
                              ["model", "kind"], registry=r)
+        self.controller_decisions = Counter("janusd_controller_decisions", "operations the controller carried out "
+                                            "(and wakes a request started), by kind (activate | rest | reassign) "
+                                            "and the rule that decided (scale_out | scale_in | keepalive | wake | "
+                                            "reassign | steady | other); `janus ctl events` lists them with reasons",
+                                            ["kind", "rule"], registry=r)
         self.controller_moves = Counter("janusd_controller_moves", "steady placement moves the controller executed, "
                                         "by kind (place | migrate | remove) and outcome (ok | failed)",
                                         ["kind", "outcome"], registry=r)
@@ -247,6 +253,8 @@ class Metrics:
                                      ["device", "where"], registry=r)
         r.register(_Live(snapshot))
         self._tot: dict[str, tuple[int, int]] = {}
+        # the last minute's samples per model: percentiles and attainment for ctl and top
+        self.recent = LatencyWindow(60.0)
 
     def observe(self, req: Request, outcome: str) -> None:
         m = req.model
@@ -263,9 +271,13 @@ class Metrics:
             self.e2e.labels(m).observe(max(0.0, req.ended_at - req.arrival))
         if req.ttft_s is not None:
             self.ttft.labels(m).observe(req.ttft_s)
+        tpot = None
         if len(req.token_times) > 1:
-            self.tpot.labels(m).observe((req.token_times[-1] - req.token_times[0]) / (len(req.token_times) - 1))
+            tpot = (req.token_times[-1] - req.token_times[0]) / (len(req.token_times) - 1)
+            self.tpot.labels(m).observe(tpot)
         on, tot = req.slo_tokens  # computed once, by the core, when the request ended
+        if req.ended_at is not None:
+            self.recent.add(m, req.ended_at, req.ttft_s, tpot, on, tot)
         self.tokens.labels(m).inc(tot)
         self.on_time.labels(m).inc(on)
         a, b = self._tot.get(m, (0, 0))
@@ -294,6 +306,9 @@ class Metrics:
 
     def controller_op(self, target: str, outcome: str) -> None:
         self.controller_ops.labels(target, outcome).inc()
+
+    def controller_decision(self, kind: str, rule: str) -> None:
+        self.controller_decisions.labels(kind, rule).inc()
 
     def controller_move(self, kind: str, outcome: str) -> None:
         self.controller_moves.labels(kind, outcome).inc()

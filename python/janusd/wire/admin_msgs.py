@@ -8,7 +8,7 @@ is answered with AdminError and the daemon keeps serving. Replies carry plain da
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -28,7 +28,10 @@ class InstancesReq(msgspec.Struct, **_OPTS):
 
 
 class PoolsReq(msgspec.Struct, **_OPTS):
-    pass
+    """Each device's page pool; `refresh`: ask the workers now (else their last poll,
+    at most a second old: what `janus top` reads every second)."""
+
+    refresh: bool = True
 
 
 class LoadReq(msgspec.Struct, **_OPTS):
@@ -86,6 +89,16 @@ class PlanReq(msgspec.Struct, **_OPTS):
     pass
 
 
+class EventsReq(msgspec.Struct, **_OPTS):
+    """The decisions carried out (the controller's Ops and the wakes requests start) with
+    their reasons and outcomes, from the daemon's ring: those that changed after version
+    `after` (0: all kept), the last `limit` of them (0: no limit). The reply's `version`
+    is the `after` of the next call (`ctl events --follow`)."""
+
+    after: Annotated[int, msgspec.Meta(ge=0)] = 0  # a negative one is refused with the field named
+    limit: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
 class OracleReq(msgspec.Struct, **_OPTS):
     """The performance oracle per model: prior or fitted, points, last fit, held-out error."""
 
@@ -93,7 +106,7 @@ class OracleReq(msgspec.Struct, **_OPTS):
 
 
 AdminRequest = (StatusReq | ModelsReq | InstancesReq | PoolsReq | LoadReq | UnloadReq | RemoveReq | DrainReq | ConfigReq
-                | StateReq | ForkReq | OracleReq | PlanReq)
+                | StateReq | ForkReq | OracleReq | PlanReq | EventsReq)
 
 
 class AdminResult(msgspec.Struct, **_OPTS):
