@@ -64,10 +64,6 @@ pub enum Plan {
     /// Plan over the instances inside the pre-pull window only; each takes its whole
     /// Moore-Hodgson subset at once (the behaviour before `Global` existed).
     Window,
-    /// No Moore-Hodgson selection: jobs in earliest-deadline order, each onto the machine
-    /// free first among those that finish it in time (the global plan's balance step), a
-    /// job no machine finishes in time left queued; commits like `Global`.
-    Edd,
 }
 
 impl Plan {
@@ -75,9 +71,8 @@ impl Plan {
         match s {
             "global" => Ok(Plan::Global),
             "window" => Ok(Plan::Window),
-            "edd" => Ok(Plan::Edd),
             _ => Err(DispatchError::InvalidInput(format!(
-                "plan must be 'global', 'window' or 'edd', got {s:?}"
+                "plan must be 'global' or 'window', got {s:?}"
             ))),
         }
     }
@@ -87,7 +82,6 @@ impl Plan {
         match self {
             Plan::Global => "global",
             Plan::Window => "window",
-            Plan::Edd => "edd",
         }
     }
 }

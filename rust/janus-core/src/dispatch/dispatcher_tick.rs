@@ -6,7 +6,7 @@
 
 use super::super::config::{Assignment, Objective, Plan, Policy, Requeue};
 use super::super::lst_imh::lst_imh_on;
-use super::super::plan::{plan_edd, plan_on};
+use super::super::plan::plan_on;
 use super::super::speed::{Jobs, Machines, Row, Speed};
 use super::super::{check_time, next_up, DispatchError};
 use super::{Dispatcher, Place};
@@ -154,8 +154,8 @@ impl Dispatcher {
     /// are planned together, so one model's plan sees the others' queued work; jobs are
     /// indexed in submission order (equal deadlines: first come first).
     fn assign_lst_imh(&mut self, work: Vec<(f64, usize, Queue)>, now: f64, out: &mut Vec<Assignment>) {
-        // Global and Edd plan over every group and commit what starts inside the window
-        let global = self.cfg.plan != Plan::Window;
+        // Global plans over every group and commits what starts inside the window
+        let global = self.cfg.plan == Plan::Global;
         // classes: the models with work, in `work` order
         let models: Vec<usize> = work.iter().map(|w| w.1).collect();
         let mut entries: Vec<(u64, i64, u32)> = Vec::new();
@@ -192,7 +192,6 @@ impl Dispatcher {
         let rank: Vec<f64> = groups.iter().map(|g| self.groups.get(g).map_or(0.0, |x| x.decode)).collect();
         let plan = match self.cfg.plan {
             Plan::Global => plan_on(&jobs, &machines, &rank),
-            Plan::Edd => plan_edd(&jobs, &machines, &rank),
             Plan::Window => lst_imh_on(&jobs, &machines),
         };
         let mut taken = vec![false; entries.len()];

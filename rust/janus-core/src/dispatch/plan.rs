@@ -56,28 +56,16 @@ pub(crate) fn plan_on(jobs: &Jobs<'_>, machines: &Machines<'_>, rank: &[f64]) ->
     balance_on(jobs, machines, rank, lst)
 }
 
-/// `Plan::Edd`: every job in earliest-deadline order (equal: lower index) onto the
-/// machine free first (equal: lower rank, then lower index) among those that finish it in
-/// time by their own processing time; a job no machine finishes in time is left out. No
-/// selection step: the jobs kept are the ones whose turn comes while some machine can
-/// still make their deadline. O(jobs x machines).
-pub(crate) fn plan_edd(jobs: &Jobs<'_>, machines: &Machines<'_>, rank: &[f64]) -> Vec<Vec<usize>> {
-    let all: Vec<usize> = (0..jobs.len()).collect();
-    list_schedule(jobs, machines, rank, &all, true).unwrap_or_default()
-}
-
 /// The balanced list schedule on machines that differ, or `lst` when some job would be
 /// late in it (module docs). O(jobs x machines).
 fn balance_on(jobs: &Jobs<'_>, machines: &Machines<'_>, rank: &[f64], lst: Vec<Vec<usize>>) -> Vec<Vec<usize>> {
     let chosen: Vec<usize> = lst.iter().flatten().copied().collect();
-    list_schedule(jobs, machines, rank, &chosen, false).unwrap_or(lst)
+    list_schedule(jobs, machines, rank, &chosen).unwrap_or(lst)
 }
 
 /// `chosen` in earliest-deadline order, each onto the machine free first among those that
-/// finish it in time; a job none finishes in time is skipped (`skip`) or ends the
-/// schedule (None).
-fn list_schedule(jobs: &Jobs<'_>, machines: &Machines<'_>, rank: &[f64], chosen: &[usize],
-                 skip: bool) -> Option<Vec<Vec<usize>>> {
+/// finish it in time; None when some job none finishes in time.
+fn list_schedule(jobs: &Jobs<'_>, machines: &Machines<'_>, rank: &[f64], chosen: &[usize]) -> Option<Vec<Vec<usize>>> {
     let deadline = jobs.deadline;
     let mut order: Vec<u128> =
         chosen.iter().map(|&j| ((deadline[j].to_bits() as u128) << 32) | j as u128).collect();
@@ -103,7 +91,6 @@ fn list_schedule(jobs: &Jobs<'_>, machines: &Machines<'_>, rank: &[f64], chosen:
                 free[i] = done;
                 out[i].push(j);
             }
-            None if skip => continue,
             None => return None,
         }
     }
