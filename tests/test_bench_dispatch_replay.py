@@ -255,3 +255,40 @@ def test_warmup_lengths_span_the_mix():
 def test_rounded_keeps_structure():
     out = rf.rounded({"a": [0.123456789, 2, None], "b": {"c": 1.0 / 3}})
     assert out == {"a": [0.1235, 2, None], "b": {"c": 0.3333}}
+
+
+def test_the_mixed_trace_has_every_class_with_its_slo_overlapping_bursts_and_the_asked_rate():
+    """The mixed scenario (issue 36): three models, each row carrying its own class's SLO and
+    length mix, the mean rate as asked, bursts of every class in the same seconds, and one
+    trace per seed (every policy and run replays the same one)."""
+    t = rt.make_mixed_trace(6.0, 60.0, rs.MIXED, seed=3)
+    assert t.models == ("chat", "batch", "rag")
+    n = len(t)
+    assert 6.0 * 60.0 * 0.85 < n < 6.0 * 60.0 * 1.15
+    mid = np.asarray(t.model_id)
+    for k, c in enumerate(rs.MIXED):
+        rows = mid == k
+        assert abs(rows.sum() / n - c.share) < 0.08, c.name
+        assert set(np.asarray(t.ttft_slo_ms)[rows]) == {c.ttft_slo_ms}
+        assert np.asarray(t.input_tokens)[rows].max() <= c.input_cap
+    rag, chat = np.asarray(t.input_tokens)[mid == 2], np.asarray(t.input_tokens)[mid == 0]
+    assert rag.mean() > 4 * chat.mean()  # the long-prompt class is long
+    # bursts overlap: the busiest 3 s of chat and of rag are within 4 s of each other
+    a = np.asarray(t.arrival_s)
+    peak = [np.argmax(np.bincount((a[mid == k] // 3.0).astype(np.int64), minlength=20)) for k in (0, 2)]
+    assert abs(int(peak[0]) - int(peak[1])) <= 1
+    assert (rt.peak_to_mean(a) or 0) > 1.5
+    again = rt.make_mixed_trace(6.0, 60.0, rs.MIXED, seed=3)
+    assert np.array_equal(np.asarray(again.arrival_s), a)
+    assert not np.array_equal(np.asarray(rt.make_mixed_trace(6.0, 60.0, rs.MIXED, seed=4).arrival_s), a)
+
+
+def test_the_mixed_daemon_config_serves_each_class_on_both_devices_with_its_slo():
+    served = rs.scenario_models("mixed", 500.0, 50.0)
+    assert served == [("chat", 300.0, 50.0), ("batch", 2000.0, 100.0), ("rag", 1000.0, 50.0)]
+    assert rs.scenario_models("one", 500.0, 50.0) == [(rs.MODEL_NAME, 500.0, 50.0)]
+    cfg = parse_config(rs.daemon_config(run_dir=Path("/tmp/x"), cache="/tmp/c", checkpoint="demo:llama-small",
+                                        policy="lst_imh", plan=None, ttft_slo_ms=500.0, tpot_slo_ms=50.0,
+                                        memory_mib=1024, kv_cache_mib=256, models=served))
+    assert [(m.name, m.devices, m.ttft_slo_ms) for m in cfg.models] == [
+        ("chat", [0, 1], 300.0), ("batch", [0, 1], 2000.0), ("rag", [0, 1], 1000.0)]

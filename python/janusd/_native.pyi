@@ -49,16 +49,19 @@ class Dispatcher:
     Groups: the instances of one device group (co-located models one worker steps one
     after another) share one EPDT; every job given to any of them is charged to it.
 
-    tick serves the models with queued work by their earliest queued deadline (equal:
-    the model seen first). With policy lst_imh:
-    - plan="global" (default): LST-IMH over all the model's ready instances (one per
-      group, each at its group's EPDT), the selected jobs balanced over them (earliest
-      deadline first onto the instance free earliest) when that keeps all of them on time;
-      only the jobs whose planned start is inside the pre-pull window are assigned, the
-      rest stay queued and are planned again at the next tick (next_wakeup says when).
-    - plan="window": LST-IMH over the instances inside the window only; each takes its
-      whole selected subset at once.
-    round_robin / least_load ignore plan and objective.
+    With policy lst_imh a tick plans every model's queued jobs together: the machines are
+    the device groups with a ready instance of a model with work (each at its group's
+    EPDT), a job runs only where its model has a ready instance, and takes there that
+    instance's own prefill time (set_prefill_fit; else its submitted estimate):
+    - plan="global" (default): LST-IMH over all those groups, the selected jobs balanced
+      over them (earliest deadline first onto the group that would finish it first) when
+      that keeps all of them on time; only the jobs whose planned start is inside the
+      pre-pull window are assigned, the rest stay queued and are planned again at the next
+      tick (next_wakeup says when).
+    - plan="window": LST-IMH over the groups inside the window only; each takes its whole
+      selected subset at once.
+    round_robin / least_load serve the models by their earliest queued deadline (equal:
+    the model seen first), one job per instance, and ignore plan and objective.
 
     objective="requests" (default): each machine keeps the most jobs on time (Moore-
     Hodgson, as the paper states it). objective="tokens": the most value on time, each
@@ -66,7 +69,9 @@ class Dispatcher:
     equal weights the plan is the same, otherwise a heuristic (Rust tests measure it at
     ~97% of the exact optimum on random instances, the count plan at ~92%).
 
-    relax: a job past its latest start (now > deadline - est) gets
+    A job's latest start is deadline - (its least prefill time over its model's instances):
+    past it no instance, even an idle one, finishes it in time. relax: a job past its
+    latest start gets
     deadline = now + (original deadline - arrival) * relax_factor**k on its k-th
     relaxation, at most max_relax times, then is rejected.
     """
@@ -106,10 +111,19 @@ class Dispatcher:
         between equally free instances in the global plan. ValueError for a negative or
         non-finite load; an unknown group is ignored. Does not wake the dispatcher."""
     def submit(self, request_id: int, model: str, arrival_s: float, deadline_s: float, est_proc_s: float,
-               weight: float = 1.0) -> None:
+               weight: float = 1.0, tokens: float = 0.0) -> None:
         """Queues a request (an unknown model waits for an instance); ValueError for an id
-        already queued or in flight, or a time or weight that is NaN, infinite or negative.
-        `weight` is its value under objective="tokens"."""
+        already queued or in flight, or a time, weight or token count that is NaN,
+        infinite or negative. `weight` is its value under objective="tokens"; `tokens` its
+        prompt length, which an instance's prefill fit (set_prefill_fit) reads."""
+    def set_prefill_fit(self, instance_id: int, fit: tuple[float, float] | None = None) -> None:
+        """The instance's own prefill fit (a, b): a job of `tokens` takes a + b * tokens on
+        it (its EPDT, the plan, the latest start: the least over the model's instances);
+        None: each job's submitted estimate. ValueError for an unknown instance or a bad
+        number."""
+    def earliest_finish(self, instance_ids: list[int], tokens: float, est: float, now: float) -> float | None:
+        """The least EPDT(now) + own prefill time of `tokens` over the instances (est where
+        one has no fit); None for none: the early-refusal test."""
     def tick(self, now: float) -> list[tuple[int, int]]:
         """Applies the requeue policy and returns the (request_id, instance_id) assignments
         made now (models by earliest deadline, per instance in execution order). With
@@ -122,6 +136,9 @@ class Dispatcher:
         time since the instance's last event counts as done work first (as in `complete`),
         so the jobs behind a running one keep their real start; without it, the request's
         work still ahead as of that last event is removed."""
+    def wants_tick(self) -> bool:
+        """Work is queued and something changed since the last tick (a prefill done, an
+        instance ready, a fit moved): a tick now may assign what the last one could not."""
     def take_rejected(self) -> list[int]:
         """Ids rejected since the last call."""
     def next_wakeup(self, now: float) -> float | None:
@@ -130,6 +147,9 @@ class Dispatcher:
         global plan deferred can be assigned."""
     def epdt(self, instance_id: int, now: float) -> float:
         """Estimated prefill done time of the work given to the instance's group (>= now)."""
+    def instance_figures(self, instance_id: int, now: float) -> tuple[float, bool, int]:
+        """(epdt(now), ready, requests given to it whose prefill is not done): what a
+        refusal reports of each instance."""
     def min_epdt(self, instance_ids: list[int], now: float) -> float | None:
         """The least epdt() over the instances (None for none): one call per request."""
     def pending(self, model: str) -> int:

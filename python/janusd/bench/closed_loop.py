@@ -35,11 +35,19 @@ async def complete(session: Any, url: str, body: dict[str, Any]) -> bool:
         return done and not failed
 
 
-async def closed_loop(port: int, model: str, pairs: list[tuple[int, int]], concurrency: int, seconds: float,
+def _item(model: str, item: tuple[Any, ...]) -> tuple[str, int, int]:
+    """(model, input, output) of a (input, output) pair (for `model`) or a (model, input, output) triple."""
+    if len(item) == 3:
+        return str(item[0]), int(item[1]), int(item[2])
+    return model, int(item[0]), int(item[1])
+
+
+async def closed_loop(port: int, model: str, pairs: list[tuple[Any, ...]], concurrency: int, seconds: float,
                       slo_ms: float | None) -> dict[str, Any]:
     """`concurrency` clients, each sending the next (input, output) pair of `pairs` (in
-    turn, shared) as soon as its last request ends, for `seconds`: completion times (from
-    the start), failures and requests sent. Requests still running at the end are not counted."""
+    turn, shared; a (model, input, output) triple names its own model) as soon as its last
+    request ends, for `seconds`: completion times (from the start), failures and requests
+    sent. Requests still running at the end are not counted."""
     import aiohttp
 
     from janusd.trace.replay import PromptMaker
@@ -54,10 +62,10 @@ async def closed_loop(port: int, model: str, pairs: list[tuple[int, int]], concu
     async def client(session: Any) -> None:
         nonlocal failures, nxt
         while time.monotonic() - t0 < seconds:
-            n_in, n_out = pairs[nxt % len(pairs)]
+            name, n_in, n_out = _item(model, pairs[nxt % len(pairs)])
             nxt += 1
             try:
-                ok = await complete(session, url, completion_body(model, prompts(n_in), n_out, slo_ms))
+                ok = await complete(session, url, completion_body(name, prompts(n_in), n_out, slo_ms))
             except (aiohttp.ClientError, OSError):
                 ok = False
             if ok:
@@ -75,8 +83,8 @@ async def closed_loop(port: int, model: str, pairs: list[tuple[int, int]], concu
     return {"done_s": done_s, "failures": failures, "sent": nxt}
 
 
-async def warmup(port: int, model: str, lengths: list[tuple[int, int]], slo_ms: float | None) -> None:
-    """One request per (input, output) pair, one after the other."""
+async def warmup(port: int, model: str, lengths: list[tuple[Any, ...]], slo_ms: float | None) -> None:
+    """One request per (input, output) pair (or (model, input, output) triple), one after the other."""
     import aiohttp
 
     from janusd.trace.replay import PromptMaker
@@ -84,5 +92,6 @@ async def warmup(port: int, model: str, lengths: list[tuple[int, int]], slo_ms: 
     url = f"http://127.0.0.1:{port}/v1/completions"
     prompts = PromptMaker()
     async with aiohttp.ClientSession() as session:
-        for n_in, n_out in lengths:
-            await complete(session, url, completion_body(model, prompts(n_in), n_out, slo_ms))
+        for item in lengths:
+            name, n_in, n_out = _item(model, item)
+            await complete(session, url, completion_body(name, prompts(n_in), n_out, slo_ms))

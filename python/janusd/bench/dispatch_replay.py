@@ -84,15 +84,20 @@ from pathlib import Path
 from typing import Any
 
 from janusd.bench.replay_figures import _fmt, _table, aggregate, rounded, verdicts
-from janusd.bench.replay_runs import log, measure_capacity, one_run
-from janusd.bench.replay_setup import (BASELINES, DEFAULT_OBJECTIVE, DEFAULT_PLAN, MODEL_NAME, OBJECTIVES, PLANS,
-                                       POLICIES, parse_list, parse_loads, schedule, variants, warmup_lengths)
-from janusd.bench.replay_trace import make_trace, peak_to_mean
+from janusd.bench.replay_runs import log, measure_capacity, one_run, warm_triples
+from janusd.bench.replay_setup import (BASELINES, DEFAULT_OBJECTIVE, DEFAULT_PLAN, MIXED, MODEL_NAME, OBJECTIVES,
+                                       PLANS, POLICIES, SCENARIOS, parse_list, parse_loads, schedule, scenario_models,
+                                       variants)
+from janusd.bench.replay_trace import make_mixed_trace, make_trace, peak_to_mean
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="demo:llama-small",
-                   help="checkpoint spec of the one model (default demo:llama-small)")
+                   help="checkpoint spec of the one model, or of each mixed model (default demo:llama-small)")
+    p.add_argument("--scenario", default="one", choices=SCENARIOS,
+                   help="one: one model, one SLO class (--ttft-slo-ms, --tpot-slo-ms), the synthesized app mix; "
+                        "mixed: chat (300 ms TTFT), batch (2 s) and rag (long prompts, 1 s) co-located on both "
+                        "devices with overlapping bursts (replay_setup.MIXED; --apps and the synthesizer flags unused)")
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated dispatch.policy values")
     p.add_argument("--plans", default=DEFAULT_PLAN,
                    help="comma-separated dispatch.plan values for lst_imh (global|window); a plan other than "
@@ -148,7 +153,10 @@ def _traces(args: argparse.Namespace, loads: list[float], cap: float, out: Path,
     for load in loads:
         from janusd.trace.formats import write_trace
 
-        t = make_trace(load * cap, args.duration_s, MODEL_NAME, args.ttft_slo_ms, args.tpot_slo_ms, **kw)
+        if getattr(args, "scenario", "one") == "mixed":
+            t = make_mixed_trace(load * cap, args.duration_s, MIXED, seed=args.seed)
+        else:
+            t = make_trace(load * cap, args.duration_s, MODEL_NAME, args.ttft_slo_ms, args.tpot_slo_ms, **kw)
         traces[load] = t
         write_trace(t, out / f"trace-{load}.csv")
         trace_info[str(load)] = {"rate_rps": round(load * cap, 3), "requests": len(t),
@@ -159,7 +167,7 @@ def _traces(args: argparse.Namespace, loads: list[float], cap: float, out: Path,
 
 
 def _runs(args: argparse.Namespace, cache: str, out: Path, loads: list[float], vs: list[dict[str, str | None]],
-          traces: dict[float, Any], warm: list[tuple[int, int]]) -> list[dict[str, Any]]:
+          traces: dict[float, Any], warm: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
     """Step 3: every run in interleaved order; a failed run is recorded with its error."""
     labels = [str(v["label"]) for v in vs]
     by_label = {str(v["label"]): v for v in vs}
@@ -207,8 +215,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     traces, trace_info = _traces(args, loads, cap, out, kw)
     import numpy as np
 
-    all_pairs = [(int(i), 1) for t in traces.values() for i in np.asarray(t.input_tokens)]
-    warm = warmup_lengths(all_pairs, args.warmup_requests)
+    all_triples = [(t.models[int(m)], int(i), 1) for t in traces.values()
+                   for m, i in zip(np.asarray(t.model_id), np.asarray(t.input_tokens), strict=True)]
+    warm = warm_triples(all_triples, args.warmup_requests)
     records = _runs(args, cache, out, loads, vs, traces, warm)
 
     agg = aggregate(records, loads, labels)
@@ -218,7 +227,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(line)
     return jsonable(rounded({  # type: ignore[return-value]
         "bench": "dispatch-replay",
+        "scenario": args.scenario,
         "model": args.model,
+        "served": [{"name": n, "ttft_slo_ms": a, "tpot_slo_ms": b}
+                   for n, a, b in scenario_models(args.scenario, args.ttft_slo_ms, args.tpot_slo_ms)],
         "devices": [0, 1],
         "ttft_slo_ms": args.ttft_slo_ms,
         "tpot_slo_ms": args.tpot_slo_ms,

@@ -34,12 +34,31 @@ def run_figures(rows: Sequence[Any], span_s: float) -> dict[str, Any]:
     from janusd.trace import slo
     from janusd.trace.results import results_from
 
+    import numpy as np
+
     res = results_from(list(rows))
-    fig = slo.summarize(res.outcomes(), res.app_id, len(res.apps), span_s)
+    outcomes = res.outcomes()
+    fig = slo.summarize(outcomes, res.app_id, len(res.apps), span_s)
     rejected = sum(is_slo_rejection(r.status, r.http_status, r.error) for r in rows)
     failed = sum(r.status != "ok" for r in rows)
     ttft = [r.token_times_s[0] * 1e3 for r in rows if r.status == "ok" and r.token_times_s]
+    # per served model (the mixed scenario's classes), rows in results_from's order (by index)
+    ordered = sorted(rows, key=lambda r: r.index)
+    names = sorted({r.model for r in ordered})
+    by_model: dict[str, Any] = {}
+    if len(names) > 1:
+        mid = np.array([names.index(r.model) for r in ordered], dtype=np.int64)
+        per = slo.per_app(outcomes, mid, len(names))
+        for k, name in enumerate(names):
+            by_model[name] = {
+                "requests": int(per["requests"][k]),
+                "token_attainment": float(per["token_attainment"][k]),
+                "ttft_attainment": float(per["ttft_attainment"][k]),
+                "rejected": int(sum(is_slo_rejection(r.status, r.http_status, r.error)
+                                    for r in ordered if r.model == name)),
+            }
     return {
+        "by_model": by_model,
         "requests": fig["requests"],
         "token_attainment": fig["token_attainment"],
         "ttft_attainment": fig["ttft_attainment"],
@@ -120,6 +139,10 @@ def aggregate(records: Sequence[dict[str, Any]], loads: Sequence[float], labels:
                                      "invalid_runs": sum(1 for r in good if r.get("valid") is False)}
             for key in AGG_KEYS:
                 entry[key] = spread([r.get(key) for r in good])
+            models = sorted({m for r in good for m in (r.get("by_model") or {})})
+            if models:  # per served model: token attainment and refusals over the runs
+                entry["by_model"] = {m: {k: spread([(r.get("by_model") or {}).get(m, {}).get(k) for r in good])
+                                         for k in ("token_attainment", "rejected")} for m in models}
             per[label] = entry
         out[str(load)] = per
     return out
@@ -181,6 +204,9 @@ def _table(agg: dict[str, Any], verdict: dict[str, Any]) -> list[str]:
             lines.append(f"  {label:<16} {e['runs']:>2}  {_fmt(t['mean'])} [{_fmt(t['min'])}, {_fmt(t['max'])}]  "
                          f"{_fmt(e['ttft_attainment']['mean'])}  {_fmt(e['rejected']['mean'], 1)}  "
                          f"{_fmt(e['ttft_p99_ms']['mean'], 1)}  {_fmt(e['prefill_estimate_mae_ms']['mean'], 2)}")
+            for m, f in (e.get("by_model") or {}).items():
+                lines.append(f"      {m:<10} token_att {_fmt(f['token_attainment']['mean'])}  "
+                             f"rejected {_fmt(f['rejected']['mean'], 1)}")
         for label, v in verdict.get(load, {}).items():
             lines.append(f"  verdict {label}: {v['overall']} ({', '.join(f'{k}: {x}' for k, x in v['vs'].items())})")
     return lines

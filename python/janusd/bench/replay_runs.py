@@ -16,8 +16,9 @@ from typing import Any
 from janusd.bench import daemon_proc
 from janusd.bench.closed_loop import closed_loop, warmup
 from janusd.bench.replay_figures import metrics_delta, metrics_figures, run_figures
-from janusd.bench.replay_setup import MODEL_NAME, RELAXED_SLO_MS, capacity_rps, daemon_config, warmup_lengths
-from janusd.bench.replay_trace import make_trace
+from janusd.bench.replay_setup import (MIXED, MODEL_NAME, RELAXED_SLO_MS, capacity_rps, daemon_config,
+                                       scenario_models, warmup_lengths)
+from janusd.bench.replay_trace import make_mixed_trace, make_trace
 
 
 def _arun(coro: Any) -> Any:
@@ -41,22 +42,50 @@ def log(msg: str) -> None:
     print(f"dispatch-replay: {msg}", file=sys.stderr, flush=True)
 
 
-def measure_capacity(args: argparse.Namespace, cache: str, out: Path, kw: dict[str, Any]) -> dict[str, Any]:
+def _scenario(args: argparse.Namespace) -> str:
+    return str(getattr(args, "scenario", "one"))
+
+
+def mix_triples(args: argparse.Namespace, kw: dict[str, Any]) -> tuple[Any, list[tuple[str, int, int]]]:
+    """The scenario's length mix as (model, input, output) triples in a seeded random order
+    (another span and rate of the same generator: other draws of the same per-app or
+    per-class distributions), and the trace they come from."""
     import numpy as np
 
-    # the same seed: the synthesizer's app profiles (kinds, length means) come from it, so
-    # another seed would be another length mix; the other span and rate give other draws
-    mix_trace = make_trace(20.0, 300.0, MODEL_NAME, RELAXED_SLO_MS, RELAXED_SLO_MS, **kw)
+    if _scenario(args) == "mixed":
+        mix_trace = make_mixed_trace(20.0, 300.0, MIXED, seed=kw["seed"])
+    else:
+        # the same seed: the synthesizer's app profiles (kinds, length means) come from it, so
+        # another seed would be another length mix; the other span and rate give other draws
+        mix_trace = make_trace(20.0, 300.0, MODEL_NAME, RELAXED_SLO_MS, RELAXED_SLO_MS, **kw)
     order = np.random.default_rng(kw["seed"]).permutation(len(mix_trace))
-    pairs = [(int(mix_trace.input_tokens[i]), int(mix_trace.output_tokens[i])) for i in order]
+    names = mix_trace.models
+    return mix_trace, [(names[int(mix_trace.model_id[i])], int(mix_trace.input_tokens[i]),
+                        int(mix_trace.output_tokens[i])) for i in order]
+
+
+def warm_triples(triples: list[tuple[str, int, int]], n: int) -> list[tuple[str, int, int]]:
+    """n warm-up requests per served model, spread over that model's input lengths."""
+    out: list[tuple[str, int, int]] = []
+    for name in dict.fromkeys(t[0] for t in triples):
+        mine = [(i, o) for m, i, o in triples if m == name]
+        out += [(name, i, o) for i, o in warmup_lengths(mine, n)]
+    return out
+
+
+def measure_capacity(args: argparse.Namespace, cache: str, out: Path, kw: dict[str, Any]) -> dict[str, Any]:
+    mix_trace, triples = mix_triples(args, kw)
     run_dir = out / "capacity"
     run_dir.mkdir(parents=True, exist_ok=True)
+    served = scenario_models(_scenario(args), RELAXED_SLO_MS, RELAXED_SLO_MS)
     cfg = daemon_config(run_dir=run_dir, cache=cache, checkpoint=args.model, policy="least_load", plan=None,
                         ttft_slo_ms=RELAXED_SLO_MS, tpot_slo_ms=RELAXED_SLO_MS, memory_mib=args.memory_mib,
-                        kv_cache_mib=args.kv_cache_mib)
-    proc, port = daemon_proc.start(cfg, run_dir, args.torch_threads, {MODEL_NAME: 2})
+                        kv_cache_mib=args.kv_cache_mib,
+                        models=[(m, RELAXED_SLO_MS, RELAXED_SLO_MS) for m, _, _ in served])
+    proc, port = daemon_proc.start(cfg, run_dir, args.torch_threads, {m: 2 for m, _, _ in served})
+    pairs = triples
     try:
-        _arun(warmup(port, MODEL_NAME, warmup_lengths(pairs, args.warmup_requests), RELAXED_SLO_MS))
+        _arun(warmup(port, MODEL_NAME, warm_triples(triples, args.warmup_requests), RELAXED_SLO_MS))
         loop = _arun(closed_loop(port, MODEL_NAME, pairs, args.capacity_concurrency, args.capacity_s, RELAXED_SLO_MS))
     finally:
         daemon_proc.stop(proc)
@@ -72,7 +101,7 @@ def measure_capacity(args: argparse.Namespace, cache: str, out: Path, kw: dict[s
 
 
 def one_run(args: argparse.Namespace, cache: str, run_dir: Path, variant: dict[str, str | None], trace: Any,
-             warm: list[tuple[int, int]]) -> dict[str, Any]:
+             warm: list[tuple[Any, ...]]) -> dict[str, Any]:
     import msgspec
 
     from janusd.trace.replay import ReplayConfig, replay
@@ -81,9 +110,11 @@ def one_run(args: argparse.Namespace, cache: str, run_dir: Path, variant: dict[s
     cfg = daemon_config(run_dir=run_dir, cache=cache, checkpoint=args.model, policy=str(variant["policy"]),
                         plan=variant["plan"], objective=variant.get("objective"),
                         baseline=variant.get("baseline"), ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms,
-                        memory_mib=args.memory_mib, kv_cache_mib=args.kv_cache_mib)
+                        memory_mib=args.memory_mib, kv_cache_mib=args.kv_cache_mib,
+                        models=scenario_models(_scenario(args), args.ttft_slo_ms, args.tpot_slo_ms))
     marks = [time.monotonic()]
-    proc, port = daemon_proc.start(cfg, run_dir, args.torch_threads, {MODEL_NAME: 2})
+    proc, port = daemon_proc.start(cfg, run_dir, args.torch_threads,
+                                   {m: 2 for m, _, _ in scenario_models(_scenario(args), 0.0, 0.0)})
     try:
         marks.append(time.monotonic())
         _arun(warmup(port, MODEL_NAME, warm, RELAXED_SLO_MS))

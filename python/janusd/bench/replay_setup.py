@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 POLICIES = ("lst_imh", "round_robin", "least_load")
@@ -19,6 +20,43 @@ PEER_DISPATCH = 'requeue = "keep"\nadmission = "queue"\ndecode_guard = false\n'
 DEFAULT_OBJECTIVE = "requests"
 MODEL_NAME = "llm"
 RELAXED_SLO_MS = 600_000.0  # capacity and warm-up requests: never rejected, never late
+SCENARIOS = ("one", "mixed")
+
+
+@dataclass(frozen=True)
+class MixedClass:
+    """One model of the mixed scenario: its SLO, its share of the requests and its length
+    mix (lognormal around the means, capped)."""
+
+    name: str
+    ttft_slo_ms: float
+    tpot_slo_ms: float
+    share: float
+    input_mean: float
+    input_sigma: float
+    input_cap: int
+    output_mean: float
+    output_sigma: float
+    output_cap: int
+
+
+# Three models co-located on both devices (issue 36): an interactive chat model (tight TTFT,
+# short prompts), a batch model (2 s TTFT, long answers) and a RAG model (long prompts, 1 s
+# TTFT). Their bursts overlap (replay_trace.make_mixed_trace), so the order of prefills on a
+# shared device decides which SLO is met; with one class and identical devices (scenario
+# "one") every order is FIFO.
+MIXED = (
+    MixedClass("chat", 300.0, 50.0, 0.5, 120.0, 0.6, 512, 48.0, 0.6, 128),
+    MixedClass("batch", 2000.0, 100.0, 0.2, 300.0, 0.5, 1024, 160.0, 0.4, 256),
+    MixedClass("rag", 1000.0, 50.0, 0.3, 850.0, 0.25, 1024, 64.0, 0.5, 128),
+)
+
+
+def scenario_models(scenario: str, ttft_slo_ms: float, tpot_slo_ms: float) -> list[tuple[str, float, float]]:
+    """(name, TTFT SLO ms, TPOT SLO ms) of each model the scenario serves on devices [0, 1]."""
+    if scenario == "mixed":
+        return [(c.name, c.ttft_slo_ms, c.tpot_slo_ms) for c in MIXED]
+    return [(MODEL_NAME, ttft_slo_ms, tpot_slo_ms)]
 
 
 def parse_list(text: str, allowed: Sequence[str] | None = None, what: str = "value") -> list[str]:
@@ -81,19 +119,25 @@ def capacity_rps(done_s: Sequence[float], warmup_s: float, end_s: float) -> floa
 
 def daemon_config(*, run_dir: Path, cache: str, checkpoint: str, policy: str, plan: str | None,
                   ttft_slo_ms: float, tpot_slo_ms: float, memory_mib: int, kv_cache_mib: int,
-                  objective: str | None = None, baseline: str | None = None) -> str:
-    """The daemon's TOML: one model on devices [0, 1]; `plan` (`objective`) None writes no
+                  objective: str | None = None, baseline: str | None = None,
+                  models: Sequence[tuple[str, float, float]] | None = None) -> str:
+    """The daemon's TOML: one model on devices [0, 1] (or `models`, (name, TTFT, TPOT)
+    each, all of the checkpoint, all on both devices); `plan` (`objective`) None writes no
     plan (objective) key; `baseline` "peer" writes PEER_DISPATCH."""
     plan_line = f'plan = "{plan}"\n' if plan is not None else ""
     plan_line += f'objective = "{objective}"\n' if objective is not None else ""
     plan_line += PEER_DISPATCH if baseline == "peer" else ""
+    served = list(models) if models is not None else [(MODEL_NAME, ttft_slo_ms, tpot_slo_ms)]
+    model_lines = "".join(
+        f'[[models]]\nname = "{name}"\ncheckpoint = "{checkpoint}"\ndevices = [0, 1]\n'
+        f"ttft_slo_ms = {float(ttft)}\ntpot_slo_ms = {float(tpot)}\nkv_cache_mib = {kv_cache_mib}\n"
+        for name, ttft, tpot in served)
     return (
         f'[server]\nport = 0\nadmin_socket = "{run_dir / "admin.sock"}"\ncache_dir = "{cache}"\n'
         f"queue_limit = 100000\n"
         f"[devices]\nkind = \"cpu\"\ncount = 2\nmemory_mib = {memory_mib}\n"
         f'[dispatch]\npolicy = "{policy}"\n{plan_line}'
-        f'[[models]]\nname = "{MODEL_NAME}"\ncheckpoint = "{checkpoint}"\ndevices = [0, 1]\n'
-        f"ttft_slo_ms = {float(ttft_slo_ms)}\ntpot_slo_ms = {float(tpot_slo_ms)}\nkv_cache_mib = {kv_cache_mib}\n"
+        f"{model_lines}"
     )
 
 

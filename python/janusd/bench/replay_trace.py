@@ -61,3 +61,49 @@ def peak_to_mean(arrival_s: Sequence[float] | np.ndarray, window_s: float = 2.0)
         return None
     counts = np.bincount(((a - a[0]) // window_s).astype(np.int64))
     return float(counts.max() / window_s / (len(a) / (a[-1] - a[0])))
+
+
+def make_mixed_trace(rate_rps: float, duration_s: float, classes: Sequence[Any], *, seed: int,
+                     bursts: int = 3, burst_factor: float = 3.0, burst_s: float = 3.0,
+                     jitter_s: float = 1.0) -> Trace:
+    """The mixed scenario's trace (replay_setup.MIXED): one app and one model per class,
+    each row with its class's SLO and a length drawn from its class's lognormal mix
+    (capped), arrivals Poisson at `rate_rps` in all, split by the classes' shares. On top
+    of a flat base, `bursts` burst centres shared by every class (each class's burst
+    shifted by up to `jitter_s`, so bursts overlap but do not coincide): inside a burst
+    of `burst_s` a class arrives `burst_factor` times faster. The mean rate over the run
+    stays `rate_rps` (the base is lowered to make room for the bursts). Seeded: every
+    policy and run replays the same trace."""
+    import numpy as np
+
+    from janusd.trace.formats import Trace
+
+    if not (rate_rps > 0 and duration_s > 0 and bursts >= 0 and burst_factor >= 1 and burst_s > 0):
+        raise ValueError("need rate > 0, duration > 0, bursts >= 0, burst_factor >= 1, burst_s > 0")
+    rng = np.random.default_rng([seed, 36])
+    step = 0.05
+    t = np.arange(0.0, duration_s, step)
+    centres = np.sort(rng.uniform(0.15 * duration_s, 0.85 * duration_s, bursts))
+    arrivals, app, ins, outs = [], [], [], []
+    for k, c in enumerate(classes):
+        shape = np.ones_like(t)
+        for x in centres + rng.uniform(-jitter_s, jitter_s, bursts):
+            shape[np.abs(t - x) < burst_s / 2] += burst_factor - 1.0
+        lam = shape * (rate_rps * c.share * duration_s / (shape.sum() * step)) * step
+        counts = rng.poisson(lam)
+        n = int(counts.sum())
+        arrivals.append(np.repeat(t, counts) + rng.random(n) * step)
+        app.append(np.full(n, k, dtype=np.int32))
+        ins.append(np.clip(np.round(rng.lognormal(np.log(c.input_mean), c.input_sigma, n)), 1, c.input_cap))
+        outs.append(np.clip(np.round(rng.lognormal(np.log(c.output_mean), c.output_sigma, n)), 1, c.output_cap))
+    a = np.concatenate(arrivals)
+    order = np.lexsort((np.concatenate(app), a))
+    a = np.round(a[order] - a[order][0], 6) if len(a) else a
+    app_id = np.concatenate(app)[order]
+    if len(a) < 2:
+        raise ValueError(f"the mixed trace at {rate_rps:.3g} req/s over {duration_s} s has {len(a)} requests")
+    ttft = np.array([c.ttft_slo_ms for c in classes], dtype=np.float64)[app_id]
+    tpot = np.array([c.tpot_slo_ms for c in classes], dtype=np.float64)[app_id]
+    names = tuple(c.name for c in classes)
+    return Trace(a, app_id, app_id.copy(), np.concatenate(ins)[order].astype(np.int64),
+                 np.concatenate(outs)[order].astype(np.int64), ttft, tpot, names, names)

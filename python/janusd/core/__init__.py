@@ -6,10 +6,11 @@ This package's names are the core's face to its shells: server/ and sim/ import 
 from here only, never its modules (tests/test_shell_faces.py checks), so what a shell may
 call is listed once, below."""
 
+from janusd.core.dispatch import InstanceFigure, Refusal
 from janusd.core.registry import Instance, Model, Registry
 from janusd.core.requests import Failure, Refused, Request, no_instance, removed
 from janusd.core.serving import ServingCore
 from janusd.core.shell_hooks import Limits, Observers
 
-__all__ = ["Failure", "Instance", "Limits", "Model", "Observers", "Refused", "Registry", "Request", "ServingCore",
-           "no_instance", "removed"]
+__all__ = ["Failure", "Instance", "InstanceFigure", "Limits", "Model", "Observers", "Refusal", "Refused", "Registry",
+           "Request", "ServingCore", "no_instance", "removed"]

@@ -34,6 +34,11 @@ class DecodeGuard:
         if self._dirty is not None:
             self._dirty.add(device)
 
+    @property
+    def changed(self) -> bool:
+        """Some device's inputs changed since the guard last looked."""
+        return self._dirty is None or bool(self._dirty)
+
     def mark_all(self) -> None:
         """Every device may have changed (e.g. a model's SLO was retuned)."""
         self._dirty = None

@@ -5,24 +5,85 @@ queues, EPDT and the LST-IMH decision; it is pure and takes the clock as an argu
 as does everything here. This adds what the Dispatcher does not know:
 - EPDT per device: every instance joins its device's group, so co-located models' prefill
   work delays each other (one worker steps them one after another);
-- p_j per request from a per (model, device) prefill fit (oracle/prefill_estimate.py),
-  the mean over the model's ready instances; its error is reported when the prefill ends;
+- each instance's own prefill time: the per (model, device) fit (oracle/prefill_estimate.py)
+  is handed to the Dispatcher as the instance's `a + b * tokens` after every change, and
+  each request carries its prompt's tokens, so a job costs the instance it is planned on
+  what that instance's fit says (a slower device, a device shared with other models).
+  The submitted p_j (the mean over the model's ready instances) is only the fallback of an
+  instance with no fit; a request's error is reported against its instance's own estimate;
 - P/D decode routing by least decode backlog (policy/decode_route.py): a P/D model's
   decode instances never join the Dispatcher.
 Per model, the estimators behind p_j and the members behind the early-refusal test are
 kept until the model's instances (core/registry.py EPOCH) or the Dispatcher's membership
 change: admission asks for both on every request, and walking the model's ~13 instances
 twice per request was a fifth of the simulator's time at 768 devices.
+
+Refusals: every request refused for its TTFT SLO (at admission, or by the Dispatcher's
+requeue) is described by a `Refusal`: the estimate and deadline the refusal used and
+each instance's figures at that moment (EPDT, ready, requests given), so the log line
+and the metrics show whether it was hopeless by that estimate or the estimate was off.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from janusd.config import DispatchConfig
 from janusd.core.registry import EPOCH, Instance, Model
 from janusd.oracle.prefill_estimate import PrefillEstimator
 from janusd.policy.decode_route import DecodeLoad, least_decode_backlog
+
+
+@dataclass(frozen=True)
+class InstanceFigure:
+    """One instance of the refused request's model at the refusal."""
+
+    device: int
+    epdt_s: float  # its device group's EPDT minus now (0: free now)
+    ready: bool  # takes new prefill work now (False: e.g. the decode guard holds it)
+    given: int  # requests given to it whose prefill is not done
+    est_s: float = 0.0  # its own (model, device) prefill estimate for the prompt: what the refusal used
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A request refused for its TTFT SLO and the figures the refusal used."""
+
+    rid: int
+    model: str
+    stage: str  # "admission" (early refusal) | "queue" (past its latest start while queued)
+    now: float
+    est_s: float  # the request's submitted p_j (the mean over the model's instances)
+    deadline: float  # the TTFT deadline it was planned against (absolute)
+    queued: int  # the model's requests queued in the Dispatcher after this one left
+    instances: tuple[InstanceFigure, ...]
+    tokens: int = 0  # its prompt tokens
+    est_now_s: float | None = None  # the estimate for its prompt at the refusal (the fit moves)
+
+    @property
+    def earliest_s(self) -> float | None:
+        """The least EPDT - now over the instances (None: none)."""
+        return min((i.epdt_s for i in self.instances), default=None)
+
+    @property
+    def late_by_s(self) -> float | None:
+        """How late the prefill would end on the instance that would finish it first, each
+        by its own estimate after the work it has (> 0 for a refusal the estimate justifies;
+        <= 0: some instance could have finished it in time, a false refusal)."""
+        if not self.instances:
+            return None
+        return self.now + min(i.epdt_s + i.est_s for i in self.instances) - self.deadline
+
+    def line(self) -> str:
+        insts = ", ".join(f"dev{i.device} epdt +{i.epdt_s * 1000:.1f} ms {'ready' if i.ready else 'held'} "
+                          f"{i.given} given est {i.est_s * 1000:.1f} ms" for i in self.instances) or "none"
+        late = self.late_by_s
+        return (f"refused request {self.rid} ({self.model}) at {self.stage}: est {self.est_s * 1000:.1f} ms, "
+                f"deadline in {(self.deadline - self.now) * 1000:.1f} ms, late by "
+                f"{'?' if late is None else f'{late * 1000:.1f}'} ms on the instance finishing first; "
+                f"instances: {insts}; queued {self.queued}; {self.tokens} prompt tokens, estimate now "
+                f"{'?' if self.est_now_s is None else f'{self.est_now_s * 1000:.1f}'} ms")
 
 
 class DispatchCore:
@@ -45,16 +106,21 @@ class DispatchCore:
         self._version = 0  # bumped when membership or an estimator object changes
         # model -> ((EPOCH, _version), the ready instances' estimators, prefill members' ids)
         self._cache: dict[str, tuple[tuple[int, int], tuple[PrefillEstimator, ...], list[int]]] = {}
+        self._deadline: dict[int, float] = {}  # request id -> its deadline, while queued or prefilling
+        self._on: dict[tuple[str, int], list[int]] = {}  # (model, device) -> member instance ids
 
     # ---- instances ----
     def join(self, inst: Instance) -> None:
         """The instance takes part in dispatch (not yet ready); decode instances never do."""
         self._version += 1
-        self.estimators.setdefault((inst.model, inst.device), PrefillEstimator())
+        key = (inst.model, inst.device)
+        self.estimators.setdefault(key, PrefillEstimator())
         if inst.dispatched and inst.instance_id not in self._members:
             self.dispatcher.add_instance(inst.instance_id, inst.model, group=inst.device)
             self.dispatcher.set_instance_ready(inst.instance_id, False)
             self._members[inst.instance_id] = inst
+            self._on.setdefault(key, []).append(inst.instance_id)
+            self._push_fit(key)
 
     def seed(self, inst: Instance, probe: list[tuple[int, float]]) -> None:
         """Prefill times measured on a freshly loaded instance: a fresh fit from them (a
@@ -67,6 +133,16 @@ class DispatchCore:
                 est.observe(tokens, seconds)
         self.estimators[(inst.model, inst.device)] = est
         self._version += 1
+        self._push_fit((inst.model, inst.device))
+
+    def _push_fit(self, key: tuple[str, int]) -> None:
+        """The Dispatcher's copy of (model, device)'s prefill fit, on each of its instances."""
+        est = self.estimators.get(key)
+        if est is None:
+            return
+        fit = est.coefficients()
+        for iid in self._on.get(key, ()):
+            self.dispatcher.set_prefill_fit(iid, fit)
 
     def set_decode_load(self, device: int, sequences: int) -> None:
         """Sequences decoding on `device`: the tie-break between equally free instances."""
@@ -80,6 +156,9 @@ class DispatchCore:
         """Take the instance out; returns the requests it was given whose prefill was not done."""
         if self._members.pop(inst.instance_id, None) is None:
             return []
+        ids = self._on.get((inst.model, inst.device), [])
+        if inst.instance_id in ids:
+            ids.remove(inst.instance_id)
         self._version += 1
         return list(self.dispatcher.remove_instance(inst.instance_id))
 
@@ -121,29 +200,47 @@ class DispatchCore:
             vals.append(a + b * t)
         return sum(vals) / len(vals)
 
+    def own_estimate(self, inst: Instance, tokens: int) -> float:
+        """The instance's own (model, device) prefill estimate for `tokens`."""
+        est = self.estimators.get((inst.model, inst.device))
+        return (est or PrefillEstimator()).estimate(tokens)
+
+    def earliest_finish(self, m: Model, tokens: int, est_s: float, now: float) -> float | None:
+        """The earliest any of m's instances taking prefill work could finish a prompt of
+        `tokens` by its own estimate after the work it has (None: none in the Dispatcher):
+        the early-refusal test's input."""
+        ids = self._model_cache(m)[2]
+        return self.dispatcher.earliest_finish(ids, float(tokens), est_s, now) if ids else None
+
     def earliest_free(self, m: Model, now: float) -> float | None:
         """The least EPDT over m's instances that take prefill work (None: none in the
-        Dispatcher): the early-refusal test's input."""
+        Dispatcher): a refused request's Retry-After."""
         ids = self._model_cache(m)[2]
         return self.dispatcher.min_epdt(ids, now) if ids else None
 
     def submit(self, rid: int, model: str, arrival_s: float, deadline_s: float, est_s: float,
-               value_tokens: int = 1) -> None:
-        """`value_tokens`: what the request is worth under objective = "tokens"."""
-        self.dispatcher.submit(rid, model, arrival_s, deadline_s, est_s, float(value_tokens))
+               value_tokens: int = 1, prompt_tokens: int = 0) -> None:
+        """`value_tokens`: what the request is worth under objective = "tokens";
+        `prompt_tokens`: what each instance's prefill fit reads."""
+        self._deadline[rid] = deadline_s
+        self.dispatcher.submit(rid, model, arrival_s, deadline_s, est_s, float(value_tokens),
+                               float(max(prompt_tokens, 0)))
 
     def prefill_done(self, rid: int, inst: Instance, now: float, tokens: int, prefill_s: float | None,
                      est_s: float) -> None:
         """First token seen: the instance's prefill work for `rid` is over."""
         if prefill_s is not None and prefill_s >= 0:
-            est = self.estimators.get((inst.model, inst.device))
+            key = (inst.model, inst.device)
+            est = self.estimators.get(key)
             if est is not None:
                 est.observe(tokens, prefill_s)
+                self._push_fit(key)
             if self._on_estimate_error is not None:
                 self._on_estimate_error(inst.model, prefill_s - est_s)
         self._complete(rid, now)
 
     def _complete(self, rid: int, now: float) -> None:
+        self._deadline.pop(rid, None)
         try:
             self.dispatcher.complete(rid, now)
         except ValueError:
@@ -151,11 +248,15 @@ class DispatchCore:
 
     def cancel(self, rid: int, now: float) -> None:
         """The request ended before its prefill was done: out of the queue or its EPDT."""
+        self._deadline.pop(rid, None)
         self.dispatcher.cancel(rid, now)
 
     def tick(self, now: float) -> tuple[list[tuple[int, int]], list[int]]:
         assigned = self.dispatcher.tick(now)
         return assigned, self.dispatcher.take_rejected()
+
+    def wants_tick(self) -> bool:
+        return bool(self.dispatcher.wants_tick())
 
     def next_wakeup(self, now: float) -> float | None:
         return self.dispatcher.next_wakeup(now)
@@ -165,6 +266,27 @@ class DispatchCore:
         loads = [DecodeLoad(i.instance_id, len(i.decoding), sum(i.decoding.values())) for i in candidates]
         pick = least_decode_backlog(loads)
         return next((i for i in candidates if i.instance_id == pick), None)
+
+    def forget(self, rid: int) -> None:
+        """A request the Dispatcher dropped on its own (rejected) is gone here too."""
+        self._deadline.pop(rid, None)
+
+    def refusal(self, rid: int, m: Model, stage: str, now: float, est_s: float, tokens: int,
+                deadline: float | None = None) -> Refusal:
+        """The figures of a refusal of request `rid` of model `m` at `now` (its deadline
+        as submitted unless given); forgets the request's deadline."""
+        dl = self._deadline.pop(rid, None)
+        if deadline is None:
+            deadline = dl if dl is not None else now
+        figs = []
+        for i in sorted(m.instances.values(), key=lambda i: i.device):
+            if i.instance_id in self._members:
+                epdt, ready, given = self.dispatcher.instance_figures(i.instance_id, now)
+                own = self.estimators.get((i.model, i.device))
+                figs.append(InstanceFigure(i.device, max(0.0, epdt - now), bool(ready), int(given),
+                                           own.estimate(tokens) if own is not None else est_s))
+        return Refusal(rid, m.name, stage, now, est_s, deadline, self.pending(m.name), tuple(figs), tokens,
+                       self.estimate_model(m, tokens))
 
     # ---- views ----
     def pending(self, model: str) -> int:

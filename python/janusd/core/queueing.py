@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from janusd.core.admission import fit_to_context, late_by
+from janusd.core.admission import fit_to_context
 from janusd.core.core_state import CoreState
 from janusd.core.registry import Model
 from janusd.core.requests import Failure, Refused, Request, no_instance, removed
@@ -86,18 +86,23 @@ class Queueing(CoreState):
         late_by = self._hopeless(req, now, deadline)
         if late_by is not None:
             self.dispatch.cancel(req.rid, now)
-            self._reject(req.rid, retry_after_s=max(1.0, float(math.ceil(late_by))))
+            self._reject(req.rid, now, "admission", deadline, retry_after_s=max(1.0, float(math.ceil(late_by))))
         return req
 
     def _hopeless(self, req: Request, now: float, deadline: float) -> float | None:
-        """With admission = reject_early (and requeue = reject): when even the earliest-free
-        instance of the model cannot finish the prefill by the deadline by the estimate,
-        how long until it frees up (the Retry-After); None when the request may be on time."""
+        """With admission = reject_early (and requeue = reject): when no instance of the
+        model can finish the prefill by the deadline, each by its own estimate after the
+        work it has, how long until the earliest-free one frees up (the Retry-After); None
+        when the request may be on time."""
         cfg = self.dispatch.cfg
         if cfg.admission != "reject_early" or cfg.requeue != "reject":
             return None
-        earliest = self.dispatch.earliest_free(self.registry.models[req.model], now)
-        return late_by(earliest, req.est_prefill_s, deadline, now)
+        m = self.registry.models[req.model]
+        finish = self.dispatch.earliest_finish(m, len(req.prompt_ids), req.est_prefill_s, now)
+        if finish is None or finish <= deadline:
+            return None
+        earliest = self.dispatch.earliest_free(m, now)
+        return max(0.0, (earliest if earliest is not None else now) - now)
 
     def _submit(self, req: Request, now: float) -> float:
         """Hand the request to the Dispatcher; returns its TTFT deadline (a fresh budget
@@ -110,7 +115,8 @@ class Queueing(CoreState):
             req.held_since = None
         # its value under objective = "tokens": the output tokens it may produce (max_tokens,
         # already capped by the context at admission), the tokens its SLO accounting counts
-        self.dispatch.submit(req.rid, req.model, req.arrival, deadline, req.est_prefill_s, req.sampling.max_tokens)
+        self.dispatch.submit(req.rid, req.model, req.arrival, deadline, req.est_prefill_s, req.sampling.max_tokens,
+                             len(req.prompt_ids))
         return deadline
 
     def _hold(self, req: Request, now: float) -> None:
@@ -162,6 +168,16 @@ class Queueing(CoreState):
             n += 1
         return n
 
+    def tick_wanted(self) -> bool:
+        """After a worker event: whether the shell should tick now rather than at the time
+        the last tick asked for. True when requests are queued and the Dispatcher's state
+        moved (a prefill ended before its estimate: its instance is free early) or the
+        decode guard's inputs did (an instance may take work again): waiting for the
+        planned wake-up would leave that instance idle, and a request the plan could now
+        start in time would reach its latest start and be refused."""
+        return self.dispatch.wants_tick() or (self.dispatch.cfg.decode_guard and self.guard.changed
+                                               and self.dispatch.stats().get("pending", 0) > 0)
+
     def tick(self, now: float) -> float | None:
         """Expire held requests, dispatch; returns when to tick next (None: on the next event)."""
         self._at(now)
@@ -176,7 +192,7 @@ class Queueing(CoreState):
         for rid, iid in assigned:
             self._assign(rid, iid, now)
         for rid in rejected:
-            self._reject(rid)
+            self._reject(rid, now, "queue")
         nxt = self.dispatch.next_wakeup(now)
         if nxt is not None:
             wake = nxt if wake is None else min(wake, nxt)
@@ -190,6 +206,9 @@ class Queueing(CoreState):
             return
         inst.served += 1
         req.instance, req.device = inst, inst.device
+        # what the Dispatcher charged it there: the instance's own estimate (the error
+        # reported at its first token is against this)
+        req.est_prefill_s = self.dispatch.own_estimate(inst, len(req.prompt_ids))
         req.assigned_at = now
         w = self.workers.get(inst.device)
         try:
@@ -201,10 +220,18 @@ class Queueing(CoreState):
         if not sent:
             self.requests.fail(rid, Failure(503, f"the worker for device {inst.device} is not running"))
 
-    def _reject(self, rid: int, retry_after_s: float = 1.0) -> None:
+    def _reject(self, rid: int, now: float, stage: str, deadline: float | None = None,
+                retry_after_s: float = 1.0) -> None:
+        """Refuse `rid` for its TTFT SLO (`stage`: admission | queue), logging and
+        reporting the figures the refusal used (core/dispatch.py Refusal)."""
         req = self.requests.by_id.get(rid)
-        if req is None:
+        m = self.registry.models.get(req.model) if req is not None else None
+        if req is None or m is None:
+            self.dispatch.forget(rid)
             return
+        refusal = self.dispatch.refusal(rid, m, stage, now, req.est_prefill_s, len(req.prompt_ids), deadline)
+        _log(refusal.line())
+        self.obs.refused(refusal)
         self.obs.rejected(req.model, "slo")
         cfg = self.dispatch.cfg
         self.requests.fail(rid, Failure(

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from janusd.core.dispatch import Refusal
 from janusd.core.requests import Request
 
 
@@ -29,6 +30,7 @@ class Observers:
 
     finished: Callable[[Request, str], None] = _nothing  # (request, outcome)
     rejected: Callable[[str, str], None] = _nothing  # (model, reason)
+    refused: Callable[[Refusal], None] = _nothing  # a TTFT-SLO refusal and the figures it used
     kv_transfer: Callable[[str, str, int, float | None], None] = _nothing
     estimate_error: Callable[[str, float], None] = _nothing  # (model, observed - estimated prefill s)
     serving: Callable[[str], None] = _nothing  # a model got an Active instance

@@ -105,7 +105,8 @@ class Daemon(RequestFront, WorkerSupervision):
         self.core = ServingCore(
             cfg.dispatch, {w.device_index: w for w in self.workers},
             Limits(cfg.server.queue_limit, cfg.server.model_wait_timeout_s, cfg.server.default_max_tokens),
-            Observers(finished=self._finished, rejected=self.metrics.reject, kv_transfer=self.metrics.kv_transfer,
+            Observers(finished=self._finished, rejected=self.metrics.reject, refused=self.metrics.refused,
+                      kv_transfer=self.metrics.kv_transfer,
                       estimate_error=self.metrics.prefill_estimate_error, serving=self._serving, removed=self._serving,
                       idle=self._on_idle),
             Telemetry(window_s=cfg.control.window_s),

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from janusd.core import Request
+from janusd.core import Refusal, Request
 from janusd.lifecycle.states import STATE_WORDS
 from janusd.telemetry.latency import LatencyWindow
 
@@ -204,6 +204,19 @@ class Metrics:
                                 ["model"], registry=r)
         self.rejected = Counter("janusd_rejected", "requests refused before running", ["model", "reason"],
                                 registry=r)
+        # one per TTFT-SLO refusal (stage: admission | queue), with the figures it used, so a
+        # wrong estimate shows: justified = "no" when the earliest-free instance could have
+        # finished the prefill by the deadline by that very estimate (a false refusal)
+        self.refusals = Counter("janusd_slo_refusals", "TTFT-SLO refusals by stage and whether the estimate "
+                                "justified them", ["model", "stage", "justified"], registry=r)
+        self.refusal_est = Histogram("janusd_slo_refusal_estimate_seconds", "the prefill estimate a refusal used",
+                                     ["model", "stage"], buckets=_TPOT_BUCKETS, registry=r)
+        self.refusal_deadline = Histogram("janusd_slo_refusal_deadline_seconds", "deadline - now at a refusal",
+                                          ["model", "stage"], buckets=_TTFT_BUCKETS, registry=r)
+        self.refusal_epdt = Histogram("janusd_slo_refusal_earliest_epdt_seconds", "the least instance EPDT - now "
+                                      "at a refusal", ["model", "stage"], buckets=_TTFT_BUCKETS, registry=r)
+        self.refusal_queued = Histogram("janusd_slo_refusal_queued", "the model's requests queued at a refusal",
+                                        ["model", "stage"], buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128), registry=r)
         self.kv_transfers = Counter("janusd_kv_transfers", "P/D KV handoffs by outcome", ["model", "outcome"],
                                     registry=r)
         self.kv_bytes = Counter("janusd_kv_transfer_bytes", "P/D KV bytes moved to decode instances", ["model"],
@@ -329,6 +342,15 @@ class Metrics:
 
     def worker_error(self, device: int, where: str, n: int = 1) -> None:
         self.worker_errors.labels(str(device), where).inc(n)
+
+    def refused(self, r: Refusal) -> None:
+        late = r.late_by_s
+        self.refusals.labels(r.model, r.stage, "no" if late is not None and late <= 0 else "yes").inc()
+        self.refusal_est.labels(r.model, r.stage).observe(r.est_s)
+        self.refusal_deadline.labels(r.model, r.stage).observe(max(0.0, r.deadline - r.now))
+        if (e := r.earliest_s) is not None:
+            self.refusal_epdt.labels(r.model, r.stage).observe(e)
+        self.refusal_queued.labels(r.model, r.stage).observe(r.queued)
 
     def reject(self, model: str, reason: str) -> None:
         self.rejected.labels(model, reason).inc()

@@ -48,6 +48,8 @@ class WorkerSupervision:
 
     def _on_batch(self, w: WorkerHandle, batch: wm.StepBatch) -> None:
         self.core.on_batch(w.device_index, batch, clock())
+        if self.core.tick_wanted():  # a prefill ended early or the decode guard moved: re-plan now
+            self.poke()
 
     def _on_failed(self, w: WorkerHandle, f: wm.RequestFailed) -> None:
         self.core.on_failed(w.device_index, f, clock())

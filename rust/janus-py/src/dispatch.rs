@@ -275,9 +275,10 @@ impl Dispatcher {
     }
 
     #[pyo3(
-        signature = (request_id, model, arrival_s, deadline_s, est_proc_s, weight=Float(1.0)),
-        text_signature = "($self, request_id, model, arrival_s, deadline_s, est_proc_s, weight=1.0)"
+        signature = (request_id, model, arrival_s, deadline_s, est_proc_s, weight=Float(1.0), tokens=Float(0.0)),
+        text_signature = "($self, request_id, model, arrival_s, deadline_s, est_proc_s, weight=1.0, tokens=0.0)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn submit(
         &mut self,
         request_id: Int,
@@ -286,9 +287,25 @@ impl Dispatcher {
         deadline_s: Float,
         est_proc_s: Float,
         weight: Float,
+        tokens: Float,
     ) -> PyResult<()> {
         self.inner
-            .submit_weighted(request_id.0, model, arrival_s.0, deadline_s.0, est_proc_s.0, weight.0)
+            .submit_job(request_id.0, model, arrival_s.0, deadline_s.0, est_proc_s.0, weight.0, tokens.0)
+            .map_err(dispatch_err)
+    }
+
+    /// The instance's own prefill fit (a, b): a job of `tokens` takes a + b * tokens
+    /// there; None: each job's submitted estimate.
+    #[pyo3(signature = (instance_id, fit=None))]
+    fn set_prefill_fit(&mut self, instance_id: Int, fit: Option<(Float, Float)>) -> PyResult<()> {
+        self.inner
+            .set_prefill_fit(instance_id.0, fit.map(|(a, b)| (a.0, b.0)))
+            .map_err(dispatch_err)
+    }
+
+    fn earliest_finish(&self, instance_ids: Vec<i64>, tokens: Float, est: Float, now: Float) -> PyResult<Option<f64>> {
+        self.inner
+            .earliest_finish(&instance_ids, tokens.0, est.0, now.0)
             .map_err(dispatch_err)
     }
 
@@ -314,6 +331,10 @@ impl Dispatcher {
         }
     }
 
+    fn wants_tick(&self) -> bool {
+        self.inner.wants_tick()
+    }
+
     fn take_rejected(&mut self) -> Vec<i64> {
         self.inner.take_rejected()
     }
@@ -325,6 +346,13 @@ impl Dispatcher {
 
     fn epdt(&self, instance_id: Int, now: Float) -> PyResult<f64> {
         self.inner.epdt(instance_id.0, now.0).map_err(dispatch_err)
+    }
+
+    /// (EPDT(now), ready, requests given and not prefilled) of an instance.
+    fn instance_figures(&self, instance_id: Int, now: Float) -> PyResult<(f64, bool, usize)> {
+        self.inner
+            .instance_figures(instance_id.0, now.0)
+            .map_err(dispatch_err)
     }
 
     fn min_epdt(&self, instance_ids: Vec<i64>, now: Float) -> PyResult<Option<f64>> {

@@ -7,8 +7,15 @@
 //! skipped" with branch-free comparisons; only a block with a candidate goes through the
 //! exact one-by-one step. A job taken by a machine gets length +inf, which every later
 //! scan skips without a special case; the arrays are compacted when half is taken.
+//!
+//! Machines that differ (speed.rs: a row of speeds per job class) see the same jobs with
+//! other lengths: `p` holds the lengths on the machine last scanned and is refilled from
+//! each job's estimate and tokens when the next machine's row differs (a job that machine
+//! cannot run gets +inf, as a taken one does; taken jobs keep an estimate of +inf).
 
 use std::collections::BinaryHeap;
+
+use super::speed::{Jobs, Machines, Row};
 
 /// Heap key of a kept job, packed in one u128 so that ordering is one comparison: length
 /// bits (bits 64..128), job index (32..64), position in the arrays (0..32). Lengths are
@@ -29,8 +36,16 @@ fn key_len(k: Key) -> f64 {
 const BLOCK: usize = 8;
 
 pub(crate) struct Backlog {
-    /// Length of the job at each position (earliest deadline first); +inf once taken.
+    /// Length of the job at each position (earliest deadline first) on the machine whose
+    /// row `row` is; +inf once taken or where that machine cannot run it.
     p: Vec<f64>,
+    /// Estimate and tokens of the job at each position (`e` = +inf once taken), and its
+    /// class: what `p` is refilled from for another machine's row.
+    e: Vec<f64>,
+    t: Vec<f64>,
+    cls: Vec<u32>,
+    /// The row `p` was filled for (None: the jobs' own estimates, identical machines).
+    row: Option<Row>,
     d: Vec<f64>,
     /// Job index at each position.
     j: Vec<u32>,
@@ -50,17 +65,39 @@ impl Backlog {
     /// leaving it out changes no result. Inputs must be validated (finite, `>= +0.0`).
     /// `weight`, when given, is indexed like `proc` (finite, `>= 0`).
     pub(crate) fn new(proc: &[f64], deadline: &[f64], earliest: f64, weight: Option<&[f64]>) -> Self {
+        let jobs = Jobs::uniform(proc, deadline, weight);
+        let keep: Vec<usize> = (0..proc.len()).filter(|&j| earliest + proc[j] <= deadline[j]).collect();
+        Self::from_kept(&jobs, keep)
+    }
+
+    /// The same for machines that differ: a job is left out when no machine could finish
+    /// it in time even alone (`Machines::earliest_alone`).
+    pub(crate) fn for_machines(jobs: &Jobs<'_>, machines: &Machines<'_>) -> Self {
+        if machines.rows.is_empty() {
+            let earliest = machines.avail.iter().copied().fold(f64::INFINITY, f64::min);
+            return Self::new(jobs.est, jobs.deadline, earliest, jobs.weight);
+        }
+        let keep: Vec<usize> =
+            (0..jobs.len()).filter(|&j| machines.earliest_alone(jobs, j) <= jobs.deadline[j]).collect();
+        Self::from_kept(jobs, keep)
+    }
+
+    fn from_kept(jobs: &Jobs<'_>, keep: Vec<usize>) -> Self {
+        let deadline = jobs.deadline;
         // (deadline bits, index) packed in one u128 sorts faster than a key closure.
-        let mut keys: Vec<u128> = (0..proc.len())
-            .filter(|&j| earliest + proc[j] <= deadline[j])
-            .map(|j| ((deadline[j].to_bits() as u128) << 32) | j as u128)
-            .collect();
+        let mut keys: Vec<u128> =
+            keep.into_iter().map(|j| ((deadline[j].to_bits() as u128) << 32) | j as u128).collect();
         keys.sort_unstable();
         let j: Vec<u32> = keys.into_iter().map(|k| k as u32).collect();
+        let e: Vec<f64> = j.iter().map(|&x| jobs.est[x as usize]).collect();
         Backlog {
-            p: j.iter().map(|&x| proc[x as usize]).collect(),
+            p: e.clone(),
+            t: j.iter().map(|&x| jobs.tokens[x as usize]).collect(),
+            cls: j.iter().map(|&x| jobs.class_of(x as usize) as u32).collect(),
+            e,
+            row: None,
             d: j.iter().map(|&x| deadline[x as usize]).collect(),
-            w: weight.map(|w| j.iter().map(|&x| w[x as usize]).collect()),
+            w: jobs.weight.map(|w| j.iter().map(|&x| w[x as usize]).collect()),
             alive: j.len(),
             j,
             heap: BinaryHeap::new(),
@@ -80,6 +117,14 @@ impl Backlog {
     /// time (t - p_top + p <= t <= the last kept deadline <= d); else skip it. The same
     /// set as the textbook add-then-drop-the-longest, without the `t + p - p` rounding.
     pub(crate) fn take(&mut self, start: f64) -> Vec<usize> {
+        self.take_on(start, None)
+    }
+
+    /// [`Backlog::take`] for a machine with `row` (None: the jobs' own estimates).
+    pub(crate) fn take_on(&mut self, start: f64, row: Option<&Row>) -> Vec<usize> {
+        if row != self.row.as_ref() {
+            self.refill(row);
+        }
         if self.w.is_some() {
             let at = self.keep_weighted(start);
             return self.finish(at);
@@ -207,12 +252,33 @@ impl Backlog {
         out
     }
 
+    /// Lengths for a machine with `row` (None: the estimates); taken jobs stay +inf.
+    fn refill(&mut self, row: Option<&Row>) {
+        for k in 0..self.p.len() {
+            let e = self.e[k];
+            self.p[k] = if e == f64::INFINITY {
+                f64::INFINITY
+            } else {
+                match row {
+                    None => e,
+                    Some(r) => r
+                        .get(self.cls[k] as usize)
+                        .copied()
+                        .flatten()
+                        .map_or(f64::INFINITY, |s| s.p(e, self.t[k])),
+                }
+            };
+        }
+        self.row = row.cloned();
+    }
+
     /// Marks the jobs at positions `at` taken; their indices in deadline order.
     fn finish(&mut self, mut at: Vec<u32>) -> Vec<usize> {
         at.sort_unstable();
         let kept: Vec<usize> = at.iter().map(|&i| self.j[i as usize] as usize).collect();
         for &i in &at {
             self.p[i as usize] = f64::INFINITY;
+            self.e[i as usize] = f64::INFINITY;
         }
         self.alive -= at.len();
         self.at = at;
@@ -226,8 +292,11 @@ impl Backlog {
     fn compact(&mut self) {
         let mut w = 0;
         for r in 0..self.p.len() {
-            if self.p[r] != f64::INFINITY {
+            if self.e[r] != f64::INFINITY {
                 self.p[w] = self.p[r];
+                self.e[w] = self.e[r];
+                self.t[w] = self.t[r];
+                self.cls[w] = self.cls[r];
                 self.d[w] = self.d[r];
                 self.j[w] = self.j[r];
                 if let Some(v) = self.w.as_mut() {
@@ -237,6 +306,9 @@ impl Backlog {
             }
         }
         self.p.truncate(w);
+        self.e.truncate(w);
+        self.t.truncate(w);
+        self.cls.truncate(w);
         self.d.truncate(w);
         self.j.truncate(w);
         if let Some(v) = self.w.as_mut() {

@@ -12,29 +12,37 @@
 //!
 //! `tick(now)`:
 //! 1. requeue, per model with queued work: a queued job past its latest start
-//!    (`now > deadline - est`) cannot be on time even on an idle instance. `reject`
+//!    (`now > deadline - p_min`, p_min its least time over its model's instances: each
+//!    instance's own fit `a + b * tokens` when `set_prefill_fit` gave one, else the
+//!    submitted estimate) cannot be on time even on an idle instance. `reject`
 //!    drops it (reported by `take_rejected`); `relax` gives it `deadline = now +
 //!    (original deadline - arrival) * relax_factor^k` on its k-th relaxation (a fresh,
 //!    growing budget from now), at most `max_relax` times, then rejects it.
-//! 2. fair order: models are served by their earliest live deadline (equal: lower model
-//!    index), so one model's urgent job gets a shared group before another's lax ones.
-//! 3. `lst_imh`: machines = the model's ready instances, ascending id, one per group (two
-//!    instances of one model in one group are one machine), avail = the group's
-//!    EPDT(now); LST-IMH over the whole live backlog (FIFO order = job index, so equal
-//!    deadlines go first-come first). `plan = global` (default) plans over all machines,
-//!    balances the selected jobs (plan.rs) when that keeps all on time, and commits on
+//! 2. `lst_imh`: one plan for every model with work. Machines = the device groups with a
+//!    ready instance of such a model (ascending group id; two instances of one model in
+//!    one group are one machine, the lower id takes the jobs), avail = the group's
+//!    EPDT(now), and per model the group's speed: that instance's fit, else the submitted
+//!    estimate, or none (the model has no ready instance there: its jobs cannot go there).
+//!    Jobs = every model's live backlog in submission order (equal deadlines go first-come
+//!    first), so co-located models compete for a group in one earliest-deadline order and
+//!    one model's plan sees the others' queued work. With identical machines (no fits,
+//!    every model everywhere) this is the paper's LST-IMH. `plan = global` (default)
+//!    plans over all machines, balances the selected jobs (plan.rs) when that keeps all
+//!    on time, and commits on
 //!    each machine only the prefix whose planned start is inside the pre-pull window
 //!    (`busy_until - window <= now`, busy_until the group's after the jobs committed
 //!    before it); the rest stays queued (FIFO order kept) and is planned again next tick.
 //!    `plan = window` plans over the machines inside the window only, and each takes its
 //!    whole selected subset.
-//! 4. `round_robin` / `least_load` (`plan` unused): each ready instance inside the window
+//! 3. `round_robin` / `least_load` (`plan` unused): models are served by their earliest
+//!    live deadline (equal: lower model index); each ready instance inside the window
 //!    takes one job, oldest first, in rotating id order / by (outstanding work, id).
 //!
 //! `next_wakeup` (dispatcher_tick.rs) wakes at each ready instance's window edge
 //! (`busy_until - window`) after the last tick: exactly when a job the global plan
-//! deferred there can be committed. complete/cancel/submit/instance changes mark the
-//! state dirty (tick now), so a group's EPDT moving earlier is seen at once.
+//! deferred there can be committed. complete/cancel/submit/instance and fit changes mark
+//! the state dirty (tick now), so a group's EPDT moving earlier is seen at once by a shell
+//! that asks (`wants_tick`: dirty with work queued) after each worker event.
 //! Instances join and leave, and report readiness and decode load, in dispatcher_members.rs.
 //! `check_integrity` (dispatcher_integrity.rs): every request is in exactly one place.
 
@@ -58,6 +66,8 @@ struct Request {
     original_deadline: f64,
     deadline: f64,
     est: f64,
+    /// Prompt tokens: what an instance's prefill fit (`set_prefill_fit`) reads.
+    tokens: f64,
     /// Value under `Objective::Tokens` (1 unless given by `submit_weighted`).
     weight: f64,
     relaxed: u32,
@@ -85,6 +95,8 @@ struct Instance {
     ready: bool,
     /// Request id -> assignment counter, to hand them back in order on removal.
     assigned: HashMap<i64, u64>,
+    /// Its own prefill fit `a + b * tokens` (None: a job's submitted estimate).
+    fit: Option<(f64, f64)>,
 }
 
 /// Instances stepped one after another by one worker: one EPDT for all of them.
@@ -194,7 +206,24 @@ impl Dispatcher {
         est: f64,
         weight: f64,
     ) -> Result<(), DispatchError> {
+        self.submit_job(id, model, arrival, deadline, est, weight, 0.0)
+    }
+
+    /// [`Dispatcher::submit_weighted`] with the prompt's `tokens` (finite, `>= 0`): on an
+    /// instance with a prefill fit the job takes `a + b * tokens` there, not `est`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit_job(
+        &mut self,
+        id: i64,
+        model: &str,
+        arrival: f64,
+        deadline: f64,
+        est: f64,
+        weight: f64,
+        tokens: f64,
+    ) -> Result<(), DispatchError> {
         let weight = check_time("weight", weight)?;
+        let tokens = check_time("tokens", tokens)?;
         let arrival = check_time("arrival_s", arrival)?;
         let deadline = check_time("deadline_s", deadline)?;
         let est = check_time("est_proc_s", est)?;
@@ -212,6 +241,7 @@ impl Dispatcher {
             original_deadline: deadline,
             deadline,
             est,
+            tokens,
             weight,
             relaxed: 0,
             place: Place::Queued,
@@ -289,6 +319,13 @@ impl Dispatcher {
         }
     }
 
+    /// Whether a tick now could assign something the last tick could not: work is queued
+    /// and something changed since (a prefill done early, an instance ready, a fit moved).
+    /// A shell that ticks only when asked calls this after worker events.
+    pub fn wants_tick(&self) -> bool {
+        self.dirty && self.stats.pending > 0
+    }
+
     pub fn take_rejected(&mut self) -> Vec<i64> {
         std::mem::take(&mut self.rejected)
     }
@@ -298,6 +335,79 @@ impl Dispatcher {
     pub fn epdt(&self, instance: i64, now: f64) -> Result<f64, DispatchError> {
         let now = check_time("now", now)?;
         Ok(self.load(self.instance(instance)?.group).epdt(now))
+    }
+
+    /// The instance's own prefill fit: a job given to it takes `a + b * tokens` there
+    /// (EPDT, the plan, the latest start). None: each job's submitted estimate. Both
+    /// finite and `>= 0`.
+    pub fn set_prefill_fit(&mut self, instance: i64, fit: Option<(f64, f64)>) -> Result<(), DispatchError> {
+        let fit = match fit {
+            Some((a, b)) => Some((check_time("fit a", a)?, check_time("fit b", b)?)),
+            None => None,
+        };
+        let inst = self
+            .instances
+            .get_mut(&instance)
+            .ok_or_else(|| DispatchError::Instance(format!("unknown instance {instance}")))?;
+        if inst.fit != fit {
+            inst.fit = fit;
+            self.dirty = true;
+        }
+        Ok(())
+    }
+
+    /// How long request `r` takes on instance `inst`: its fit, else the request's estimate.
+    fn proc_on(inst: &Instance, r: &Request) -> f64 {
+        inst.fit.map_or(r.est, |(a, b)| a + b * r.tokens)
+    }
+
+    /// The least time `r` takes on any instance of its model (its submitted estimate
+    /// when the model has none): its latest start is `deadline - min_proc`, the moment
+    /// no instance, even an idle one, can finish it in time any more.
+    fn min_proc(&self, r: &Request) -> f64 {
+        let mut best = f64::INFINITY;
+        for i in &self.models[r.model].instances {
+            if let Some(inst) = self.instances.get(i) {
+                best = best.min(Self::proc_on(inst, r));
+            }
+        }
+        if best == f64::INFINITY { r.est } else { best }
+    }
+
+    /// The earliest any of `instances` could finish a prefill of `tokens` (estimate `est`
+    /// where an instance has no fit) given the work it has: min of EPDT(now) + its own
+    /// time for it. None for no instances. The core's early-refusal test.
+    pub fn earliest_finish(&self, instances: &[i64], tokens: f64, est: f64, now: f64) -> Result<Option<f64>, DispatchError> {
+        let now = check_time("now", now)?;
+        let probe = Request {
+            model: 0,
+            seq: 0,
+            arrival: now,
+            original_deadline: now,
+            deadline: now,
+            est: check_time("est", est)?,
+            tokens: check_time("tokens", tokens)?,
+            weight: 0.0,
+            relaxed: 0,
+            place: Place::Queued,
+        };
+        let mut best: Option<f64> = None;
+        for &i in instances {
+            let inst = self.instance(i)?;
+            let t = self.load(inst.group).epdt(now) + Self::proc_on(inst, &probe);
+            if best.is_none_or(|b| t < b) {
+                best = Some(t);
+            }
+        }
+        Ok(best)
+    }
+
+    /// What a refusal reports of an instance: its group's EPDT(now), whether it takes
+    /// work (ready), and the requests it was given whose prefill is not done yet.
+    pub fn instance_figures(&self, instance: i64, now: f64) -> Result<(f64, bool, usize), DispatchError> {
+        let now = check_time("now", now)?;
+        let inst = self.instance(instance)?;
+        Ok((self.load(inst.group).epdt(now), inst.ready, inst.assigned.len()))
     }
 
     /// The least EPDT over `instances` (None for none): the core's early-refusal test

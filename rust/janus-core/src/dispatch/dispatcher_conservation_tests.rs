@@ -1,6 +1,8 @@
 //! The dispatcher's conservation law, by property: whatever the sequence of instances
-//! joining, leaving and changing readiness, submissions, ticks, completions and
-//! cancellations, no request is lost or assigned twice.
+//! joining (alone or beside another model's instance on one device group), leaving,
+//! changing readiness and prefill fit, submissions, ticks, completions and cancellations,
+//! no request is lost or assigned twice, and what LST-IMH assigns is on time by each
+//! instance's own processing time after the work its group already has.
 
 use super::super::config::{Plan, Policy, Requeue};
 use super::tests::disp_plan;
@@ -10,10 +12,11 @@ use std::collections::HashSet;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Add(i64, u8),
+    Add(i64, u8, i64),
     Remove(i64),
     Ready(i64, bool),
-    Submit(u8, f64, f64),
+    Fit(i64, Option<(f64, f64)>),
+    Submit(u8, f64, f64, f64),
     Tick(f64),
     Complete(usize),
     Cancel(usize),
@@ -21,10 +24,11 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        1 => (0i64..4, 0u8..2).prop_map(|(i, m)| Op::Add(i, m)),
+        1 => (0i64..4, 0u8..2, 0i64..3).prop_map(|(i, m, g)| Op::Add(i, m, g)),
         1 => (0i64..4).prop_map(Op::Remove),
         1 => (0i64..4, any::<bool>()).prop_map(|(i, r)| Op::Ready(i, r)),
-        4 => (0u8..2, 0.0f64..0.5, 0.0f64..0.1).prop_map(|(m, s, p)| Op::Submit(m, s, p)),
+        1 => (0i64..4, prop::option::of((0.0f64..0.02, 0.0f64..0.0002))).prop_map(|(i, f)| Op::Fit(i, f)),
+        4 => (0u8..2, 0.0f64..0.5, 0.0f64..0.1, 0.0f64..400.0).prop_map(|(m, s, p, t)| Op::Submit(m, s, p, t)),
         3 => (0.0f64..0.05).prop_map(Op::Tick),
         2 => (0usize..64).prop_map(Op::Complete),
         1 => (0usize..64).prop_map(Op::Cancel),
@@ -50,15 +54,29 @@ proptest! {
         let mut queued: HashSet<i64> = HashSet::new();
         let mut flying: Vec<i64> = Vec::new();
         let mut ended: HashSet<i64> = HashSet::new();
-        let mut info: HashMap<i64, (usize, f64, f64)> = HashMap::new();
+        // request -> (model, deadline, est, tokens)
+        let mut info: HashMap<i64, (usize, f64, f64, f64)> = HashMap::new();
         let mut inst_model: HashMap<i64, usize> = HashMap::new();
+        let mut inst_group: HashMap<i64, i64> = HashMap::new();
+        let mut fits: HashMap<i64, (f64, f64)> = HashMap::new();
         let mut ready: HashMap<i64, bool> = HashMap::new();
         for o in ops {
             match o {
-                Op::Add(i, m) => {
-                    let ok = d.add_instance(i, models[m as usize], i).is_ok();
+                Op::Add(i, m, g) => {
+                    let ok = d.add_instance(i, models[m as usize], g).is_ok();
                     prop_assert_eq!(ok, !inst_model.contains_key(&i));
-                    if ok { inst_model.insert(i, m as usize); ready.insert(i, true); }
+                    if ok {
+                        inst_model.insert(i, m as usize);
+                        inst_group.insert(i, g);
+                        fits.remove(&i);
+                        ready.insert(i, true);
+                    }
+                }
+                Op::Fit(i, f) => {
+                    prop_assert_eq!(d.set_prefill_fit(i, f).is_ok(), inst_model.contains_key(&i));
+                    if inst_model.contains_key(&i) {
+                        match f { Some(x) => { fits.insert(i, x); } None => { fits.remove(&i); } }
+                    }
                 }
                 Op::Remove(i) => match d.remove_instance(i) {
                     Ok(back) => {
@@ -69,6 +87,7 @@ proptest! {
                             ended.insert(r);
                         }
                         inst_model.remove(&i);
+                        inst_group.remove(&i);
                     }
                     Err(_) => prop_assert!(!inst_model.contains_key(&i)),
                 },
@@ -76,10 +95,10 @@ proptest! {
                     prop_assert_eq!(d.set_instance_ready(i, r).is_ok(), inst_model.contains_key(&i));
                     if inst_model.contains_key(&i) { ready.insert(i, r); }
                 }
-                Op::Submit(m, slack, p) => {
-                    d.submit(next_id, models[m as usize], now, now + slack, p).unwrap();
+                Op::Submit(m, slack, p, tokens) => {
+                    d.submit_job(next_id, models[m as usize], now, now + slack, p, 1.0, tokens).unwrap();
                     queued.insert(next_id);
-                    info.insert(next_id, (m as usize, now + slack, p));
+                    info.insert(next_id, (m as usize, now + slack, p, tokens));
                     next_id += 1;
                 }
                 Op::Tick(dt) => {
@@ -88,16 +107,19 @@ proptest! {
                     let relaxed = d.stats().relaxed;
                     now += dt;
                     let early = now < wake;
+                    // per group: EPDT before the tick, then each job's own time on its instance
                     let before: HashMap<i64, f64> =
-                        inst_model.keys().map(|&i| (i, d.epdt(i, now).unwrap())).collect();
+                        inst_model.keys().map(|&i| (inst_group[&i], d.epdt(i, now).unwrap())).collect();
                     let mut finish = before.clone();
                     for (r, i) in d.tick(now).unwrap() {
                         prop_assert!(queued.remove(&r), "request {} assigned but not queued", r);
                         prop_assert_eq!(inst_model[&i], info[&r].0);
                         prop_assert!(ready[&i]);
-                        prop_assert!(before[&i] - 0.02 <= now);
-                        let f = finish.get_mut(&i).unwrap();
-                        *f += info[&r].2;
+                        let g = inst_group[&i];
+                        prop_assert!(before[&g] - 0.02 <= now);
+                        let (_, _, est, tokens) = info[&r];
+                        let f = finish.get_mut(&g).unwrap();
+                        *f += fits.get(&i).map_or(est, |&(a, b)| a + b * tokens);
                         if policy == Policy::LstImh && !relax {
                             prop_assert!(*f <= info[&r].1 + 1e-9);
                         }

@@ -91,19 +91,30 @@ fn models_are_served_by_their_earliest_deadline() {
         d.submit(10, "a", 0.0, 1.0, 0.1).unwrap();
         d.submit(20, "b", 0.0, 0.5, 0.1).unwrap();
         // Model 0 first would give the group to job 10 and leave job 20 outside the window.
+        // The two models are planned together: with plan = window the group takes its
+        // whole selection at once, most urgent first.
+        if plan == Plan::Window {
+            assert_eq!(d.tick(0.0).unwrap(), vec![(20, 2), (10, 1)]);
+            d.check_integrity().unwrap();
+            continue;
+        }
         assert_eq!(d.tick(0.0).unwrap(), vec![(20, 2)], "{plan:?}");
         let wake = d.next_wakeup(0.0).unwrap().unwrap();
         assert!(close(wake, 0.08));
         assert_eq!(d.tick(wake).unwrap(), vec![(10, 1)]);
         d.check_integrity().unwrap();
     }
-    // Equal deadlines: the lower model index (first seen) first, whatever the arrival.
-    let mut d = disp(Policy::LstImh, Requeue::Reject, 0.02);
-    d.add_instance(2, "b", 0).unwrap(); // "b" is model 0
-    d.add_instance(1, "a", 0).unwrap();
-    d.submit(10, "a", 0.0, 1.0, 0.1).unwrap();
-    d.submit(20, "b", 0.0, 1.0, 0.1).unwrap();
-    assert_eq!(d.tick(0.0).unwrap(), vec![(20, 2)]);
+    // Equal deadlines: LST-IMH plans the models together, so the job submitted first goes
+    // first, whatever the model; the one-job-per-tick baselines serve the lower model
+    // index (first seen) first.
+    for (policy, first) in [(Policy::LstImh, (10, 1)), (Policy::RoundRobin, (20, 2))] {
+        let mut d = disp(policy, Requeue::Reject, 0.02);
+        d.add_instance(2, "b", 0).unwrap(); // "b" is model 0
+        d.add_instance(1, "a", 0).unwrap();
+        d.submit(10, "a", 0.0, 1.0, 0.1).unwrap();
+        d.submit(20, "b", 0.0, 1.0, 0.1).unwrap();
+        assert_eq!(d.tick(0.0).unwrap(), vec![first], "{policy:?}");
+    }
 }
 
 /// Submits `n` jobs of `est` due at `deadline` to model "m" served by instances 1..=k.

@@ -30,6 +30,7 @@ impl Dispatcher {
             group,
             ready: true,
             assigned: HashMap::new(),
+            fit: None,
         };
         self.instances.insert(id, inst);
         self.dirty = true;

@@ -5,8 +5,9 @@
 //! module docs of `dispatcher.rs` for the semantics.
 
 use super::super::config::{Assignment, Objective, Plan, Policy, Requeue};
-use super::super::lst_imh::lst_imh_trusted;
-use super::super::plan::plan_global;
+use super::super::lst_imh::lst_imh_on;
+use super::super::plan::plan_on;
+use super::super::speed::{Jobs, Machines, Row, Speed};
 use super::super::{check_time, next_up, DispatchError};
 use super::{Dispatcher, Place};
 
@@ -40,13 +41,12 @@ impl Dispatcher {
         }
         work.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         let mut out = Vec::new();
+        if self.cfg.policy == Policy::LstImh {
+            self.assign_lst_imh(work, now, &mut out);
+            return Ok(out);
+        }
         for (_, m, backlog) in work {
-            let left = match self.cfg.policy {
-                Policy::LstImh => self.assign_lst_imh(m, backlog, now, &mut out),
-                Policy::RoundRobin | Policy::LeastLoad => {
-                    self.assign_one_each(m, backlog, now, &mut out)
-                }
-            };
+            let left = self.assign_one_each(m, backlog, now, &mut out);
             self.models[m].queue = left;
         }
         Ok(out)
@@ -57,22 +57,26 @@ impl Dispatcher {
         let queue = std::mem::take(&mut self.models[m].queue);
         let mut live = Vec::with_capacity(self.models[m].queued);
         for (seq, id) in queue {
-            let Some(r) = self.requests.get_mut(&id) else {
+            let Some(r) = self.requests.get(&id) else {
                 continue;
             };
             if r.seq != seq || r.place != Place::Queued {
                 continue;
             }
+            let p = self.min_proc(r);
+            let Some(r) = self.requests.get_mut(&id) else {
+                continue;
+            };
             if self.cfg.requeue == Requeue::Relax {
                 let budget = (r.original_deadline - r.arrival).max(0.0);
-                while now > r.deadline - r.est && r.relaxed < self.cfg.max_relax {
+                while now > r.deadline - p && r.relaxed < self.cfg.max_relax {
                     r.relaxed += 1;
                     r.deadline = now + budget * self.cfg.relax_factor.powi(r.relaxed as i32);
                     self.stats.relaxed += 1;
                     self.models[m].relaxed += 1;
                 }
             }
-            if self.cfg.requeue != Requeue::Keep && now > r.deadline - r.est {
+            if self.cfg.requeue != Requeue::Keep && now > r.deadline - p {
                 self.requests.remove(&id);
                 self.rejected.push(id);
                 self.models[m].queued -= 1;
@@ -123,13 +127,6 @@ impl Dispatcher {
         out
     }
 
-    fn decode_load_of(&self, inst: i64) -> f64 {
-        self.instances
-            .get(&inst)
-            .and_then(|i| self.groups.get(&i.group))
-            .map_or(0.0, |g| g.decode)
-    }
-
     fn give(&mut self, req: i64, inst: i64, now: f64, out: &mut Vec<Assignment>) {
         let Some(r) = self.requests.get_mut(&req) else {
             return;
@@ -141,7 +138,7 @@ impl Dispatcher {
             return;
         };
         r.place = Place::Assigned(inst);
-        group.load.assign(req, r.est, now);
+        group.load.assign(req, Self::proc_on(instance, r), now);
         instance.assigned.insert(req, self.stats.assigned);
         self.models[r.model].queued -= 1;
         self.stats.pending -= 1;
@@ -150,57 +147,123 @@ impl Dispatcher {
         out.push((req, inst));
     }
 
-    fn assign_lst_imh(
-        &mut self,
-        m: usize,
-        backlog: Vec<(u64, i64)>,
-        now: f64,
-        out: &mut Vec<Assignment>,
-    ) -> Vec<(u64, i64)> {
+    /// LST-IMH over every model's backlog at once (module docs of dispatcher.rs, step 3):
+    /// machines are the device groups with a ready instance of a model with queued work,
+    /// each with its own processing time per model (the instance's fit, speed.rs); a job
+    /// runs only on a group where its model has a ready instance. Models sharing a group
+    /// are planned together, so one model's plan sees the others' queued work; jobs are
+    /// indexed in submission order (equal deadlines: first come first).
+    fn assign_lst_imh(&mut self, work: Vec<(f64, usize, Queue)>, now: f64, out: &mut Vec<Assignment>) {
+        // Global plans over every group and commits what starts inside the window
         let global = self.cfg.plan == Plan::Global;
-        let machines = self.machines(m, now, !global, true);
-        // Global: nothing can be committed while no machine is inside its window.
-        if backlog.is_empty() || !machines.iter().any(|c| self.inside_window(c.0, now)) {
-            return backlog;
+        // classes: the models with work, in `work` order
+        let models: Vec<usize> = work.iter().map(|w| w.1).collect();
+        let mut entries: Vec<(u64, i64, u32)> = Vec::new();
+        for (c, (_, _, backlog)) in work.iter().enumerate() {
+            entries.extend(backlog.iter().map(|&(seq, id)| (seq, id, c as u32)));
         }
-        let (proc, deadline): (Vec<f64>, Vec<f64>) = backlog
-            .iter()
-            .map(|(_, id)| {
-                self.requests
-                    .get(id)
-                    .map_or((0.0, 0.0), |r| (r.est, r.deadline))
-            })
-            .unzip();
-        let weight: Option<Vec<f64>> = (self.cfg.objective == Objective::Tokens).then(|| {
-            backlog
-                .iter()
-                .map(|(_, id)| self.requests.get(id).map_or(0.0, |r| r.weight))
-                .collect()
-        });
-        let avail: Vec<f64> = machines.iter().map(|c| c.1).collect();
-        let plan = if global {
-            let rank: Vec<f64> = machines.iter().map(|c| self.decode_load_of(c.0)).collect();
-            plan_global(&proc, &deadline, &avail, &rank, weight.as_deref())
-        } else {
-            lst_imh_trusted(&proc, &deadline, &avail, weight.as_deref())
+        entries.sort_unstable();
+        let (groups, targets, rows) = self.plan_machines(&models, now, !global);
+        let inside: Vec<bool> = groups.iter().map(|g| self.group_inside_window(*g, now)).collect();
+        if entries.is_empty() || !inside.iter().any(|&x| x) {
+            self.requeue_left(&models, &entries, &[]);
+            return;
+        }
+        let mut est = Vec::with_capacity(entries.len());
+        let mut tokens = Vec::with_capacity(entries.len());
+        let mut deadline = Vec::with_capacity(entries.len());
+        let mut weight = Vec::with_capacity(entries.len());
+        let class: Vec<u32> = entries.iter().map(|e| e.2).collect();
+        for &(_, id, _) in &entries {
+            let (e, t, d, w) = self.requests.get(&id).map_or((0.0, 0.0, 0.0, 0.0), |r| (r.est, r.tokens, r.deadline, r.weight));
+            est.push(e);
+            tokens.push(t);
+            deadline.push(d);
+            weight.push(w);
+        }
+        let weighted = self.cfg.objective == Objective::Tokens;
+        let jobs = Jobs { est: &est, tokens: &tokens, deadline: &deadline, class: &class,
+                          weight: weighted.then_some(&weight[..]) };
+        let avail: Vec<f64> = groups.iter().map(|&g| self.load(g).epdt(now)).collect();
+        // identical machines (every group runs every model at the submitted estimate): the
+        // paper's case, planned exactly as before machines could differ
+        let identical = rows.iter().all(|r| r.iter().all(|s| *s == Some(Speed::EST)));
+        let machines = Machines { avail: &avail, rows: if identical { &[] } else { &rows } };
+        let rank: Vec<f64> = groups.iter().map(|g| self.groups.get(g).map_or(0.0, |x| x.decode)).collect();
+        let plan = match self.cfg.plan {
+            Plan::Global => plan_on(&jobs, &machines, &rank),
+            Plan::Window => lst_imh_on(&jobs, &machines),
         };
-        let mut taken = vec![false; backlog.len()];
-        for (c, jobs) in machines.iter().zip(plan) {
-            for j in jobs {
+        let mut taken = vec![false; entries.len()];
+        for (k, js) in plan.into_iter().enumerate() {
+            for j in js {
                 // Global: commit the prefix that starts inside the window; the rest waits.
-                if global && !self.inside_window(c.0, now) {
+                if global && !self.group_inside_window(groups[k], now) {
                     break;
                 }
+                let Some(inst) = targets[k][class[j] as usize] else {
+                    continue;
+                };
                 taken[j] = true;
-                self.give(backlog[j].1, c.0, now, out);
+                self.give(entries[j].1, inst, now, out);
             }
         }
-        backlog
-            .into_iter()
-            .zip(taken)
-            .filter(|(_, t)| !t)
-            .map(|(e, _)| e)
-            .collect()
+        self.requeue_left(&models, &entries, &taken);
+    }
+
+    /// Puts the entries not taken back into their models' queues (FIFO order kept).
+    fn requeue_left(&mut self, models: &[usize], entries: &[(u64, i64, u32)], taken: &[bool]) {
+        for &m in models {
+            self.models[m].queue.clear();
+        }
+        for (k, &(seq, id, c)) in entries.iter().enumerate() {
+            if !taken.get(k).copied().unwrap_or(false) {
+                self.models[models[c as usize]].queue.push((seq, id));
+            }
+        }
+    }
+
+    /// The machines of a joint plan: device groups (ascending id) with a ready instance of
+    /// one of `models` (`in_window`: only groups inside the pre-pull window), per group the
+    /// instance to give each model's jobs to (its lowest ready id there) and its row of
+    /// speeds (the instance's fit, else the submitted estimate; None: no such instance).
+    #[allow(clippy::type_complexity)]
+    fn plan_machines(&self, models: &[usize], now: f64, in_window: bool) -> (Vec<i64>, Vec<Vec<Option<i64>>>, Vec<Row>) {
+        let mut groups: Vec<i64> = Vec::new();
+        for &m in models {
+            for &i in &self.models[m].instances {
+                if let Some(inst) = self.instances.get(&i).filter(|x| x.ready) {
+                    groups.push(inst.group);
+                }
+            }
+        }
+        groups.sort_unstable();
+        groups.dedup();
+        if in_window {
+            groups.retain(|&g| self.group_inside_window(g, now));
+        }
+        let mut targets = vec![vec![None; models.len()]; groups.len()];
+        let mut rows: Vec<Row> = vec![vec![None; models.len()]; groups.len()];
+        for (c, &m) in models.iter().enumerate() {
+            for &i in &self.models[m].instances {
+                let Some(inst) = self.instances.get(&i).filter(|x| x.ready) else {
+                    continue;
+                };
+                let Ok(k) = groups.binary_search(&inst.group) else {
+                    continue;
+                };
+                if targets[k][c].is_none() {
+                    targets[k][c] = Some(i);
+                    rows[k][c] = Some(inst.fit.map_or(Speed::EST, |(a, b)| Speed::fit(a, b)));
+                }
+            }
+        }
+        (groups, targets, rows)
+    }
+
+    /// Whether `group` is inside the pre-pull window at `now` (see `inside_window`).
+    fn group_inside_window(&self, group: i64, now: f64) -> bool {
+        self.load(group).busy_until() - self.cfg.prepull_window_s <= now
     }
 
     fn assign_one_each(
@@ -271,7 +334,7 @@ impl Dispatcher {
                     .get(&id)
                     .filter(|r| r.seq == seq && r.place == Place::Queued)
                 {
-                    best = best.min(next_up(r.deadline - r.est));
+                    best = best.min(next_up(r.deadline - self.min_proc(r)));
                 }
             }
         }

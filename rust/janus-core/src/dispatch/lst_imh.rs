@@ -12,6 +12,7 @@
 //! hopeless jobs are skipped eight at a time (see `backlog.rs`).
 
 use super::backlog::Backlog;
+use super::speed::{Jobs, Machines};
 use super::{check_times, DispatchError};
 
 /// Per machine (in input order), the indices of the jobs it runs, in execution order.
@@ -53,20 +54,27 @@ pub(crate) fn lst_imh_trusted(
     avail: &[f64],
     weight: Option<&[f64]>,
 ) -> Vec<Vec<usize>> {
-    let m = avail.len();
+    lst_imh_on(&Jobs::uniform(proc, deadline, weight), &Machines::identical(avail))
+}
+
+/// LST-IMH on machines that may differ (speed.rs): the same visit order (latest free
+/// first), each machine's Moore-Hodgson with its own processing times, over the jobs it
+/// can run. With identical machines this is [`lst_imh_trusted`].
+pub(crate) fn lst_imh_on(jobs: &Jobs<'_>, machines: &Machines<'_>) -> Vec<Vec<usize>> {
+    let m = machines.len();
     let mut out: Vec<Vec<usize>> = vec![Vec::new(); m];
     if m == 0 {
         return out;
     }
-    let earliest = avail.iter().copied().fold(f64::INFINITY, f64::min);
-    let mut backlog = Backlog::new(proc, deadline, earliest, weight);
-    let mut machines: Vec<u32> = (0..m as u32).collect();
-    machines.sort_unstable_by_key(|&i| (std::cmp::Reverse(avail[i as usize].to_bits()), i));
-    for &i in &machines {
+    let avail = machines.avail;
+    let mut backlog = Backlog::for_machines(jobs, machines);
+    let mut order: Vec<u32> = (0..m as u32).collect();
+    order.sort_unstable_by_key(|&i| (std::cmp::Reverse(avail[i as usize].to_bits()), i));
+    for &i in &order {
         if backlog.is_empty() {
             break;
         }
-        out[i as usize] = backlog.take(avail[i as usize]);
+        out[i as usize] = backlog.take_on(avail[i as usize], machines.row(i as usize));
     }
     out
 }

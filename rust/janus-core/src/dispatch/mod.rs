@@ -5,13 +5,15 @@
 //! - [`lst_imh`]: machines free at different times; latest-free machine first, each takes
 //!   the whole Moore-Hodgson subset of the jobs still unassigned (a 2-approximation).
 //! - [`Dispatcher`]: per-model FIFO queues, one EPDT per device group (co-located
-//!   instances share it), pre-pull window, requeue policies; models served by earliest
-//!   deadline; with [`Plan::Global`] (default) LST-IMH plans over all ready instances,
-//!   balances the selected jobs when that keeps them on time (`plan.rs`) and commits only
-//!   what starts inside the window, with [`Plan::Window`] only the instances inside the
-//!   window are planned over and take their whole subsets. Time only ever comes in as an
-//!   argument (the daemon and the simulator drive the same object with a real and a
-//!   virtual clock).
+//!   instances share it), pre-pull window, requeue policies. LST-IMH plans every model's
+//!   backlog at once over the device groups (a job only where its model has a ready
+//!   instance, at that instance's own prefill time: `speed.rs`); with [`Plan::Global`]
+//!   (default) over all those groups, balancing the selected jobs when that keeps them on
+//!   time (`plan.rs`) and committing only what starts inside the window, with
+//!   [`Plan::Window`] only the groups inside the window are planned over and take their
+//!   whole subsets. The baselines serve models by earliest deadline. Time only ever comes
+//!   in as an argument (the daemon and the simulator drive the same object with a real
+//!   and a virtual clock).
 //!
 //! Every time is an `f64` in seconds. Inputs are validated up front (finite, `>= 0`,
 //! equal lengths) and errors come back as [`DispatchError`]; nothing here panics on user
@@ -22,9 +24,12 @@
 //! - when a job must be dropped, the longest one goes, equal lengths the higher index;
 //! - LST-IMH visits machines by descending free time, equal free times by lower index;
 //! - the global plan's balance step takes jobs in earliest-deadline order (equal: lower
-//!   index) onto the machine free earliest (equal: lower index = lower instance id);
-//! - a tick serves models by earliest live deadline, equal deadlines by lower model index
-//!   (order of first appearance).
+//!   index) onto the machine free earliest among those that finish the job in time (equal:
+//!   lower decode rank, then lower index = lower group id);
+//! - LST-IMH's joint plan indexes the jobs of every model in submission order (equal
+//!   deadlines: first come first, whatever the model);
+//! - the baselines' tick serves models by earliest live deadline, equal deadlines by lower
+//!   model index (order of first appearance).
 
 mod backlog;
 mod config;
@@ -33,8 +38,11 @@ mod epdt;
 mod lst_imh;
 mod moore_hodgson;
 mod plan;
+mod speed;
 #[cfg(test)]
 mod shortcut_tests;
+#[cfg(test)]
+mod speed_tests;
 
 pub use config::{Assignment, DispatcherConfig, Objective, Plan, Policy, Requeue, Stats};
 pub use dispatcher::Dispatcher;

@@ -19,11 +19,16 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use super::lst_imh::lst_imh_on;
+#[cfg(test)]
 use super::lst_imh::lst_imh_trusted;
+use super::speed::{Jobs, Machines};
 
 /// Per machine (input order), the job indices it runs in execution order: LST-IMH's
 /// selection, balanced when that keeps every job on time. Inputs must be validated
-/// (finite, `>= +0.0`).
+/// (finite, `>= +0.0`). (The dispatcher calls [`plan_on`], which is this on identical
+/// machines.)
+#[cfg(test)]
 pub(crate) fn plan_global(
     proc: &[f64],
     deadline: &[f64],
@@ -33,6 +38,63 @@ pub(crate) fn plan_global(
 ) -> Vec<Vec<usize>> {
     let lst = lst_imh_trusted(proc, deadline, avail, weight);
     balance(proc, deadline, avail, rank, lst)
+}
+
+/// [`plan_global`] on machines that may differ (speed.rs): LST-IMH with each machine's
+/// own processing times, then the balanced list schedule where each job (earliest
+/// deadline first) goes, among the machines that would finish it in time by their own
+/// processing time, to the one free first (equal: lower rank, then lower index): the
+/// spread of [`plan_global`] (idle machines share the work by decode load, not by which
+/// one is a few ms faster), feasibility by each machine's own speed. With identical
+/// machines that is exactly [`plan_global`]: when the machine free first is late, so is
+/// every other.
+pub(crate) fn plan_on(jobs: &Jobs<'_>, machines: &Machines<'_>, rank: &[f64]) -> Vec<Vec<usize>> {
+    let lst = lst_imh_on(jobs, machines);
+    if machines.rows.is_empty() {
+        return balance(jobs.est, jobs.deadline, machines.avail, rank, lst);
+    }
+    balance_on(jobs, machines, rank, lst)
+}
+
+/// The balanced list schedule on machines that differ, or `lst` when some job would be
+/// late in it (module docs). O(jobs x machines).
+fn balance_on(jobs: &Jobs<'_>, machines: &Machines<'_>, rank: &[f64], lst: Vec<Vec<usize>>) -> Vec<Vec<usize>> {
+    let chosen: Vec<usize> = lst.iter().flatten().copied().collect();
+    list_schedule(jobs, machines, rank, &chosen).unwrap_or(lst)
+}
+
+/// `chosen` in earliest-deadline order, each onto the machine free first among those that
+/// finish it in time; None when some job none finishes in time.
+fn list_schedule(jobs: &Jobs<'_>, machines: &Machines<'_>, rank: &[f64], chosen: &[usize]) -> Option<Vec<Vec<usize>>> {
+    let deadline = jobs.deadline;
+    let mut order: Vec<u128> =
+        chosen.iter().map(|&j| ((deadline[j].to_bits() as u128) << 32) | j as u128).collect();
+    order.sort_unstable();
+    let rank_of = |i: usize| rank.get(i).copied().filter(|r| *r >= 0.0).unwrap_or(0.0) + 0.0;
+    let mut free: Vec<f64> = machines.avail.to_vec();
+    let mut out: Vec<Vec<usize>> = vec![Vec::new(); machines.len()];
+    for key in order {
+        let j = key as u32 as usize;
+        let mut best: Option<(f64, f64, usize, f64)> = None;
+        for (i, &f) in free.iter().enumerate() {
+            let done = f + jobs.p(machines.row(i), j);
+            if done > deadline[j] {
+                continue;
+            }
+            let cand = (f, rank_of(i), i, done);
+            if best.is_none_or(|b| (cand.0, cand.1, cand.2) < (b.0, b.1, b.2)) {
+                best = Some(cand);
+            }
+        }
+        match best {
+            Some((_, _, i, done)) => {
+                free[i] = done;
+                out[i].push(j);
+            }
+            None => return None,
+        }
+    }
+    Some(out)
 }
 
 /// The balanced list schedule of the jobs in `lst` (see module docs), or `lst` itself
