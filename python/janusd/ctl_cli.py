@@ -19,6 +19,8 @@ import sys
 import time
 from typing import Any
 
+from janusd.cli_types import positive_number, whole_number
+
 from janusd.lifecycle.states import TARGETS
 
 SUBCOMMANDS = ("status", "models", "instances", "pools", "load", "unload", "remove", "drain", "config", "state", "fork",
@@ -26,26 +28,8 @@ SUBCOMMANDS = ("status", "models", "instances", "pools", "load", "unload", "remo
 _NAMED = ("load", "unload", "remove", "state", "fork")
 
 
-def _seconds(text: str) -> float:
-    """--timeout: a positive number (0 would make the socket non-blocking: EAGAIN, not a wait)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
-    return v
-
-
-def _count(text: str) -> int:
-    """--last: a whole number >= 0 (a negative count is refused, not read as 0)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return v
+_seconds = positive_number  # --timeout: 0 would make the socket non-blocking (EAGAIN, not a wait)
+_count = whole_number(0)  # --last: a negative count is refused, not read as 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -25,26 +25,11 @@ import sys
 import time
 from typing import Any
 
-
-def _positive(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return v
+from janusd.cli_types import positive_number, whole_number
 
 
-def _size_arg(text: str) -> int:
-    """--width, --height, --decisions: a whole number >= 1."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return v
+_positive = positive_number
+_size_arg = whole_number(1)  # --width, --height, --decisions
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
