@@ -11,7 +11,6 @@ outcome nor reads a record twice in one state."""
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 
 from janusd.control.ops import Activate, Op
 from janusd.log import log
+from janusd.server.daemon_clock import wall_clock
 
 RUNNING = "running"
 
@@ -55,7 +55,7 @@ class DecisionLog:
     carried; `wall`: the wall clock the records' `at` is read from."""
 
     def __init__(self, kept: int, on_decision: Callable[[str, str], None] = _nothing,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = wall_clock) -> None:
         if kept < 1:
             raise ValueError(f"decisions kept must be >= 1, got {kept}")
         self.ring: deque[Decision] = deque(maxlen=kept)
