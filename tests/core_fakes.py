@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from janusd.config import DispatchConfig, ModelConfig
-from janusd.core.serving import Limits, ServingCore
+from janusd.core.serving import Limits, ServingCore, Submission
 from janusd.lifecycle.states import InstanceState
 from janusd.wire import worker_msgs as wm
 
@@ -25,6 +25,9 @@ class FakeWorker:
 
     def generates(self) -> list[int]:
         return [m.req_id for m in self.sent if isinstance(m, wm.Generate)]
+
+    def tokenizes(self) -> list[int]:
+        return [m.req_id for m in self.sent if isinstance(m, wm.Tokenize)]
 
     def aborts(self) -> list[int]:
         return [m.req_id for m in self.sent if isinstance(m, wm.Abort)]
@@ -51,15 +54,27 @@ class Rig:
         self.core.loaded(inst, self.now, self.core.registry.models[name].cfg.max_model_len, 0.1)
 
     def submit(self, name: str, tokens: int = 10, max_tokens: int = 4, ttft_ms: float | None = None) -> int:
-        m = self.core.begin_admission(name)
-        try:
-            sink: list[Any] = []
-            req = self.core.admit(m, list(range(tokens)), wm.SamplingSpec(max_tokens=max_tokens), True, False,
-                                  ttft_ms, None, self.now, self.now, sink.append)
-        finally:
-            self.core.end_admission(name)
+        """A request given as token ids (the simulator's; a client's `prompt` of ids)."""
+        return self._submit(Submission(name, wm.SamplingSpec(max_tokens=max_tokens), self.now,
+                                       prompt_ids=list(range(tokens)), ttft_ms=ttft_ms))
+
+    def submit_text(self, name: str, prompt: str, max_tokens: int = 4, ttft_ms: float | None = None,
+                    max_tokens_given: bool = True) -> int:
+        """A request given as text: the core has a worker tokenize it (answer with `tokens`)."""
+        return self._submit(Submission(name, wm.SamplingSpec(max_tokens=max_tokens), self.now, max_tokens_given,
+                                       prompt=prompt, ttft_ms=ttft_ms))
+
+    def _submit(self, s: Submission) -> int:
+        sink: list[Any] = []
+        req = self.core.submit(s, self.now, sink.append)
         self.events[req.rid] = sink
+        self.core.check_integrity()
         return req.rid
+
+    def tokenized(self, device: int, rid: int, n: int = 10) -> None:
+        """The worker of `device` answers a Tokenize of `rid` with `n` token ids."""
+        self.core.on_tokenized(device, wm.Tokenized(rid, list(range(n))), self.now)
+        self.core.check_integrity()
 
     def tick(self) -> float | None:
         wake = self.core.tick(self.now)

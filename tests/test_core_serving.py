@@ -8,7 +8,7 @@ import pytest
 
 from janusd.config import DispatchConfig
 from janusd.core.requests import Failure, Refused
-from janusd.core.serving import Limits
+from janusd.core.serving import Limits, Submission
 from janusd.lifecycle.states import IllegalTransition, InstanceState
 from janusd.wire import worker_msgs as wm
 
@@ -275,15 +275,14 @@ def test_an_omitted_max_tokens_is_capped_by_the_server_default_or_the_models_own
     rig = Rig(devices=1, limits=Limits(default_max_tokens=100))
     rig.model("m", [0])
     rig.model("short", [0], default_max_tokens=7)
-    m, short = rig.core.registry.models["m"], rig.core.registry.models["short"]
-    for model, want in ((m, 100), (short, 7)):
-        req = rig.core.admit(model, list(range(10)), wm.SamplingSpec(max_tokens=16), False, True, None, None,
-                             rig.now, rig.now, lambda ev: None)
+    for model, want in (("m", 100), ("short", 7)):
+        req = rig.core.submit(Submission(model, wm.SamplingSpec(max_tokens=16), rig.now, False, list(range(10)),
+                                         chat=True), rig.now, lambda ev: None)
         assert req.sampling.max_tokens == want
     small = Rig(devices=1, limits=Limits(default_max_tokens=5000))
     small.model("m", [0])  # context 2048: the cap never passes it
-    req = small.core.admit(small.core.registry.models["m"], list(range(48)), wm.SamplingSpec(), False, False,
-                           None, None, small.now, small.now, lambda ev: None)
+    req = small.core.submit(Submission("m", wm.SamplingSpec(), small.now, False, list(range(48))), small.now,
+                            lambda ev: None)
     assert req.sampling.max_tokens == 2000
 
 
@@ -352,27 +351,26 @@ def test_without_the_decode_guard_a_slow_device_still_takes_work():
 
 
 @pytest.mark.parametrize("waited", [False, True])
-def test_a_request_that_waited_in_its_shell_gets_a_fresh_ttft_budget_as_a_held_one_does(waited):
-    """One rule for both waits ([U]): a request the daemon kept before tokenizing (no
-    Active instance to tokenize on) is admitted `waited_since` its arrival and gets a
-    fresh TTFT budget from now, as one the core held; without it, its deadline passed
-    while it waited and it is rejected as late."""
+def test_a_request_that_waited_before_tokenizing_gets_a_fresh_ttft_budget_as_a_held_one_does(waited):
+    """One rule for both waits ([U]): a text request held before it could be tokenized (no
+    Active instance to tokenize on) gets a fresh TTFT budget once it is, as a tokenized
+    request the core held does; one that did not wait keeps its arrival's deadline and,
+    tokenized late (a slow worker), is refused as late."""
     rig = Rig()
     rig.model("m", [0])
-    rig.activate("m", 0)
-    arrival = rig.now
-    rig.now += 5.0  # it waited 5 s for an instance (a worker's restart), past its 500 ms SLO
-    m = rig.core.begin_admission("m")
-    sink: list = []
-    try:
-        req = rig.core.admit(m, list(range(10)), wm.SamplingSpec(max_tokens=4), True, False, 500.0, None,
-                             arrival, rig.now, sink.append, waited_since=arrival if waited else None)
-    finally:
-        rig.core.end_admission("m")
-    rig.events[req.rid] = sink
-    rig.tick()
+    if not waited:
+        rig.activate("m", 0)
+    rid = rig.submit_text("m", "hello", ttft_ms=500.0)
+    rig.now += 5.0  # 5 s pass (a wake, or a slow tokenizer), past its 500 ms SLO
     if waited:
-        assert rig.workers[0].generates() == [req.rid] and sink == []
+        assert rig.core.held.count("m") == 1 and rig.workers[0].tokenizes() == []
+        rig.activate("m", 0)
+    assert rig.workers[0].tokenizes() == [rid] and rig.core.held.count("m") == 0
+    rig.tokenized(0, rid)
+    rig.tick()
+    sink = rig.events[rid]
+    if waited:
+        assert rig.workers[0].generates() == [rid] and sink == []
     else:
         assert rig.workers[0].generates() == [] and isinstance(sink[-1], Failure) and sink[-1].status == 503
 
@@ -396,20 +394,15 @@ def test_a_drain_past_its_bound_ends_only_what_it_names_and_aborts_each_on_its_w
     assert rig.core.requests.count() == 4 - len(on0) and set(rig.core.requests.by_id) <= set(rids)
 
 
-def test_removing_a_model_ends_its_held_requests_at_once_and_tells_the_shell():
+def test_removing_a_model_ends_its_held_requests_at_once():
     """[U] (b): a removal ends the requests the core holds for the model with 404 at once (not
-    after model_wait_timeout_s), and Observers.removed tells the shell, whose own waiters
-    (admissions before tokenizing) end then too."""
-    from janusd.core.shell_hooks import Observers
-
-    told: list[str] = []
+    after model_wait_timeout_s), those still waiting to be tokenized included."""
     rig = Rig()
-    rig.core.obs = Observers(removed=told.append)
     rig.model("m", [0])
-    rids = [rig.submit("m") for _ in range(3)]
-    assert rig.core.held.count("m") == 3
+    rids = [rig.submit("m") for _ in range(3)] + [rig.submit_text("m", "hello")]
+    assert rig.core.held.count("m") == 4
     rig.now += 0.5
     rig.core.remove_model("m", rig.now)
-    assert told == ["m"] and rig.core.held.count("m") == 0 and rig.core.requests.count() == 0
+    assert rig.core.held.count("m") == 0 and rig.core.requests.count() == 0
     for rid in rids:
         assert isinstance(rig.events[rid][-1], Failure) and rig.events[rid][-1].status == 404

@@ -253,18 +253,20 @@ def test_cancelling_an_assigned_request_counts_as_cancelled_and_frees_its_epdt()
 def test_a_request_tokenized_while_its_model_was_removed_is_refused_not_queued():
     from core_fakes import Rig
 
-    from janusd.core.requests import Refused
-    from janusd.wire import worker_msgs as wm
+    from janusd.core.requests import Failure
+    from janusd.lifecycle.states import InstanceState
 
     rig = Rig(devices=1)
     rig.model("m", [0])
-    m = rig.core.begin_admission("m")  # then admit() awaits the tokenizer...
-    rig.core.remove_model("m", rig.now)  # ...while `ctl remove` forgets the model
-    with pytest.raises(Refused) as e:
-        rig.core.admit(m, [1, 2, 3], wm.SamplingSpec(max_tokens=2), True, False, None, None, rig.now, rig.now,
-                       lambda ev: None)
-    rig.core.end_admission("m")
-    assert e.value.failure.status == 404 and e.value.failure.code == "model_not_found"
+    rig.activate("m", 0)
+    rid = rig.submit_text("m", "hello")  # the worker tokenizes it...
+    for inst in list(rig.core.registry.models["m"].instances.values()):  # ...while `ctl remove` unloads
+        rig.core.set_state(inst, InstanceState.DRAINING, rig.now)
+        rig.core.set_state(inst, InstanceState.UNLOADED, rig.now)
+    rig.core.remove_model("m", rig.now)  # and forgets the model
+    rig.tokenized(0, rid)  # its tokens come late
+    (f,) = rig.events[rid]
+    assert isinstance(f, Failure) and f.status == 404 and f.code == "model_not_found"
     assert rig.core.dispatch.pending("m") == 0 and rig.core.requests.count() == 0
 
 
@@ -285,6 +287,7 @@ def test_a_client_that_leaves_while_queued_leaves_nothing_behind():
     from core_fakes import Rig
 
     from janusd.core.requests import Failure
+    from janusd.lifecycle.states import InstanceState
 
     rig = Rig(devices=1)
     rig.model("m", [0])  # no instance is Active: the request waits (held) in its model's queue

@@ -319,4 +319,6 @@ def test_bench_tp_reports_both_degrees(tmp_path: Path, capsys: pytest.CaptureFix
         f = r["tp2"][k]
         assert f["collectives_per_decode_step"] == 1 + 2 * r["arch"]["layers"] + 1
         assert f["allreduce_ms_per_step"] == pytest.approx(f["allreduce_ms"] * (1 + 2 * r["arch"]["layers"]), abs=2e-3)
-        assert r[f"decode_speedup_{k}"] == pytest.approx(r["tp1"][k]["decode_step_ms"] / f["decode_step_ms"], rel=0.01)
+        # the bench prints ratios to 3 decimals: a slow gloo step (0.04x on a loaded CI machine) is off by < 5e-4
+        assert r[f"decode_speedup_{k}"] == pytest.approx(r["tp1"][k]["decode_step_ms"] / f["decode_step_ms"],
+                                                         rel=0.01, abs=6e-4)

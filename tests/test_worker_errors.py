@@ -131,14 +131,14 @@ def test_only_the_clients_input_is_a_400_and_a_tokenizer_bug_is_internal_and_cou
         3: tokenize(models, wm.Tokenize(3, "plain", messages=user), caught),
         4: tokenize(models, wm.Tokenize(4, "strict"), caught),
     }
-    assert {s: (r.kind, r.seq) for s, r in refused.items()} == {s: ("bad_request", s) for s in refused}
+    assert {s: (r.kind, r.req_id) for s, r in refused.items()} == {s: ("bad_request", s) for s in refused}
     assert "the conversation must start with the user" in refused[2].message
     assert "no chat template" in refused[3].message
     assert "neither a prompt nor messages" in refused[4].message
     assert caught.counts() == {}  # the client's mistakes are not errors of ours
 
     bad = tokenize(models, wm.Tokenize(5, "broken", prompt="hello"), caught)
-    assert isinstance(bad, wm.ErrorReply) and bad.kind == "internal" and bad.seq == 5
+    assert isinstance(bad, wm.RequestFailed) and bad.kind == "internal" and bad.req_id == 5
     assert "internal error while tokenizing" in bad.message and type(bug).__name__ in bad.message
     assert caught.counts() == {"tokenize": 1}
     err = capsys.readouterr().err
@@ -146,6 +146,8 @@ def test_only_the_clients_input_is_a_400_and_a_tokenizer_bug_is_internal_and_cou
 
     again = tokenize(models, wm.Tokenize(6, "strict", prompt="hello there"), caught)  # the neighbour serves on
     assert isinstance(again, wm.Tokenized) and again.token_ids == backend.encode("hello there").ids
+    gone = tokenize(models, wm.Tokenize(7, "elsewhere", prompt="hi"), caught)  # a move raced the message
+    assert isinstance(gone, wm.RequestFailed) and gone.kind == "unavailable" and caught.counts() == {"tokenize": 1}
 
 
 def test_the_reader_thread_answers_a_tokenizer_bug_as_internal_and_stats_count_it():
@@ -161,7 +163,7 @@ def test_the_reader_thread_answers_a_tokenizer_bug_as_internal_and_stats_count_i
         conn.send(wm.Tokenize(seq, model, prompt="once upon a time"))
         replies.append(dec.decode(conn.recv()))
     assert [(type(r).__name__, getattr(r, "kind", None)) for r in replies] == [
-        ("ErrorReply", "internal"), ("Tokenized", None), ("ErrorReply", "internal")]
+        ("RequestFailed", "internal"), ("Tokenized", None), ("RequestFailed", "internal")]
     assert replies[1].token_ids == de.models["b"].tokenizer.encode("once upon a time", add_special_tokens=True)
     conn.send(wm.GetStats(4))
     wp._handle(wp.inbox.get(timeout=10))

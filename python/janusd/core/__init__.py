@@ -11,6 +11,7 @@ from janusd.core.registry import Instance, Model, Registry
 from janusd.core.requests import Failure, Refused, Request, no_instance, removed
 from janusd.core.serving import ServingCore
 from janusd.core.shell_hooks import Limits, Observers
+from janusd.core.submission import Submission
 
 __all__ = ["Failure", "Instance", "InstanceFigure", "Limits", "Model", "Observers", "Refusal", "Refused", "Registry",
-           "Request", "ServingCore", "no_instance", "removed"]
+           "Request", "ServingCore", "Submission", "no_instance", "removed"]

@@ -57,8 +57,6 @@ class InstanceMoves(CoreState):
             self._hold_queued(m.name, now)
         elif target is S.ACTIVE or (m.pd and inst.role == "decode"):  # a decode instance may pair a prefill one
             self._release_held(m.name, now)
-        if target is S.ACTIVE:  # a worker that can tokenize for it (admissions waiting on one)
-            self.obs.serving(m.name)
 
     def set_role(self, inst: Instance, role: str, now: float) -> None:
         """The engine role `inst` comes up in next (the controller's choice for an elastic
@@ -129,6 +127,7 @@ class InstanceMoves(CoreState):
         for req in self.requests.on_device(device):
             self.requests.fail(req.rid, Failure(503, f"the worker for device {device} {why} while serving this "
                                                      "request", code=code))
+        self._retokenize(device, now)  # prompts it was tokenizing: another worker's (or they wait)
 
     def on_device_failed(self, device: int, now: float) -> None:
         """The device is given up (its restart budget is spent): its instances hold nothing

@@ -1,22 +1,18 @@
-"""Admission to assignment in the core: a request is checked before and after
-tokenizing (404, 429, context fit), queued on the Rust Dispatcher when its model has an
-instance taking prefill work or held until one comes (bounded by
-`model_wait_timeout_s`), refused early when it cannot meet its TTFT SLO, and, at each
-tick, assigned (a Generate to its worker) or rejected (503). Apart from instance moves
-(core/instance_moves.py), which call back into the held queues here when a model stops
-or starts serving."""
+"""Queue to assignment in the core: a request with its prompt ids (core/intake.py) is
+queued on the Rust Dispatcher when its model has an instance taking prefill work or held
+until one comes (bounded by `model_wait_timeout_s`), refused early when it cannot meet
+its TTFT SLO, and, at each tick, assigned (a Generate to its worker) or rejected (503).
+Apart from instance moves (core/instance_moves.py), which call back into the held queues
+here when a model stops or starts serving."""
 
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
 
-from janusd.core.admission import fit_to_context
 from janusd.core.core_state import CoreState
 from janusd.core.registry import Model
-from janusd.core.requests import Failure, Refused, Request, no_instance, removed
+from janusd.core.requests import Failure, Request, no_instance
 from janusd.log import log
 from janusd.wire import worker_msgs as wm
 
@@ -27,67 +23,6 @@ def _log(msg: str, level: int = logging.INFO) -> None:
 
 class Queueing(CoreState):
     """ServingCore's request part, from admission to assignment (see core/core_state.py)."""
-
-    def begin_admission(self, name: str) -> Model:
-        """First check before tokenizing; counts the request as queued until end_admission."""
-        m = self.registry.model(name)
-        if m is None:
-            raise Refused(Failure(404, f"model {name!r} does not exist", "invalid_request_error",
-                                  code="model_not_found", param="model"))
-        if self.queue_length(name) >= self.limits.queue_limit:
-            self.obs.rejected(name, "queue_full")
-            raise Refused(Failure(429, f"too many requests queued for model {name!r}; retry later",
-                                  "rate_limit_error", code="queue_full", retry_after_s=1.0))
-        self._admitting[name] = self._admitting.get(name, 0) + 1
-        return m
-
-    def end_admission(self, name: str) -> None:
-        n = self._admitting.get(name, 0) - 1
-        if n > 0:
-            self._admitting[name] = n
-        else:
-            self._admitting.pop(name, None)
-
-    def tokenizer_device(self, name: str) -> int | None:
-        """A device whose worker can tokenize for `name` (round robin over Active instances)."""
-        m = self.registry.model(name)
-        if m is None:
-            return None
-        devs = sorted(i.device for i in m.active)
-        if not devs:
-            return None
-        self._tok_rr += 1
-        return devs[self._tok_rr % len(devs)]
-
-    def admit(self, m: Model, ids: list[int], sampling: wm.SamplingSpec, max_tokens_given: bool, chat: bool,
-              ttft_ms: float | None, tpot_ms: float | None, arrival: float, now: float,
-              sink: Callable[[Any], None], request_id: str = "", waited_since: float | None = None) -> Request:
-        """Queue a tokenized request (its clock started at `arrival`); raises Refused.
-        `waited_since`: the request already waited (in its shell, before it could be
-        tokenized) for an Active instance of its model since then: it gets a fresh TTFT
-        budget from now, as a request the core held does (one rule for both waits)."""
-        self._at(now)
-        if self.registry.model(m.name) is not m:
-            # removed (or replaced by a reload) while it was tokenized
-            raise Refused(removed(m.name))
-        sampling = fit_to_context(len(ids), sampling, max_tokens_given, m.max_model_len,
-                                  self.default_max_tokens(m), chat)
-        ttft = (ttft_ms or m.cfg.ttft_slo_ms) / 1000.0
-        tpot = (tpot_ms or m.cfg.tpot_slo_ms) / 1000.0
-        req = Request(self.requests.new_id(), m.name, ids, sampling, arrival, ttft, tpot, sink=sink,
-                      request_id=request_id)
-        self.requests.add(req)
-        self.telemetry.on_arrival(req.rid, m.name, now, len(ids), sampling.max_tokens)
-        if not m.serving:
-            self._hold(req, now)
-            return req
-        req.held_since = waited_since
-        deadline = self._submit(req, now)
-        late_by = self._hopeless(req, now, deadline)
-        if late_by is not None:
-            self.dispatch.cancel(req.rid, now)
-            self._reject(req.rid, now, "admission", deadline, retry_after_s=max(1.0, float(math.ceil(late_by))))
-        return req
 
     def _hopeless(self, req: Request, now: float, deadline: float) -> float | None:
         """With admission = reject_early (and requeue = reject): when no instance of the
@@ -110,9 +45,9 @@ class Queueing(CoreState):
         m = self.registry.models[req.model]
         req.est_prefill_s = self.dispatch.estimate_model(m, len(req.prompt_ids))
         deadline = req.arrival + req.ttft_slo_s
-        if req.held_since is not None:
+        if req.held_since is not None or req.waited_since is not None:
             deadline = max(deadline, now + req.ttft_slo_s)
-            req.held_since = None
+            req.held_since = req.waited_since = None
         # its value under objective = "tokens": the output tokens it may produce (max_tokens,
         # already capped by the context at admission), the tokens its SLO accounting counts
         self.dispatch.submit(req.rid, req.model, req.arrival, deadline, req.est_prefill_s, req.sampling.max_tokens,
@@ -124,13 +59,17 @@ class Queueing(CoreState):
 
     def _release_held(self, model: str, now: float) -> None:
         for req in self.held.release(model):
-            self._submit(req, now)
+            if req.untokenized is None:
+                self._submit(req, now)
+            else:  # it waited before it could be tokenized: its fresh budget starts once it is
+                req.waited_since, req.held_since = req.held_since, None
+                self._tokenize(req, now)
 
     def _hold_queued(self, model: str, now: float) -> None:
         """The model stopped taking prefill work: its queued requests wait for an instance
         (bounded) instead of being rejected against an SLO no instance can meet now."""
         for req in self.requests.of_model(model):
-            if req.instance is None and req.held_since is None and not req.done:
+            if req.instance is None and req.held_since is None and not req.done and req.untokenized is None:
                 self.dispatch.cancel(req.rid, now)
                 self._hold(req, now)
 
@@ -139,7 +78,7 @@ class Queueing(CoreState):
         return m.cfg.default_max_tokens or self.limits.default_max_tokens
 
     def queue_length(self, model: str) -> int:
-        return self.dispatch.pending(model) + self.held.count(model) + self._admitting.get(model, 0)
+        return self.dispatch.pending(model) + self.held.count(model) + self.tokenizing.count(model)
 
     def cancel(self, req: Request, now: float) -> None:
         """The client went away: abort on the worker (frees KV) and forget the request."""
@@ -179,13 +118,19 @@ class Queueing(CoreState):
                                                and self.dispatch.stats().get("pending", 0) > 0)
 
     def tick(self, now: float) -> float | None:
-        """Expire held requests, dispatch; returns when to tick next (None: on the next event)."""
+        """Expire held and tokenizing requests, dispatch; returns when to tick next (None:
+        on the next event)."""
         self._at(now)
         timeout = self.limits.model_wait_timeout_s
         expired, wake = self.held.expire(now, timeout)
         for req in expired:
             self.obs.rejected(req.model, "no_instance")
             self.requests.fail(req.rid, no_instance(req.model, timeout))
+        late, tok_wake = self.tokenizing.expire(now, self.limits.tokenize_timeout_s)
+        for req in late:
+            self.requests.fail(req.rid, Failure(503, "tokenization timed out", retry_after_s=1.0))
+        if tok_wake is not None:
+            wake = tok_wake if wake is None else min(wake, tok_wake)
         if self.dispatch.cfg.decode_guard:
             self.guard.apply()
         assigned, rejected = self.dispatch.tick(now)

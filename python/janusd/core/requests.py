@@ -1,6 +1,7 @@
 """In-flight requests: their state, their events, the one place a request ends.
 
-A Request lives from admission (after tokenization) until it ends. Each one carries a
+A Request lives from its submission (core/submission.py; before tokenizing, when it came
+as text) until it ends. Each one carries a
 `sink` that the shell gives at admission (the daemon: an asyncio queue's put_nowait; the
 simulator: a recorder); the core only ever calls it, so nothing here knows asyncio.
 Every token gets a timestamp on arrival from the caller's clock, which is what SLO
@@ -63,6 +64,8 @@ class Request:
     decode_device: int | None = None  # counted as decoding on this device's worker (tie-breaks dispatch)
     est_prefill_s: float = 0.0  # the prefill estimate the dispatcher charged
     held_since: float | None = None  # waiting for an Active instance of its model since
+    waited_since: float | None = None  # it waited, held before it was tokenized, since (a fresh TTFT budget)
+    untokenized: Any = None  # its Submission while it has no prompt ids yet (core/intake.py)
     assigned_at: float | None = None  # sent to a worker at (queue time = assigned_at - arrival)
     ended_at: float | None = None
     token_times: list[float] = field(default_factory=list)

@@ -5,8 +5,9 @@ are reached through the Worker protocol (core/worker_edge.py) and heard from thr
 on_batch / on_failed / on_kv / on_worker_death. The daemon (server/daemon.py) is one
 shell around it (HTTP, admin, signals, real worker processes, the real clock); the
 simulator will be another (virtual clock, simulated workers). What the core decides:
-- admission: unknown model (404), queue full (429), context too long (400; the pure
-  rules are core/admission.py's);
+- admission: unknown model (404), queue full (429), tokenizing a text prompt on a worker
+  with an Active instance (core/intake.py), context too long (400; the pure rules are
+  core/admission.py's);
 - queueing: a request for a model with an instance taking prefill work goes to the Rust
   Dispatcher; otherwise it is *held* (the model is loading, restarting or unloaded) for
   up to `model_wait_timeout_s`, then fails with 503 and Retry-After. Held requests go to
@@ -37,22 +38,25 @@ from janusd.core.decode_guard import DecodeGuard
 from janusd.core.dispatch import DispatchCore
 from janusd.core.held import HeldQueues
 from janusd.core.instance_moves import InstanceMoves
+from janusd.core.intake import Intake
 from janusd.core.kv_handoff import KVHandoff
 from janusd.core.queueing import Queueing
 from janusd.core.registry import Model, Registry
 from janusd.core.requests import Request, RequestTable, removed, request_slo
 from janusd.core.shell_hooks import Limits, Observers
+from janusd.core.submission import Submission
+from janusd.core.tokenizing import Tokenizing
 from janusd.core.worker_edge import Worker
 from janusd.core.worker_events import WorkerEvents
 from janusd.lifecycle.states import InstanceState
 from janusd.telemetry import Telemetry
 
-__all__ = ["Limits", "Observers", "ServingCore"]
+__all__ = ["Limits", "Observers", "ServingCore", "Submission"]
 
 S = InstanceState
 
 
-class ServingCore(InstanceMoves, Queueing, WorkerEvents):
+class ServingCore(InstanceMoves, Intake, Queueing, WorkerEvents):
     """The request path's one object: models, and its parts' state (core/core_state.py);
     the shells call only its methods."""
 
@@ -68,7 +72,7 @@ class ServingCore(InstanceMoves, Queueing, WorkerEvents):
                                  lambda *a: self.obs.kv_transfer(*a))
         self.telemetry = telemetry or Telemetry()
         self.held = HeldQueues()
-        self._admitting: dict[str, int] = {}
+        self.tokenizing = Tokenizing()
         self._tok_rr = 0
         self.guard = DecodeGuard(self.registry, self.dispatch)
         self._now = 0.0  # the time of the event being handled (for paths that end requests)
@@ -76,6 +80,14 @@ class ServingCore(InstanceMoves, Queueing, WorkerEvents):
     # ---------------------------------------------------------------- models
     def add_model(self, cfg: ModelConfig) -> Model:
         return self.registry.add_model(cfg)
+
+    def has_model(self, name: str) -> bool:
+        return self.registry.model(name) is not None
+
+    def waiting_models(self) -> list[str]:
+        """Models with requests held for an Active instance (after a worker's restart the
+        shell asks again to wake them: a wake its death interrupted is not retried)."""
+        return sorted({r.model for r in self.held})
 
     def retune(self, cfg: ModelConfig) -> None:
         """New request-only settings (SLOs, app) for a served model: new requests get them."""
@@ -97,7 +109,6 @@ class ServingCore(InstanceMoves, Queueing, WorkerEvents):
         for inst in list(m.instances.values()):
             self.dispatch.leave(inst)
         self.registry.drop_model(name)
-        self.obs.removed(name)  # the shell's own waiters (admissions before tokenizing) end at once too
 
     # ---------------------------------------------------------- request end
     def _finished(self, req: Request) -> None:
@@ -109,6 +120,8 @@ class ServingCore(InstanceMoves, Queueing, WorkerEvents):
             req.decode_device = None
         if req.held_since is not None:
             self.held.drop(req)
+        elif req.untokenized is not None:
+            self.tokenizing.finish(req.rid)
         elif not req.prefill_seen:
             self.dispatch.cancel(req.rid, now)
         if not req.failed:
@@ -146,6 +159,7 @@ class ServingCore(InstanceMoves, Queueing, WorkerEvents):
         """Every request in exactly one place; raises RuntimeError naming the first breach."""
         self.dispatch.check_integrity()
         self.held.check(self.requests.by_id)
+        self.tokenizing.check(self.requests.by_id)
         for inst in self.registry.instances.values():
             m = self.registry.model(inst.model)
             if m is None or m.instances.get(inst.device) is not inst:

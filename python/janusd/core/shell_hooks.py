@@ -18,6 +18,7 @@ class Limits:
     queue_limit: int = 256
     model_wait_timeout_s: float = 30.0
     default_max_tokens: int = 1024  # a model's own default_max_tokens overrides it
+    tokenize_timeout_s: float = 30.0  # a worker that has not tokenized a prompt by then: 503
 
 
 def _nothing(*_: Any) -> None:
@@ -33,6 +34,5 @@ class Observers:
     refused: Callable[[Refusal], None] = _nothing  # a TTFT-SLO refusal and the figures it used
     kv_transfer: Callable[[str, str, int, float | None], None] = _nothing
     estimate_error: Callable[[str, float], None] = _nothing  # (model, observed - estimated prefill s)
-    serving: Callable[[str], None] = _nothing  # a model got an Active instance
-    removed: Callable[[str], None] = _nothing  # a model was forgotten: whoever waits for it stops now
+    wake: Callable[[str], None] = _nothing  # a new request waits for the model: bring an instance up
     idle: Callable[[], None] = _nothing  # the last in-flight request ended

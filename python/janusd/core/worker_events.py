@@ -1,4 +1,5 @@
-"""Worker events in the core: tokens (StepBatch: first token, decode pace, delivery),
+"""Worker events in the core: tokens (StepBatch: first token, decode pace, delivery;
+a prompt's tokens arrive through core/intake.py's on_tokenized),
 a request's failure on its worker, and P/D KV handoff messages. Apart from admission and
 instance moves because it is the only way back from a worker: every request's progress
 after its Generate arrives here, with the time the shell heard it."""
@@ -39,6 +40,10 @@ class WorkerEvents(CoreState):
 
     def on_failed(self, device: int, f: wm.RequestFailed, now: float) -> None:
         self._at(now)
+        tokenizing = self.tokenizing.finish(f.req_id)
+        if tokenizing is not None:
+            self._tokenize_failed(tokenizing, device, f, now)
+            return
         if not self.handoff.accept_failure(device, f.req_id):
             return  # P/D: a stale report from the prefill worker after the handoff
         status = {"bad_request": 400, "unavailable": 503}.get(f.kind, 500)

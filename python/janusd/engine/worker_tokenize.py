@@ -40,15 +40,15 @@ def tokenize_prompt(tokenizer: Any, prompt: str | None, messages: list[wm.ChatMe
     return list(tokenizer.encode(prompt, add_special_tokens=True))
 
 
-def tokenize(models: dict[str, Any], msg: wm.Tokenize, caught: Caught) -> wm.Tokenized | wm.ErrorReply:
+def tokenize(models: dict[str, Any], msg: wm.Tokenize, caught: Caught) -> wm.Tokenized | wm.RequestFailed:
     me = models.get(msg.model)
-    if me is None:
-        return wm.ErrorReply(msg.seq, f"model {msg.model!r} is not loaded on this worker", "bad_request")
+    if me is None:  # a state move raced the message: the core tokenizes it elsewhere
+        return wm.RequestFailed(msg.req_id, f"model {msg.model!r} is not loaded on this worker", "unavailable")
     try:
-        return wm.Tokenized(msg.seq, tokenize_prompt(me.tokenizer, msg.prompt, msg.messages))
+        return wm.Tokenized(msg.req_id, tokenize_prompt(me.tokenizer, msg.prompt, msg.messages))
     except INPUT_ERRORS as e:
-        return wm.ErrorReply(msg.seq, f"cannot tokenize the prompt: {e}", "bad_request")
+        return wm.RequestFailed(msg.req_id, f"cannot tokenize the prompt: {e}", "bad_request")
     except Exception as e:
         caught("tokenize", f"tokenizing a prompt for {msg.model} failed (not the client's input)")
-        return wm.ErrorReply(msg.seq, f"internal error while tokenizing the prompt for {msg.model!r} "
-                             f"(see the worker log): {type(e).__name__}", "internal")
+        return wm.RequestFailed(msg.req_id, f"internal error while tokenizing the prompt for {msg.model!r} "
+                                f"(see the worker log): {type(e).__name__}", "internal")

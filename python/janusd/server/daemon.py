@@ -91,12 +91,11 @@ class Daemon(RequestFront, WorkerSupervision):
         self._tick_now = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._serving_changed = asyncio.Event()
         sv = cfg.server
         live = Liveness(sv.worker_heartbeat_s, sv.worker_heartbeat_timeout_s, sv.worker_step_timeout_s)
         self.workers = [
             WorkerHandle(i, cfg.devices, self._on_batch, self._on_failed, self._on_death, self._on_kv, live,
-                         lambda w, where, n: self.metrics.worker_error(w.device_index, where, n))
+                         lambda w, where, n: self.metrics.worker_error(w.device_index, where, n), self._on_tokens)
             for i in range(cfg.devices.count)
         ]
         self.restarts = {w.device_index: RestartBudget(sv.worker_restart_budget, sv.worker_restart_window_s)
@@ -107,8 +106,7 @@ class Daemon(RequestFront, WorkerSupervision):
             Limits(cfg.server.queue_limit, cfg.server.model_wait_timeout_s, cfg.server.default_max_tokens),
             Observers(finished=self._finished, rejected=self.metrics.reject, refused=self.metrics.refused,
                       kv_transfer=self.metrics.kv_transfer,
-                      estimate_error=self.metrics.prefill_estimate_error, serving=self._serving, removed=self._serving,
-                      idle=self._on_idle),
+                      estimate_error=self.metrics.prefill_estimate_error, wake=self._wake_model, idle=self._on_idle),
             Telemetry(window_s=cfg.control.window_s),
         )
         self.ops = ModelOps(self.core, self.workers, cfg.engine, str(cache_dir(cfg.server)),

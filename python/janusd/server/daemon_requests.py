@@ -1,8 +1,10 @@
-"""The daemon's request side (server/api.py's Frontend): a request is checked, tokenized
-on a worker with an Active instance of its model (waiting, bounded, while a resting one
-wakes), and queued on the core; a client that goes away is cancelled; each finished
-request is counted and logged. A part of server/daemon.py's Daemon (a mixin), apart
-from its life cycle because this is the one path every client request takes."""
+"""The daemon's request side (server/api.py's Frontend): a parsed request becomes a
+Submission the core owns from here (tokenizing on a worker, holding while no instance is
+Active, queueing: core/intake.py); a request that has to wait wakes a resting instance
+(the core asks, lifecycle_ops carries it out); a client that goes away is cancelled;
+each finished request is counted and logged. A part of server/daemon.py's Daemon (a
+mixin), apart from its life cycle because this is the one path every client request
+takes."""
 
 from __future__ import annotations
 
@@ -11,14 +13,14 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from janusd.config import JanusConfig
-from janusd.core import Failure, Refused, Request, ServingCore, no_instance, removed
+from janusd.core import Failure, Refused, Request, ServingCore, Submission
 from janusd.log import log
 from janusd.server.daemon_clock import clock
 from janusd.server.lifecycle_ops import LifecycleOps
 from janusd.server.metrics import Metrics
 from janusd.server.openai_types import Parsed
 from janusd.server.process_states import DaemonState
-from janusd.server.workers import WorkerError, WorkerHandle
+from janusd.server.workers import WorkerHandle
 from janusd.wire import worker_msgs as wm
 
 
@@ -33,9 +35,7 @@ class RequestFront:
     core: ServingCore
     life: LifecycleOps
     metrics: Metrics
-    workers: list[WorkerHandle]
     _idle: asyncio.Event  # set while no request is in flight (the shutdown drain waits on it)
-    _serving_changed: asyncio.Event  # replaced and set each time a model gets an Active instance
     _tasks: set[asyncio.Task[Any]]
 
     if TYPE_CHECKING:
@@ -44,68 +44,35 @@ class RequestFront:
 
         def poke(self) -> None: ...
 
-    async def admit(self, p: Parsed, request_id: str = "") -> tuple[Request, asyncio.Queue[Any]]:
-        """Check, tokenize and queue a request; raises Refused for every refusal.
-
-        The request's clock (SLO deadlines, token times) starts here, before tokenizing."""
-        arrival = clock()
+    def admit(self, p: Parsed, request_id: str = "") -> tuple[Request, asyncio.Queue[Any]]:
+        """Hand a request to the core; raises Refused for what is refused at once (404,
+        429, shutting down); everything later arrives as a Failure event. The request's
+        clock (SLO deadlines, token times) starts here, before tokenizing."""
+        now = clock()
         if self.state is not DaemonState.RUNNING:
-            if self.core.registry.model(p.model) is None:
-                self.core.begin_admission(p.model)  # raises the 404
+            if not self.core.has_model(p.model):
+                raise Refused(Failure(404, f"model {p.model!r} does not exist", "invalid_request_error",
+                                      code="model_not_found", param="model"))
             raise Refused(Failure(503, "the server is shutting down", code="shutting_down"))
-        m = self.core.begin_admission(p.model)
-        try:
-            ids, waited = (p.prompt_ids, False) if p.prompt_ids is not None else await self._tokenize(p, arrival)
-            events: asyncio.Queue[Any] = asyncio.Queue()
-            req = self.core.admit(m, ids, p.sampling, p.max_tokens_given, p.chat, p.ttft_ms, p.tpot_ms,
-                                  arrival, clock(), events.put_nowait, request_id=request_id,
-                                  waited_since=arrival if waited else None)
-            self._idle.clear()
-            self.poke()
-            return req, events
-        finally:
-            self.core.end_admission(p.model)
+        events: asyncio.Queue[Any] = asyncio.Queue()
+        req = self.core.submit(Submission(p.model, p.sampling, now, p.max_tokens_given, p.prompt_ids, p.prompt,
+                                          p.messages, p.chat, p.ttft_ms, p.tpot_ms, request_id),
+                               now, events.put_nowait)
+        self._idle.clear()
+        self.poke()
+        return req, events
 
-    async def _tokenize(self, p: Parsed, arrival: float) -> tuple[list[int], bool]:
-        """On a worker with an Active instance of the model; waits (bounded) for one.
-        Returns the ids and whether it waited (the core then gives it a fresh TTFT
-        budget, as to a request it held itself)."""
-        limit = self.cfg.server.model_wait_timeout_s
-        waited = False
-        while (dev := self.core.tokenizer_device(p.model)) is None:
-            waited = True
-            if self.core.registry.model(p.model) is None:
-                raise Refused(removed(p.model))
-            waking = self.life.wake(p.model)  # scale to zero: a Warm or Cold instance comes up
-            if waking is not None:
-                self._tasks.add(waking)
-                waking.add_done_callback(self._tasks.discard)
-            left = arrival + limit - clock()
-            ev = self._serving_changed
-            try:
-                if left <= 0:
-                    raise asyncio.TimeoutError
-                await asyncio.wait_for(ev.wait(), left)
-            except asyncio.TimeoutError:
-                self.metrics.reject(p.model, "no_instance")
-                raise Refused(no_instance(p.model, limit)) from None
-        w = self.workers[dev]
-        try:
-            reply: wm.Tokenized = await w.call(lambda seq: wm.Tokenize(seq, p.model, p.prompt, p.messages), 30.0)
-        except WorkerError as e:
-            if e.kind == "bad_request":
-                raise Refused(Failure(400, str(e), "invalid_request_error",
-                                      param="messages" if p.chat else None)) from None
-            if e.kind == "internal":  # a tokenizer bug: retrying in a second would fail again
-                raise Refused(Failure(500, f"tokenizing failed on the worker: {e}")) from None
-            raise Refused(Failure(503, str(e), retry_after_s=1.0)) from None  # the worker went away
-        except asyncio.TimeoutError:
-            raise Refused(Failure(503, "tokenization timed out", retry_after_s=1.0)) from None
-        return reply.token_ids, waited
+    def _wake_model(self, model: str) -> None:
+        """The core holds a new request for `model` (no Active instance): scale from zero,
+        a Warm or Cold instance comes up (lifecycle_ops decides which, once)."""
+        waking = self.life.wake(model)
+        if waking is not None:
+            self._tasks.add(waking)
+            waking.add_done_callback(self._tasks.discard)
 
-    def _serving(self, model: str) -> None:
-        ev, self._serving_changed = self._serving_changed, asyncio.Event()
-        ev.set()  # wakes every admission waiting for an Active instance; they re-check
+    def _on_tokens(self, w: WorkerHandle, msg: wm.Tokenized) -> None:
+        self.core.on_tokenized(w.device_index, msg, clock())
+        self.poke()
 
     def _on_idle(self) -> None:
         """The last in-flight request ended: a cheap moment to check every request is in

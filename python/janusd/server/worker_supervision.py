@@ -44,7 +44,7 @@ class WorkerSupervision:
 
         def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]: ...
 
-        def _serving(self, model: str) -> None: ...
+        def _wake_model(self, model: str) -> None: ...
 
     def _on_batch(self, w: WorkerHandle, batch: wm.StepBatch) -> None:
         self.core.on_batch(w.device_index, batch, clock())
@@ -90,6 +90,7 @@ class WorkerSupervision:
             await self.ops.reload_device(w.device_index)
             for move in self.life.resume(w.device_index):  # moves its death interrupted, asked again
                 self._spawn(move, f"resume{w.device_index}")
-            self._serving("")  # admissions waiting for an instance look again (and wake one) now
+            for model in self.core.waiting_models():  # requests held while it was away: wake again
+                self._wake_model(model)
             self.poke()
             return

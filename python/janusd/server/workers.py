@@ -91,8 +91,10 @@ class WorkerHandle:
         on_kv: Callable[[WorkerHandle, wm.KVReady | wm.KVImported], None] | None = None,
         liveness: Liveness | None = None,
         on_error: Callable[[WorkerHandle, str, int], None] | None = None,
+        on_tokens: Callable[[WorkerHandle, wm.Tokenized], None] | None = None,
     ) -> None:
-        """`on_error(handle, where, n)`: n more errors caught on this worker's request path."""
+        """`on_error(handle, where, n)`: n more errors caught on this worker's request path;
+        `on_tokens`: a request's prompt tokenized (the core asked with Tokenize)."""
         self.device_index = device_index
         self.devices = devices
         self._on_batch = on_batch
@@ -100,6 +102,7 @@ class WorkerHandle:
         self._on_death = on_death
         self._on_kv = on_kv
         self._on_error = on_error
+        self._on_tokens = on_tokens
         self._worker_errors: dict[str, int] = {}  # the current process's Stats.errors last seen
         self.state = WorkerState.STOPPED  # server/process_states.py: its table of moves
         self.pid: int | None = None
@@ -228,7 +231,7 @@ class WorkerHandle:
                 msg = self._dec.decode(body)
                 if isinstance(msg, wm.StepBatch):
                     self._deliver_batch(msg)
-                elif isinstance(msg, (wm.RequestFailed, wm.KVReady, wm.KVImported)):
+                elif isinstance(msg, (wm.RequestFailed, wm.KVReady, wm.KVImported, wm.Tokenized)):
                     self._deliver(msg)
                 else:
                     if isinstance(msg, wm.Stats):
@@ -256,10 +259,13 @@ class WorkerHandle:
                 self._deliver(wm.RequestFailed(d.req_id, "the daemon failed handling the request's output "
                                                "(see the daemon log)", "internal"))
 
-    def _deliver(self, msg: wm.RequestFailed | wm.KVReady | wm.KVImported) -> None:
+    def _deliver(self, msg: wm.RequestFailed | wm.KVReady | wm.KVImported | wm.Tokenized) -> None:
         try:
             if isinstance(msg, wm.RequestFailed):
                 self._on_failed(self, msg)
+            elif isinstance(msg, wm.Tokenized):
+                if self._on_tokens is not None:
+                    self._on_tokens(self, msg)
             elif self._on_kv is not None:
                 self._on_kv(self, msg)
         except Exception:  # a bug in a handler must not look like a dead worker

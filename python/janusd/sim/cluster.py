@@ -6,8 +6,8 @@ drives it (admit, tick at the time it asks, on_batch / on_failed from workers). 
 simulated: the workers (sim/worker.py, behind the Worker protocol) and time.
 
 Events, in time order (ties: arrivals first, then worker events by device, then ticks):
-- an arrival from the trace: begin_admission / admit, like the HTTP handler after it
-  tokenized (the prompt is `input_tokens` placeholder ids; max_tokens is the trace's
+- an arrival from the trace: a Submission to ServingCore.submit, as the HTTP handler makes,
+  but already tokenized (the prompt is `input_tokens` placeholder ids; max_tokens is the trace's
   output_tokens and the simulated engine produces exactly that many);
 - a worker event: its step segment ended (sim/worker.py); the token deltas go to
   core.on_batch, failures to core.on_failed;
@@ -42,7 +42,7 @@ from collections.abc import Callable
 import numpy as np
 
 from janusd.config import DispatchConfig, ModelConfig
-from janusd.core import Limits, Observers, Refused, ServingCore
+from janusd.core import Limits, Observers, Refused, ServingCore, Submission
 from janusd.lifecycle.states import InstanceState, holds_device_memory
 from janusd.sim.perfmodel import PerfModel
 from janusd.sim.served import RunOutcome, Served, TraceColumns, OutcomeLists
@@ -288,25 +288,18 @@ class Cluster:
         name = cols.name[i]
         if self.on_arrival is not None:
             self.on_arrival(i, now)
+        ttft = cols.ttft[i]
+        tpot = cols.tpot[i]
         try:
-            m = self.core.begin_admission(name)
+            req = self.core.submit(Submission(name, wm.SamplingSpec(max_tokens=cols.out[i], ignore_eos=True), now,
+                                              prompt_ids=[1] * cols.inp[i],
+                                              ttft_ms=None if math.isnan(ttft) else ttft,
+                                              tpot_ms=None if math.isnan(tpot) else tpot, request_id=str(i)),
+                                   now, _drop)
         except Refused:
             self.refused += 1
             self.outcome_counts["refused"] = self.outcome_counts.get("refused", 0) + 1
             return
-        try:
-            ttft = cols.ttft[i]
-            tpot = cols.tpot[i]
-            sampling = wm.SamplingSpec(max_tokens=cols.out[i], ignore_eos=True)
-            req = self.core.admit(m, [1] * cols.inp[i], sampling, True, False,
-                                  None if math.isnan(ttft) else ttft, None if math.isnan(tpot) else tpot,
-                                  now, now, _drop, request_id=str(i))
-        except Refused:
-            self.refused += 1
-            self.outcome_counts["refused"] = self.outcome_counts.get("refused", 0) + 1
-            return
-        finally:
-            self.core.end_admission(name)
         if not req.done:
             self._index[req.rid] = i
         else:  # rejected at admission (reject_early): _finished has run without an index

@@ -133,9 +133,11 @@ class UnloadModel(msgspec.Struct, **_OPTS):
 
 
 class Tokenize(msgspec.Struct, **_OPTS):
-    """Text or chat messages to prompt token ids with the model's own tokenizer."""
+    """A request's text or chat messages to prompt token ids with the model's own
+    tokenizer; answered by Tokenized, or RequestFailed (the client's input: bad_request;
+    a tokenizer bug: internal; the model is not here: unavailable)."""
 
-    seq: int
+    req_id: int
     model: str
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -276,7 +278,7 @@ class ModelUnloaded(msgspec.Struct, **_OPTS):
 
 
 class Tokenized(msgspec.Struct, **_OPTS):
-    seq: int
+    req_id: int
     token_ids: list[int]
 
 
@@ -364,7 +366,7 @@ FromWorker = (
     | Pong | StateSet | WeightsPublished
 )
 
-Reply = ModelLoaded | ModelUnloaded | Tokenized | Stats | ErrorReply | Pong | StateSet | WeightsPublished
+Reply = ModelLoaded | ModelUnloaded | Stats | ErrorReply | Pong | StateSet | WeightsPublished
 
 
 def to_worker_decoder() -> msgspec.msgpack.Decoder:
