@@ -1,6 +1,6 @@
 //! The dispatcher's instance and group membership: instances join (into a device group,
-//! which one EPDT serves), leave (handing back what they held), and report readiness and
-//! their group's decode load.
+//! which one EPDT serves), leave (handing back what they held), and report readiness,
+//! their own prefill fit and their group's decode load.
 //!
 //! A child module of `dispatcher` (it writes the private state).
 
@@ -85,6 +85,25 @@ impl Dispatcher {
             .ok_or_else(|| DispatchError::Instance(format!("unknown instance {id}")))?;
         inst.ready = ready;
         self.dirty = true;
+        Ok(())
+    }
+
+    /// The instance's own prefill fit: a job given to it takes `a + b * tokens` there
+    /// (EPDT, the plan, the latest start). None: each job's submitted estimate. Both
+    /// finite and `>= 0`.
+    pub fn set_prefill_fit(&mut self, instance: i64, fit: Option<(f64, f64)>) -> Result<(), DispatchError> {
+        let fit = match fit {
+            Some((a, b)) => Some((check_time("fit a", a)?, check_time("fit b", b)?)),
+            None => None,
+        };
+        let inst = self
+            .instances
+            .get_mut(&instance)
+            .ok_or_else(|| DispatchError::Instance(format!("unknown instance {instance}")))?;
+        if inst.fit != fit {
+            inst.fit = fit;
+            self.dirty = true;
+        }
         Ok(())
     }
 }
