@@ -16,6 +16,7 @@ import concurrent.futures
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -140,9 +141,13 @@ def test_ctl_events_lists_a_bursts_ops_with_reasons_and_figures(daemon):
     assert out.returncode == 0 and max(len(r) for r in out.stdout.splitlines()) <= 80, out.stdout
     p = subprocess.Popen([*JANUS, "ctl", "--socket", daemon.admin_socket, "events", "--follow", "--json"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    time.sleep(2.0)
+    # Ctrl-C once it follows (its first line printed: on a loaded machine the CLI's start
+    # alone can take seconds, and a signal before its loop would test the interpreter)
+    # (select only: what it printed stays in the pipe for communicate to read)
+    ready, _, _ = select.select([p.stdout], [], [], 60.0)
+    assert ready, "ctl events --follow printed nothing within 60 s"
     p.send_signal(2)
-    stdout, stderr = p.communicate(timeout=10)
+    stdout, stderr = p.communicate(timeout=30)
     assert p.returncode == 0, stderr
     followed = [json.loads(x) for x in stdout.splitlines()]
     assert len(followed) >= len(data["events"]) and all("reason" in e and "seq" in e for e in followed), stdout
