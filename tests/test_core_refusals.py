@@ -104,3 +104,46 @@ def test_a_prefill_ending_early_asks_the_shell_for_a_tick_while_work_waits():
     assert rig.workers[0].generates() == [first, second]
     rig.token(0, second, prefill_s=0.01)
     assert not rig.core.tick_wanted()  # nothing queued
+
+
+def _saturated(rig: Rig, device: int, rid: int) -> None:
+    """`rid` decodes on `device` at 80 ms per token: over a 50 ms TPOT SLO, the guard holds it."""
+    rig.token(device, rid)
+    for _ in range(5):
+        rig.now += 0.08
+        rig.token(device, rid)
+
+
+@pytest.mark.parametrize("yield_ms", [20.0, 0.0])
+def test_the_decode_guard_yields_its_held_instance_to_a_request_at_its_latest_start(yield_ms):
+    """The refusals left at 0.7x ([Q], bench/RESULTS.md): every instance of the model held by
+    the decode guard until the queued request's latest start passed, then 503, while the
+    held device had no prefill work at all. With the yield the request is started within
+    `guard_yield_ms` of its latest start and finishes its prefill in time by the estimate;
+    with the yield off (0, today's rule before the change) it is refused."""
+    rig = Rig(devices=1, dispatch=DispatchConfig(guard_yield_ms=yield_ms))
+    refusals: list[Refusal] = []
+    rig.core.obs.refused = refusals.append
+    rig.model("m", [0], tpot_slo_ms=50.0, ttft_slo_ms=400.0)
+    rig.activate("m", 0)
+    r1 = rig.submit("m", max_tokens=100)
+    rig.tick()
+    _saturated(rig, 0, r1)
+    r2 = rig.submit("m", tokens=10, max_tokens=5)
+    arrival = rig.now
+    wake = rig.tick()
+    assert rig.core.instance("m", 0).saturated and rig.workers[0].generates() == [r1]
+    while wake is not None and wake <= arrival + 1.0 and r2 not in rig.workers[0].generates():
+        rig.now = max(rig.now, wake)
+        wake = rig.tick()
+        if rig.core.requests.by_id.get(r2) is None:
+            break
+    est = rig.core.requests.by_id[r2].est_prefill_s if r2 in rig.core.requests.by_id else 0.0
+    if yield_ms:
+        assert rig.workers[0].generates() == [r1, r2] and refusals == []
+        assert rig.now + est <= arrival + 0.4 + 1e-9  # on time by the estimate
+        assert rig.now >= arrival + 0.4 - est - yield_ms / 1000 - 1e-9  # not before it had to
+        rig.tick()  # the next tick holds the instance again
+        assert rig.core.instance("m", 0).saturated
+    else:
+        assert rig.workers[0].generates() == [r1] and len(refusals) == 1 and refusals[0].stage == "queue"

@@ -42,7 +42,10 @@ RECORDED = {
         "device_hours": 0.14167544443764263,
         "sim_end_s": 63.75394999693918
     },
-    "poisson/janus": {  # re-recorded 2026-12-07 ([Q]): each instance's own prefill fit (as burst/static):
+    "poisson/janus": {  # re-recorded 2026-12-07 ([Q] guard yield): the decode guard yields a held instance
+        # to a request at its latest start when that saves more on-time tokens than the delay costs
+        # the sequences decoding there: was on_time 799319, ok 2395, ttft 1635, tpot 2364, 0.67051.
+        # Re-recorded 2026-12-07 ([Q]): each instance's own prefill fit (as burst/static):
         # fewer refusals (ok 2259 -> 2395, tpot 2215 -> 2364), some of them late (ttft 1704 -> 1635), the
         # backlog drained by 90 s instead of the 120 s cap; was on_time 775277, 0.65034, 0.1 h, 120 s.
         # Re-recorded 2026-12-07 with the daemon's controller ([U]); was on_time 691114,
@@ -53,24 +56,26 @@ RECORDED = {
         # steady placement added beside `b` before the classifier saw the burst, drained once it did, cost
         # the rest). Janus losing to static is the overload case, not the paper's regime (bench/RESULTS.md
         # "sim: one controller").
-        "on_time": 799319,
-        "ok": 2395,
-        "ttft_met": 1635,
-        "tpot_met": 2364,
-        "token_attainment": 0.6705060677972642,
+        "on_time": 800508,
+        "ok": 2401,
+        "ttft_met": 1625,
+        "tpot_met": 2370,
+        "token_attainment": 0.6715034564676335,
         "device_hours": 0.075,
         "sim_end_s": 90.0
     },
-    "poisson/static": {  # re-recorded 2026-12-07 ([Q]): each instance's own prefill fit; past capacity
+    "poisson/static": {  # re-recorded 2026-12-07 ([Q] guard yield, as poisson/janus): was on_time 815667,
+        # ok 2386, ttft 1631, tpot 2341, 0.68422, 0.07376 h, 88.508 s.
+        # Re-recorded 2026-12-07 ([Q]): each instance's own prefill fit; past capacity
         # the min over instances admits more borderline requests than the mean did (ok 2357 -> 2386) and
         # more of them end late (ttft 1672 -> 1631): was on_time 826217, tpot 2313, 0.69307, 0.06972 h, 83.663 s
-        "on_time": 815667,
-        "ok": 2386,
-        "ttft_met": 1631,
-        "tpot_met": 2341,
-        "token_attainment": 0.6842195328798528,
-        "device_hours": 0.07375638713803188,
-        "sim_end_s": 88.50766456563827
+        "on_time": 834625,
+        "ok": 2403,
+        "ttft_met": 1674,
+        "tpot_met": 2363,
+        "token_attainment": 0.7001223877266669,
+        "device_hours": 0.07275239485504735,
+        "sim_end_s": 87.30287382605682
     }
 }
 

@@ -173,6 +173,11 @@ class DispatchConfig(Section):
     # keep new prefill work off an instance whose device would then decode slower than
     # the model's TPOT SLO (an online fit of its inter-token gaps by sequences decoding)
     decode_guard: bool = True
+    # the guard yields an instance it holds to a queued request this long before the
+    # request's latest start when no instance could start it in time otherwise (one
+    # prefill's TPOT slip beats refusing the request: a refused request's tokens are all
+    # lost); 0: the guard never yields
+    guard_yield_ms: Annotated[float, Meta(ge=0)] = 20.0
     relax_factor: Annotated[float, Meta(gt=1.0)] = 1.5
     max_relax: NonNegInt = 2
 

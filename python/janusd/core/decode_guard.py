@@ -8,6 +8,18 @@ model's TPOT SLO; an instance with nothing decoding always may (every request is
 eventually). The estimate is an online fit of the device's observed inter-token gaps by
 the number of sequences decoding (oracle/decode_estimate.py).
 
+The guard yields (`yield_to_late`): a queued request about to reach its latest start,
+that no instance the guard leaves ready can start in time, gets one instance the guard
+holds, if that one can still finish its prefill by the deadline (`dispatch.guard_yield_ms`
+before the latest start) and the trade pays in tokens: refusing the request loses the
+on-time tokens it would produce there (on a device decoding slower than its TPOT, a
+sequence falls behind its SLO curve token by token: the first few); the yield delays the
+sequences decoding there
+by one prefill, which costs the tokens still to come of those it pushes off their SLO
+curve (on time now, late after the delay). Without the yield, at light load the guard's
+holds were the source of the refusals left (bench/RESULTS.md, [Q]); without the trade,
+past capacity it turned on-time decode into late decode (tests/test_sim_golden.py).
+
 Owned state: per device, the sequences past their first token and the decode fit, plus
 the set of devices whose inputs changed since the guard last looked (None: all), so a
 tick costs O(devices changed), not O(instances). The guard acts only through the
@@ -16,8 +28,11 @@ Dispatcher's ready flag (Instance.saturated records that it did).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from janusd.core.dispatch import DispatchCore
-from janusd.core.registry import Registry
+from janusd.core.registry import Instance, Registry
+from janusd.core.requests import Request
 from janusd.oracle.decode_estimate import DecodeStepEstimator
 
 
@@ -74,3 +89,78 @@ class DecodeGuard:
             if full != inst.saturated:
                 inst.saturated = full
                 self.dispatch.set_ready(inst, not full and inst.paired)
+
+    def yield_to_late(self, queued: Callable[[str], list[Request]], decoding: Callable[[int], list[Request]],
+                      now: float, lead_s: float) -> float | None:
+        """Make ready, for the tick about to run, each held instance that a queued request
+        needs (the rule above: within `lead_s` of its latest start there, no ready
+        instance finishes it in time, this one does, and it costs fewer tokens than it
+        saves); the next apply() holds it again. `decoding(device)`: the requests whose
+        tokens come from that device. Returns when to look next: the earliest such
+        moment still ahead (None: none)."""
+        held: dict[str, list[Instance]] = {}
+        for inst in self.registry.instances.values():
+            if inst.saturated and inst.active and inst.dispatched and inst.paired:
+                held.setdefault(inst.model, []).append(inst)
+        wake: float | None = None
+        for model, insts in held.items():
+            m = self.registry.models.get(model)
+            if m is None or not self.dispatch.pending(model):
+                continue
+            ready = [i for i in m.instances.values() if i.active and i.dispatched and i.paired and not i.saturated]
+            for req in queued(model):
+                deadline = self.dispatch.deadline(req.rid)
+                if deadline is None:
+                    continue
+                n = len(req.prompt_ids)
+                if any(self._finish(i, n, now) <= deadline for i in ready):
+                    continue  # a ready instance can still take it: nothing to yield
+                best = min(insts, key=lambda i: self._finish(i, n, now))
+                if self._finish(best, n, now) > deadline:
+                    continue  # lost either way: the Dispatcher refuses it
+                est = self.dispatch.own_estimate(best, n)
+                at = deadline - est - lead_s
+                if at <= now:
+                    if self._at_risk(best.device, est, now, decoding) >= self._on_time_tokens(best, req, deadline, now, est):
+                        continue  # the delay would cost more on-time tokens than the request brings
+                    best.saturated = False
+                    self.dispatch.set_ready(best, True)
+                    self.mark(best.device)
+                    insts.remove(best)
+                    ready.append(best)
+                    if not insts:
+                        break
+                else:
+                    wake = at if wake is None else min(wake, at)
+        return wake
+
+    def _finish(self, inst: Instance, tokens: int, now: float) -> float:
+        """When `inst` would finish a prefill of `tokens` started after the work it has."""
+        free = self.dispatch.epdt(inst, now)
+        return max(now, free if free is not None else now) + self.dispatch.own_estimate(inst, tokens)
+
+    def _at_risk(self, device: int, delay_s: float, now: float, decoding: Callable[[int], list[Request]]) -> int:
+        """Output tokens still to come of the sequences decoding on `device` that a delay
+        of `delay_s` pushes off their SLO curve: their next token is on time now and
+        would be late after it (trace/slo.py: token i is due at TTFT + (i-1) * TPOT)."""
+        seqs = [r for r in decoding(device) if r.prefill_seen and not r.done]
+        fit = self.fit.get(device)
+        step = fit.step_s(max(1, len(seqs))) if fit is not None else 0.0
+        n = 0
+        for r in seqs:
+            slack = r.arrival + r.ttft_slo_s + r.num_output_tokens * r.tpot_slo_s - now - step
+            if 0.0 <= slack < delay_s:
+                n += max(0, r.sampling.max_tokens - r.num_output_tokens)
+        return n
+
+    def _on_time_tokens(self, inst: Instance, req: Request, deadline: float, now: float, est: float) -> float:
+        """The tokens `req` would produce on time started now on `inst`: its first token
+        `deadline - (now + est)` early, each later one `step - TPOT` later against its
+        curve at the device's decode pace with one more sequence (all of them when that
+        pace keeps the TPOT SLO)."""
+        fit = self.fit.get(inst.device)
+        step = fit.step_s(self.decoding.get(inst.device, 0) + 1) if fit is not None else 0.0
+        behind = step - req.tpot_slo_s
+        if behind <= 0:
+            return float(req.sampling.max_tokens)
+        return min(float(req.sampling.max_tokens), 1.0 + max(0.0, deadline - now - est) / behind)

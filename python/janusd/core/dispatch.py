@@ -267,6 +267,10 @@ class DispatchCore:
         pick = least_decode_backlog(loads)
         return next((i for i in candidates if i.instance_id == pick), None)
 
+    def deadline(self, rid: int) -> float | None:
+        """The TTFT deadline `rid` was submitted with, while it is queued or prefilling."""
+        return self._deadline.get(rid)
+
     def forget(self, rid: int) -> None:
         """A request the Dispatcher dropped on its own (rejected) is gone here too."""
         self._deadline.pop(rid, None)

@@ -73,6 +73,11 @@ class Queueing(CoreState):
                 self.dispatch.cancel(req.rid, now)
                 self._hold(req, now)
 
+    def _queued(self, model: str) -> list[Request]:
+        """The model's requests waiting in the Dispatcher's queue (not held, not assigned)."""
+        return [r for r in self.requests.of_model(model)
+                if r.instance is None and r.held_since is None and r.untokenized is None and not r.done]
+
     def default_max_tokens(self, m: Model) -> int:
         """max_tokens of a request that omits it (then capped by the context)."""
         return m.cfg.default_max_tokens or self.limits.default_max_tokens
@@ -133,6 +138,11 @@ class Queueing(CoreState):
             wake = tok_wake if wake is None else min(wake, tok_wake)
         if self.dispatch.cfg.decode_guard:
             self.guard.apply()
+            if self.dispatch.cfg.guard_yield_ms > 0:
+                at = self.guard.yield_to_late(self._queued, self.requests.on_device, now,
+                                              self.dispatch.cfg.guard_yield_ms / 1000.0)
+                if at is not None:
+                    wake = at if wake is None else min(wake, at)
         assigned, rejected = self.dispatch.tick(now)
         for rid, iid in assigned:
             self._assign(rid, iid, now)
