@@ -406,3 +406,35 @@ def test_removing_a_model_ends_its_held_requests_at_once():
     assert rig.core.held.count("m") == 0 and rig.core.requests.count() == 0
     for rid in rids:
         assert isinstance(rig.events[rid][-1], Failure) and rig.events[rid][-1].status == 404
+
+
+def test_the_views_a_shell_reads_agree_with_the_parts_they_read():
+    """core/serving.py's views (the shells' whole read face, tests/test_shell_faces.py) say
+    what the core's parts hold: requests per model and device, held ones, fits, instances."""
+    rig = Rig()
+    rig.model("a", [0, 1])
+    rig.model("b", [1])
+    rig.activate("a", 0)
+    rig.activate("a", 1)
+    core = rig.core
+    ra = rig.submit("a", max_tokens=100)
+    rb = rig.submit("b")  # no Active instance of b: held
+    rig.tick()
+    (on,) = [d for d in (0, 1) if ra in rig.workers[d].generates()]
+    rig.token(on, ra)
+    for _ in range(3):
+        rig.now += 0.02
+        rig.token(on, ra)
+    assert core.in_flight() == 2 and core.in_flight("a") == core.in_flight("b") == 1
+    assert core.held_count("b") == 1 and core.held_count("a") == 0
+    assert core.request(ra).model == "a" and [r.rid for r in core.requests_of("a")] == [ra]
+    assert [r.rid for r in core.requests_on(on)] == [ra] and core.requests_on(1 - on) == []
+    assert core.device_load() == {on: 1} and core.device_load("a") == {on: 1} and core.device_load("b") == {}
+    assert core.window("a", rig.now).in_flight == 1
+    assert core.dispatch_stats() == core.snapshot(rig.now)["dispatch"]
+    assert set(core.prefill_fits("a")) == {0, 1} and core.prefill_fits("b") == {}
+    (tpot,) = core.decode_token_s("a")  # one device decodes, with a fit of its gaps
+    assert tpot == pytest.approx(0.02, rel=0.2)
+    assert set(core.models()) == {"a", "b"} and core.model("b") is core.models()["b"] and core.model("c") is None
+    inst = core.instance("a", 0)
+    assert core.holds(inst) and inst in core.instances_on(0) and core.epdt(inst, rig.now) is not None

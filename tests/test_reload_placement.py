@@ -45,7 +45,7 @@ def _place(rig: Rig, cfg: JanusConfig, pred: FixedCapacity, elastic: tuple[str, 
         described.append([m.name for m in models])
         return []
 
-    out = asyncio.run(added_placement(cfg, added, rig.core.registry, rig.core.telemetry, describe, pred, elastic,
+    out = asyncio.run(added_placement(cfg, added, rig.core, describe, pred, elastic,
                                       rig.now))
     assert described == [["new"]]  # the oracle reads the new model's checkpoint first
     return out
@@ -76,6 +76,6 @@ def test_elastic_devices_are_taken_last_and_unsized_or_unmanaged_fall_back_to_ro
     unsized = {k: v for k, v in VECTORS.items() if k != "new"}
     assert _place(rig, _cfg(), FixedCapacity(unsized)) == {"new": [2]}  # no prior: round robin
     added = [m for m in _cfg(managed=False).models if m.name == "new"]
-    out = asyncio.run(added_placement(_cfg(managed=False), added, rig.core.registry, rig.core.telemetry,
+    out = asyncio.run(added_placement(_cfg(managed=False), added, rig.core,
                                       lambda ms: [], FixedCapacity(VECTORS), (), rig.now))
     assert out == {"new": [2]}  # not managed: policy/pinned.py as before

@@ -9,8 +9,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 
 from janusd.control.snapshot import ControlSnapshot, InstanceView, ModelView, Predictor
-from janusd.core.registry import Model
-from janusd.core.serving import ServingCore
+from janusd.core import Model, ServingCore
 from janusd.oracle.decode_estimate import DecodeStepEstimator
 from janusd.oracle.prefill_estimate import PrefillEstimator
 from janusd.oracle.types import LoadFeatures
@@ -33,7 +32,7 @@ class _DeviceLoad(Mapping[int, int]):
 
     def _all(self) -> Counter[int]:
         if self._counts is None:
-            self._counts = Counter(r.device for r in self._core.requests.by_id.values() if r.device is not None)
+            self._counts = self._core.device_load()
         return self._counts
 
     def __getitem__(self, device: int) -> int:
@@ -56,35 +55,28 @@ def measured_prefill_share(core: ServingCore, m: Model, load: LoadFeatures) -> f
     prior without any), and seconds of device time per output token of its devices'
     decode fits at the sequences decoding there now (step time / n)."""
     n_in = max(1.0, load.input_len_mean)
-    fits = [e for (name, _), e in core.dispatch.estimators.items() if name == m.name and e.n]
+    fits = [e for e in core.prefill_fits(m.name).values() if e.n]
     p = sum(e.estimate(int(n_in)) for e in fits) / len(fits) if fits else PrefillEstimator().estimate(int(n_in))
-    costs = []
-    for d in m.instances:
-        fit = core.guard.fit.get(d)
-        if fit is not None and fit.n:
-            n = max(1, core.guard.decoding.get(d, 0))
-            costs.append(fit.step_s(n) / n)
+    costs = core.decode_token_s(m.name)
     dec = sum(costs) / len(costs) if costs else DecodeStepEstimator().step_s(1)
     return prefill_share(load, p / n_in, dec)
 
 
 def model_view(core: ServingCore, m: Model, now: float) -> ModelView:
-    w = core.telemetry.model(m.name, now)
+    w = core.window(m.name, now)
     insts = {d: InstanceView(device=d, state=i.state, role=i.role, error=i.error) for d, i in m.instances.items()}
     own: dict[int, int] = {}
     share = 0.5
     if m.pd:  # the role plan reads each instance's own requests and prefill's share of the work
-        for r in core.requests.by_id.values():
-            if r.model == m.name and r.device is not None:
-                own[r.device] = own.get(r.device, 0) + 1
+        own = dict(core.device_load(m.name))
         share = measured_prefill_share(core, m, LoadFeatures.from_window(w))
     return ModelView(name=m.name, instances=insts, window=w, devices=tuple(m.cfg.devices), pd=m.pd,
-                     pool=m.cfg.pool, requests=core.requests.count(m.name), own_load=own, prefill_share=share)
+                     pool=m.cfg.pool, requests=core.in_flight(m.name), own_load=own, prefill_share=share)
 
 
 def observe(core: ServingCore, now: float, n_devices: int, predictor: Predictor, managed: bool = True,
             pool: Iterable[int] = ()) -> ControlSnapshot:
     """The snapshot of `core` at `now` (`pool`: control.pool_devices, empty: every device)."""
-    models = {name: model_view(core, m, now) for name, m in core.registry.models.items()}
+    models = {name: model_view(core, m, now) for name, m in core.models().items()}
     return ControlSnapshot(models=models, n_devices=n_devices, pool=pool_devices(n_devices, pool),
                            predictor=predictor, managed=managed, device_load=_DeviceLoad(core))

@@ -4,7 +4,8 @@ simulator drive it.
 
 This package's names are the core's face to its shells: server/ and sim/ import the core
 from here only, never its modules (tests/test_shell_faces.py checks), so what a shell may
-call is listed once, below."""
+call is listed once, below. Of a ServingCore a shell calls the methods (core/serving.py's
+views for what it reads), never its parts (registry, requests, dispatch, ...)."""
 
 from janusd.core.dispatch import InstanceFigure, Refusal
 from janusd.core.registry import Instance, Model, Registry

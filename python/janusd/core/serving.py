@@ -30,6 +30,7 @@ and a model left with no Active instance has its queued requests held.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,7 +42,7 @@ from janusd.core.instance_moves import InstanceMoves
 from janusd.core.intake import Intake
 from janusd.core.kv_handoff import KVHandoff
 from janusd.core.queueing import Queueing
-from janusd.core.registry import Model, Registry
+from janusd.core.registry import Instance, Model, Registry
 from janusd.core.requests import Request, RequestTable, removed, request_slo
 from janusd.core.shell_hooks import Limits, Observers
 from janusd.core.submission import Submission
@@ -49,7 +50,8 @@ from janusd.core.tokenizing import Tokenizing
 from janusd.core.worker_edge import Worker
 from janusd.core.worker_events import WorkerEvents
 from janusd.lifecycle.states import InstanceState
-from janusd.telemetry import Telemetry
+from janusd.oracle.prefill_estimate import PrefillEstimator
+from janusd.telemetry import ModelWindow, Telemetry
 
 __all__ = ["Limits", "Observers", "ServingCore", "Submission"]
 
@@ -141,6 +143,78 @@ class ServingCore(InstanceMoves, Intake, Queueing, WorkerEvents):
             self.obs.idle()
 
     # ---------------------------------------------------------------- views
+    # What the shells (server/, sim/, control/observe.py) read of the core: they call these,
+    # never its parts (tests/test_shell_faces.py checks).
+    def model(self, name: str) -> Model | None:
+        """A model by name: the shells read its config and instances to carry out moves."""
+        return self.registry.model(name)
+
+    def models(self) -> Mapping[str, Model]:
+        """The models by name, in the order they were added: the shells' views and placement walk them."""
+        return self.registry.models
+
+    def instances_on(self, device: int) -> list[Instance]:
+        """The instances on `device`, oldest first: a restarted worker reloads them; the simulator's residents."""
+        return self.registry.on_device(device)
+
+    def holds(self, inst: Instance) -> bool:
+        """Whether `inst` is still its model's instance: a load that ends after an unload or removal frees it."""
+        return self.registry.instances.get(inst.instance_id) is inst
+
+    def in_flight(self, model: str | None = None) -> int:
+        """Requests not ended yet (of `model`, else of all): status, shutdown and the controller count them."""
+        return self.requests.count(model)
+
+    def held_count(self, model: str) -> int:
+        """Requests of `model` held for an Active instance: `ctl models` shows them."""
+        return self.held.count(model)
+
+    def request(self, rid: int) -> Request:
+        """The request in flight with id `rid` (KeyError if none): the simulator's workers read its SLOs."""
+        return self.requests.by_id[rid]
+
+    def requests_of(self, model: str) -> list[Request]:
+        """The requests of `model` in flight: an unload or a drain waits for (then ends) those on its devices."""
+        return self.requests.of_model(model)
+
+    def requests_on(self, device: int) -> list[Request]:
+        """The requests whose tokens come from `device`: a fork paces its pull only while there are some."""
+        return self.requests.on_device(device)
+
+    def device_load(self, model: str | None = None) -> Counter[int]:
+        """Requests in flight per device (of `model`, else of all): the controller's load and P/D role inputs."""
+        reqs = self.requests.by_id.values()
+        if model is None:
+            return Counter(r.device for r in reqs if r.device is not None)
+        return Counter(r.device for r in reqs if r.model == model and r.device is not None)
+
+    def window(self, model: str, now: float) -> ModelWindow:
+        """The last minute of `model`'s traffic (telemetry/): `ctl models`, the oracle and the controller read it."""
+        return self.telemetry.model(model, now)
+
+    def dispatch_stats(self) -> dict[str, int]:
+        """The Dispatcher's counters: `ctl status` shows them."""
+        return self.dispatch.stats()
+
+    def epdt(self, inst: Instance, now: float) -> float | None:
+        """When `inst`'s queued prefill work is estimated to end (None: not in dispatch): `ctl instances`."""
+        return self.dispatch.epdt(inst, now)
+
+    def prefill_fits(self, model: str) -> dict[int, PrefillEstimator]:
+        """`model`'s online prefill-time fits by device: `ctl instances`, a restore's borrowed fit, the prefill share."""
+        return {d: e for (name, d), e in self.dispatch.estimators.items() if name == model}
+
+    def decode_token_s(self, model: str) -> list[float]:
+        """Seconds of device time per output token on each of `model`'s devices with a decode fit, at the
+        sequences decoding there now (step time / n): the controller's prefill share reads them."""
+        costs = []
+        for d in self.registry.models[model].instances:
+            fit = self.guard.fit.get(d)
+            if fit is not None and fit.n:
+                n = max(1, self.guard.decoding.get(d, 0))
+                costs.append(fit.step_s(n) / n)
+        return costs
+
     def snapshot(self, now: float) -> dict[str, Any]:
         models = self.registry.models
         return {

@@ -134,7 +134,7 @@ def _ms(seconds: float | None) -> float | None:
 
 def _fit(core: ServingCore, model: str, device: int) -> dict[str, Any]:
     """The online prefill-time fit t = a + b * tokens of one instance (PAPER.md §6 p_j)."""
-    est = core.dispatch.estimators.get((model, device))
+    est = core.prefill_fits(model).get(device)
     if est is None:
         return {}
     a, b = est.coefficients()
@@ -144,9 +144,9 @@ def _fit(core: ServingCore, model: str, device: int) -> dict[str, Any]:
 
 def _instances(core: ServingCore, now: float) -> list[dict[str, Any]]:
     rows = []
-    for m in core.registry.models.values():
+    for m in core.models().values():
         for i in m.instances.values():
-            epdt = core.dispatch.epdt(i, now) if i.dispatched and i.active else None
+            epdt = core.epdt(i, now) if i.dispatched and i.active else None
             rows.append({
                 "instance": i.instance_id, "model": i.model, "device": i.device, "state": i.state.value,
                 "role": i.role if m.cfg.prefill_devices else m.cfg.role, "error": i.error,
@@ -169,28 +169,28 @@ async def handle(daemon: AdminBackend, req: Any) -> dict[str, Any]:
             "http": f"{daemon.cfg.server.host}:{daemon.http_port}",
             "workers": [{"device": w.device_index, "state": w.state, "pid": w.pid, "restarts": w.restarts}
                         for w in daemon.workers],
-            "models": len(core.registry.models),
-            "in_flight": core.requests.count(),
-            "dispatch": core.dispatch.stats(),
+            "models": len(core.models()),
+            "in_flight": core.in_flight(),
+            "dispatch": core.dispatch_stats(),
         }
     if isinstance(req, am.ModelsReq):
         rows = []
         ctl = daemon.controller
         pools = {p.app: p.pool for p in ctl.room.pools} if ctl is not None else {}
-        for name, m in core.registry.models.items():
-            win = core.telemetry.model(name, now)  # the last minute of traffic (telemetry/)
+        for name, m in core.models().items():
+            win = core.window(name, now)  # the last minute of traffic (telemetry/)
             lat = daemon.metrics.recent.figures(name, now)  # the last minute's ended requests
             rows.append({
                 "name": name, "checkpoint": m.cfg.checkpoint, "app": m.cfg.app_name,
                 "devices": sorted(d for d, i in m.instances.items() if i.state.value != "unloaded"),
                 "active": len(m.active), "ttft_slo_ms": m.cfg.ttft_slo_ms,
                 "tpot_slo_ms": m.cfg.tpot_slo_ms, "queued": core.queue_length(name),
-                "in_flight": core.requests.count(name), "max_model_len": m.max_model_len,
+                "in_flight": core.in_flight(name), "max_model_len": m.max_model_len,
                 "rate_rps": round(win.request_rate, 3), "out_tok_s": round(win.output_token_rate, 1),
                 "in_len_mean": round(win.input_len_mean, 1), "out_len_mean": round(win.output_len_mean, 1),
                 # the pool it is in now (the classifier's when managed), requests waiting for an
                 # Active instance, and the last minute's latencies and per-token attainment
-                "pool": pools.get(name, m.cfg.pool), "held": core.held.count(name),
+                "pool": pools.get(name, m.cfg.pool), "held": core.held_count(name),
                 "ended_1m": lat.requests, "ttft_p50_ms": _ms(lat.ttft_p50_s), "ttft_p99_ms": _ms(lat.ttft_p99_s),
                 "tpot_p50_ms": _ms(lat.tpot_p50_s), "tpot_p99_ms": _ms(lat.tpot_p99_s),
                 "attainment_1m": None if lat.attainment is None else round(lat.attainment, 4),
@@ -225,7 +225,7 @@ async def handle(daemon: AdminBackend, req: Any) -> dict[str, Any]:
     if isinstance(req, am.ForkReq):
         return await daemon.fork(req.name, req.src, req.dst)
     if isinstance(req, am.DrainReq):
-        n = core.requests.count()
+        n = core.in_flight()
         daemon.request_shutdown()
         return {"draining": n, "drain_timeout_s": daemon.cfg.server.drain_timeout_s}
     if isinstance(req, am.PlanReq):

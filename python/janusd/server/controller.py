@@ -118,7 +118,7 @@ class Controller:
         return replies
 
     def _active(self, model: str, device: int) -> bool:
-        m = self.host.core.registry.models.get(model)
+        m = self.host.core.model(model)
         i = m.instances.get(device) if m is not None else None
         return i is not None and i.state is S.ACTIVE
 

@@ -220,7 +220,7 @@ class Daemon(RequestFront, WorkerSupervision):
         t_start = clock()
         self._to(DaemonState.DRAINING)
         sdnotify.notify("STOPPING=1\nSTATUS=draining")
-        n = self.core.requests.count()
+        n = self.core.in_flight()
         _log(f"shutting down: draining {n} in-flight requests (up to {self.cfg.server.drain_timeout_s:g} s)")
         try:
             await asyncio.wait_for(self._idle.wait(), self.cfg.server.drain_timeout_s)
@@ -296,7 +296,7 @@ class Daemon(RequestFront, WorkerSupervision):
 
         async def placer(cfg: JanusConfig, added: list[ModelConfig]) -> dict[str, list[int]]:
             elastic = [p.app for p in ctl.room.pools if p.pool == "elastic"] if ctl is not None else []
-            return await added_placement(cfg, added, self.core.registry, self.core.telemetry,
+            return await added_placement(cfg, added, self.core,
                                          self.oracle.describe_now, self.predictor(), elastic, self.clock())
 
         out = await model_ops.reload(self.ops, self.config, placer if ctl is not None else None)
@@ -339,7 +339,7 @@ class Daemon(RequestFront, WorkerSupervision):
             # devices not serving and why: restarting after a death or a hang, or failed
             "degraded_devices": {str(w.device_index): (w.hung and f"hung: {w.hung}") or w.state
                                  for w in self.workers if not w.ready},
-            "models": {n: len(m.active) for n, m in self.core.registry.models.items()},
+            "models": {n: len(m.active) for n, m in self.core.models().items()},
         }
 
     def snapshot(self) -> dict[str, Any]:
@@ -358,7 +358,7 @@ class Daemon(RequestFront, WorkerSupervision):
     def models_view(self) -> list[dict[str, Any]]:
         return [{"id": n, "max_model_len": m.max_model_len, "default_max_tokens": self.core.default_max_tokens(m),
                  "active_instances": len(m.active)}
-                for n, m in self.core.registry.models.items()]
+                for n, m in self.core.models().items()]
 
     def metrics_text(self) -> bytes:
         return self.metrics.render()

@@ -69,7 +69,7 @@ class LifecycleOps:
         Active instance keeps its role (drain it to Warm first). A pinned model (config
         `devices`) is moved only where it has an instance: elsewhere `ctl fork` places one
         (a Warm copy on another device would hold host memory the config never gave it)."""
-        m = self.core.registry.model(name)
+        m = self.core.model(name)
         if m is not None and m.cfg.devices and device not in m.cfg.devices and \
                 (device not in m.instances or m.instances[device].state is S.UNLOADED):
             raise ValueError(f"{name} is configured on devices {sorted(m.cfg.devices)}, not {device}: `ctl state` "
@@ -136,7 +136,7 @@ class LifecycleOps:
             if d != device:
                 continue
             del self.wanted[(name, d)]
-            if self.core.registry.model(name) is None:
+            if self.core.model(name) is None:
                 continue
 
             async def go(name: str = name, target: str = target) -> None:
@@ -155,7 +155,7 @@ class LifecycleOps:
         (else Cold) instances, unless one is already coming up. Returns the task, if any."""
         if not self.cfg.wake_on_request:
             return None
-        m = self.core.registry.model(name)
+        m = self.core.model(name)
         if m is None:
             return None
         nbytes = self.weight_bytes.get(name, 1 << 30)
@@ -182,7 +182,7 @@ class LifecycleOps:
 
     # ---- moves ----
     def _instance(self, name: str, device: int) -> Instance:
-        m = self.core.registry.model(name)
+        m = self.core.model(name)
         if m is None:
             raise ValueError(f"model {name!r} does not exist")
         if not isinstance(device, int) or not 0 <= device < len(self.ops.workers):
@@ -206,7 +206,7 @@ class LifecycleOps:
 
     def _msg(self, inst: Instance, target: str, fork: wm.ForkSource | None = None,
              probe: bool = True, life: LifecycleConfig | None = None) -> Callable[[int], wm.SetState]:
-        m = self.core.registry.models[inst.model]
+        m = self.core.models()[inst.model]
         cfg = m.engine_cfg(inst.device)
         life = life or self.cfg
         model, engine, carried = wm.WorkerModel.of(cfg), wm.WorkerEngine.of(self.ops.engine), wm.WorkerLifecycle.of(life)
@@ -216,7 +216,7 @@ class LifecycleOps:
     def _fork_pace(self, source_device: int) -> LifecycleConfig:
         """The lifecycle settings a fork's target gets: its pull paced only while the source
         device has requests in flight (an idle source has no decode to protect)."""
-        if self.cfg.fork_bandwidth_mib_s and not self.core.requests.on_device(source_device):
+        if self.cfg.fork_bandwidth_mib_s and not self.core.requests_on(source_device):
             return msgspec.structs.replace(self.cfg, fork_bandwidth_mib_s=0)
         return self.cfg
 
@@ -237,7 +237,7 @@ class LifecycleOps:
                     "phases": {"total": round(clock() - t0, 4)}}
         peer = fork_from
         if peer is None:  # a fork when a serving peer is estimated to be faster than our own path
-            peers = [i for i in self.core.registry.models[name].instances.values()
+            peers = [i for i in self.core.models()[name].instances.values()
                      if i.state is S.ACTIVE and i.device != inst.device]
             nbytes = self.weight_bytes.get(name, 1 << 30)
             if peers and choose(options_for(prev.value, True), nbytes, self.bw) == "d2d":
@@ -302,11 +302,11 @@ class LifecycleOps:
         model never ran: from the fit of another device that has samples (a restore runs
         no prefill probe; without this the first long prompt would meet the bare prior).
         Empty when the device has its own fit already (a restore keeps it)."""
-        ests = self.core.dispatch.estimators
-        own = ests.get((inst.model, inst.device))
+        fits = self.core.prefill_fits(inst.model)
+        own = fits.get(inst.device)
         if own is not None and own.n:
             return []
-        peers = [e for (m, d), e in ests.items() if m == inst.model and d != inst.device and e.n]
+        peers = [e for d, e in fits.items() if d != inst.device and e.n]
         if not peers:
             return []
         best = max(peers, key=lambda e: e.n)
@@ -319,7 +319,7 @@ class LifecycleOps:
         t0 = clock()
 
         def running() -> list[Any]:
-            return [r for r in self.core.requests.of_model(name) if r.device == inst.device] + self._to_hand(inst)
+            return [r for r in self.core.requests_of(name) if r.device == inst.device] + self._to_hand(inst)
 
         drain_s = await drained(running, self.ops.drain_timeout_s)
         aborted = self.core.fail_requests(running(), Failure(
@@ -347,10 +347,10 @@ class LifecycleOps:
         waits for them too (else they would find no decode instance at their handoff)."""
         if inst.role != "decode":
             return []
-        m = self.core.registry.models[inst.model]
+        m = self.core.models()[inst.model]
         if any(i.role == "decode" and i.state is S.ACTIVE and i is not inst for i in m.instances.values()):
             return []
-        return [r for r in self.core.requests.of_model(inst.model) if r.instance is not None
+        return [r for r in self.core.requests_of(inst.model) if r.instance is not None
                 and r.instance.role == "prefill" and r.decode_inst is None and r.device == r.instance.device]
 
     async def _rest(self, inst: Instance, want: InstanceState) -> dict[str, Any]:

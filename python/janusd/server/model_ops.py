@@ -62,7 +62,7 @@ class ModelOps:
 
     async def start(self, inst: Instance) -> None:
         """Bring a configured instance to its start state (config warm_devices / cold_devices)."""
-        m = self.core.registry.model(inst.model)
+        m = self.core.model(inst.model)
         state = m.cfg.start_state(inst.device) if m is not None else "active"
         if state == "active" or self.starter is None:
             await self.load(inst)
@@ -72,7 +72,7 @@ class ModelOps:
     # ---- one instance ----
     async def load(self, inst: Instance) -> None:
         """Load the instance's model on its worker; on success it becomes Active."""
-        m = self.core.registry.model(inst.model)
+        m = self.core.model(inst.model)
         if m is None:
             return
         if inst.state is S.UNLOADED:
@@ -93,7 +93,7 @@ class ModelOps:
                     _log(f"loading {inst.model} on device {inst.device} failed: {err}", logging.WARNING)
                     self.core.load_failed(inst, self.clock(), err)
                 return
-            if inst.state is not S.LOADING or self.core.registry.instances.get(inst.instance_id) is not inst:
+            if inst.state is not S.LOADING or not self.core.holds(inst):
                 # unloaded or removed while it loaded: free what the worker just loaded
                 await self._unload_on_worker(inst.model, inst.device, locked=True)
                 return
@@ -135,7 +135,7 @@ class ModelOps:
         """Stop routing to `name`, let its running requests finish (bounded), free it on every
         worker. The model stays: requests for it wait for `load`, bounded by
         server.model_wait_timeout_s."""
-        m = self.core.registry.model(name)
+        m = self.core.model(name)
         if m is None:
             raise ValueError(f"model {name!r} does not exist")
         insts = list(m.instances.values())
@@ -148,7 +148,7 @@ class ModelOps:
                 self.core.set_state(inst, S.UNLOADED, self.clock())
                 await self._unload_on_worker(name, inst.device)
         def running() -> list[Any]:
-            return [r for r in self.core.requests.of_model(name) if r.device is not None]
+            return [r for r in self.core.requests_of(name) if r.device is not None]
 
         await drained(running, self.drain_timeout_s, 0.05)
         failed = self.core.fail_requests(running(), Failure(503, f"model {name!r} was unloaded"), self.clock())
@@ -165,7 +165,7 @@ class ModelOps:
 
     async def reload_device(self, device: int) -> None:
         """A restarted worker: load again every instance that was on it."""
-        insts = [i for i in self.core.registry.on_device(device) if i.state is S.LOADING]
+        insts = [i for i in self.core.instances_on(device) if i.state is S.LOADING]
         await asyncio.gather(*(self.load(i) for i in insts))
 
 
@@ -200,12 +200,12 @@ async def reload(ops: ModelOps, holder: ConfigHolder, placer: Placer | None = No
     fresh = {m.name: m for m in new.models}
     retuned = [n for n in old if n in fresh and fresh[n] != old[n] and _same_instance(old[n], fresh[n])]
     for name in retuned:
-        if name in ops.core.registry.models:
+        if ops.core.has_model(name):
             ops.core.retune(fresh[name])  # new requests get the new SLOs at once
     removed = [n for n in old if n not in fresh or (fresh[n] != old[n] and n not in retuned)]
     added = [m for m in new.models if m.name not in old or (old[m.name] != m and m.name not in retuned)]
     for name in removed:
-        if name in ops.core.registry.models:
+        if ops.core.has_model(name):
             await ops.remove(name)
     holder.cfg = msgspec.structs.replace(cur, models=list(new.models))
     placement = await placer(holder.cfg, added) if placer is not None and added else None
@@ -220,7 +220,7 @@ async def load_model(ops: ModelOps, holder: ConfigHolder, name: str, checkpoint:
     """`ctl load NAME [--checkpoint C] [--devices ...]`: a known model (also one unloaded
     by `ctl unload`) comes back with its full config; a new one needs a checkpoint."""
     cfg = holder.cfg
-    kept = ops.core.registry.model(name)
+    kept = ops.core.model(name)
     if kept is not None and checkpoint is None:
         if kept.active or any(i.state is S.LOADING for i in kept.instances.values()):
             raise ValueError(f"model {name!r} is already loaded")
@@ -268,7 +268,7 @@ async def load_model(ops: ModelOps, holder: ConfigHolder, name: str, checkpoint:
 
 
 async def unload_model(ops: ModelOps, name: str) -> dict[str, Any]:
-    m = ops.core.registry.model(name)
+    m = ops.core.model(name)
     if m is None:
         raise ValueError(f"model {name!r} does not exist")
     if not any(i.state is not S.UNLOADED for i in m.instances.values()):
@@ -277,7 +277,7 @@ async def unload_model(ops: ModelOps, name: str) -> dict[str, Any]:
 
 
 async def remove_model(ops: ModelOps, holder: ConfigHolder, name: str) -> dict[str, Any]:
-    if ops.core.registry.model(name) is None:
+    if ops.core.model(name) is None:
         raise ValueError(f"model {name!r} does not exist")
     out = await ops.remove(name)
     holder.cfg = msgspec.structs.replace(holder.cfg, models=[x for x in holder.cfg.models if x.name != name])

@@ -180,7 +180,7 @@ class OracleRefit:
         """One sample period: follow the registry, sample every described model, start
         describes and due fits. Cheap; called on the event loop."""
         core = host.core
-        models = core.registry.models
+        models = core.models()
         for name in [n for n in self._models if n not in models]:
             del self._models[name]
             self.oracle.forget(name)
@@ -205,7 +205,7 @@ class OracleRefit:
                 continue
             assert m.buffer is not None and self.device is not None
             if self.cfg.online:
-                win = core.telemetry.model(name, now)
+                win = core.window(name, now)
                 kv = kv_used.get(name, 0.0) * reg.cfg.kv_cache_mib * 2**20
                 m.buffer.add(win, len(reg.active), m.spec, self.device, kv)
                 due_time = m.last_fit is None or now - m.last_fit >= self.cfg.refit_period_s
@@ -215,7 +215,7 @@ class OracleRefit:
 
     def _worth_describing(self, name: str, core: Any, now: float, active: int) -> bool:
         """Eager, or something to fit (a point from the window, online on) or a stored fit to load."""
-        if self.eager or (self.cfg.online and has_point(core.telemetry.model(name, now), active)):
+        if self.eager or (self.cfg.online and has_point(core.window(name, now), active)):
             return True
         return store.file_stem(self.state_dir, name).with_suffix(".json").exists()
 

@@ -19,14 +19,13 @@ from typing import Any
 from janusd.config import JanusConfig, ModelConfig
 from janusd.control.observe import pool_devices
 from janusd.control.start import pack_start
-from janusd.core import Registry
+from janusd.core import ServingCore
 from janusd.lifecycle.states import COMING_UP, InstanceState
 from janusd.log import log
 from janusd.oracle.types import CapacityPredictor, LoadFeatures
 from janusd.policy.demand import SteadyModel
 from janusd.policy.pinned import place
 from janusd.policy.start_placement import NO_LOAD
-from janusd.telemetry.telemetry import Telemetry
 
 S = InstanceState
 
@@ -89,7 +88,7 @@ async def first_placement(cfg: JanusConfig, describe: Callable[[Sequence[ModelCo
     return out
 
 
-async def added_placement(cfg: JanusConfig, added: Sequence[ModelConfig], registry: Registry, telemetry: Telemetry,
+async def added_placement(cfg: JanusConfig, added: Sequence[ModelConfig], core: ServingCore,
                           describe: Callable[[Sequence[ModelConfig]], list[asyncio.Task[Any]]],
                           pred: CapacityPredictor, elastic: Iterable[str], now: float) -> dict[str, list[int]]:
     """The devices of models a SIGHUP reload adds (`cfg`: the new config; module doc):
@@ -104,14 +103,14 @@ async def added_placement(cfg: JanusConfig, added: Sequence[ModelConfig], regist
     pinned: list[SteadyModel] = []
     elastic_devs: list[int] = []
     hot = set(elastic)
-    for m in registry.models.values():
+    for m in core.models().values():
         devs = tuple(sorted(d for d, i in m.instances.items() if i.state is S.ACTIVE or i.state in COMING_UP))
         if not devs:
             continue
         if m.name in hot or m.cfg.pool == "elastic" or m.cfg.prefill_devices:
             elastic_devs += devs
         else:
-            pinned.append(SteadyModel(model=m.name, load=LoadFeatures.from_window(telemetry.model(m.name, now)),
+            pinned.append(SteadyModel(model=m.name, load=LoadFeatures.from_window(core.window(m.name, now)),
                                       devices=devs))
     for a in added:
         if a.devices and not a.prefill_devices:

@@ -124,11 +124,11 @@ class Cluster:
         return w
 
     def _meta(self, rid: int) -> tuple[float, float, float]:
-        req = self.core.requests.by_id[rid]
+        req = self.core.request(rid)
         return req.arrival, req.ttft_slo_s, req.tpot_slo_s
 
     def residents(self, lead: int) -> dict[str, SimModel]:
-        return {i.model: self.served[i.model].arch for i in self.core.registry.on_device(lead)
+        return {i.model: self.served[i.model].arch for i in self.core.instances_on(lead)
                 if holds_device_memory(i.state)}
 
     def set_state(self, model: str, lead: int, target: InstanceState, now: float) -> None:
@@ -223,7 +223,7 @@ class Cluster:
     @property
     def busy(self) -> bool:
         """Requests still to come or in flight (periodic controller loops stop after)."""
-        return self.arrivals_left > 0 or bool(self.core.requests.by_id) or bool(self._draining)
+        return self.arrivals_left > 0 or self.core.in_flight() > 0 or bool(self._draining)
 
     def at(self, t: float, fn: Callable[[float], None]) -> None:
         """Call fn(t) at virtual time t (controller timers, load completions)."""

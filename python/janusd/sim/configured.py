@@ -8,6 +8,7 @@ place a daemon config becomes simulator input."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
@@ -45,7 +46,7 @@ def pinned(cfg: JanusConfig, served: list[Served], n_devices: int) -> dict[str, 
     return out
 
 
-def apply(core_models: dict, configs: dict[str, ModelConfig]) -> None:
+def apply(core_models: Mapping, configs: dict[str, ModelConfig]) -> None:
     """The pins onto the simulated core's models (their checkpoint, tp and lengths stay the
     simulator's)."""
     for name, m in core_models.items():

@@ -94,7 +94,7 @@ class SimControl:
         self.room = ControlRoom(ctl_cfg, "first_come" if mode == "blitzscale" else "global")
         pin = _PINS.get(mode)
         if pin is not None:
-            for m in cluster.core.registry.models.values():
+            for m in cluster.core.models().values():
                 m.cfg = msgspec.structs.replace(m.cfg, pool=pin)
         dev = cluster.perf.device
         self.bw = Bandwidths(memcpy=dev.h2d_bw, measured={"d2d": dev.d2d_bw, "h2d": dev.h2d_bw})
@@ -112,7 +112,7 @@ class SimControl:
         self.c.at(0.0, self._first)
 
     def _first(self, now: float) -> None:
-        models = self.c.core.registry.models
+        models = self.c.core.models()
         names = sorted(n for n, m in models.items() if not m.cfg.devices)
         out: dict[str, list[int]] = {}
         ctl = self.room.cfg
@@ -144,7 +144,7 @@ class SimControl:
 
     def _arrival(self, row: int, now: float) -> None:
         name = self.c.req_model[int(self.c.request_model[row])]
-        m = self.c.core.registry.models[name]
+        m = self.c.core.models()[name]
         if m.view().active:  # (the view's tuple: no list made per arrival)
             return
         nbytes = self._bytes(name)

@@ -74,7 +74,7 @@ def _configured(cfg: JanusConfig, policy: str, trace: Trace, served: list, req_m
         raise ValueError("static with --config: every model needs `devices` (an unmanaged daemon places nothing)")
     cluster = Cluster(trace, served, req_model, perf, devices, cfg.dispatch, engine=engine, keep_times=keep_times,
                       model_wait_timeout_s=cfg.server.model_wait_timeout_s, telemetry_window_s=cfg.control.window_s)
-    configured.apply(cluster.core.registry.models, pins)
+    configured.apply(cluster.core.models(), pins)
     control = msgspec.structs.replace(cfg.control, managed=True)
     SimControl(cluster, served, "janus", oracle_error=oracle_error, oracle_seed=oracle_seed, control=control,
                plans=policy == "janus").start()
