@@ -38,6 +38,9 @@ def compress(trace: Trace, factor: float | None = None, to_duration_s: float | N
         if trace.duration_s <= 0:
             raise ValueError("the trace spans no time (fewer than two distinct arrivals); use --factor")
         factor = trace.duration_s / to_duration_s
+        if factor < np.finfo(float).tiny:  # a span of denormals: the factor underflows or loses its digits
+            raise ValueError(f"the trace spans {trace.duration_s:g} s, too little to stretch to {to_duration_s:g} s; "
+                             "use --factor")
     if factor is None or not (np.isfinite(factor) and factor > 0):
         raise ValueError(f"factor must be a finite number > 0, got {factor}")
     if len(trace) == 0:
