@@ -110,12 +110,9 @@ def test_an_operation_in_flight_counts_where_it_goes():
 def test_one_instance_wanted_runs_mixed_and_the_decode_drain_waits_for_the_handoff():
     """m* 1 on a P/D pair: one mixed instance is wanted. Nothing rests, so the idle one
     (decode 1) is reassigned to mixed and the busy prefill 0 drains. Decode 1 is then the
-    model's last decode instance, so its drain (lifecycle_ops._to_hand) also waits for the
-    request still prefilling on 0: that request's KV must find it at its handoff."""
-    from types import SimpleNamespace
-
-    from janusd.server.lifecycle_ops import LifecycleOps
-
+    model's last decode instance, so its drain (core/draining.py draining_requests) also
+    waits for the request still prefilling on 0: that request's KV must find it at its
+    handoff."""
     rig = Rig(devices=2)
     _pd(rig, 2, warm=[])
     host = Host(rig, ControlConfig(managed=True, scaling=ScalingConfig(debounce_plans=1)))
@@ -127,14 +124,14 @@ def test_one_instance_wanted_runs_mixed_and_the_decode_drain_waits_for_the_hando
     assert [(o.device, o.target, o.role, o.reassign) for o in ops] == [(1, "active", "mixed", True),
                                                                       (0, "warm", None, False)]
     assert ops[0].reason.startswith("reassign: mixed short")
-    life = LifecycleOps(SimpleNamespace(core=rig.core), SimpleNamespace())  # type: ignore[arg-type]
     core = rig.core
-    assert [r.rid for r in life._to_hand(core.instance("pd", 1))] == [rid]
-    assert life._to_hand(core.instance("pd", 0)) == []  # a prefill instance waits only for its own
+    assert [r.rid for r in core.draining_requests(core.instance("pd", 1))] == [rid]
+    assert [r.rid for r in core.draining_requests(core.instance("pd", 0))] == [rid]  # its own only
     rig.token(0, rid)  # first token, then the handoff to decode 1
     req = core.requests.by_id[rid]
     req.decode_inst, req.device = core.instance("pd", 1), 1
-    assert life._to_hand(core.instance("pd", 1)) == []
+    assert [r.rid for r in core.draining_requests(core.instance("pd", 1))] == [rid]  # now its own
+    assert core.draining_requests(core.instance("pd", 0)) == []
 
 
 def test_prefill_share_comes_from_the_measured_per_token_costs():

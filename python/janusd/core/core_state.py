@@ -1,6 +1,6 @@
 """The state ServingCore's parts share, named once. ServingCore (core/serving.py) is
 built from parts that each own one concern: instance moves (core/instance_moves.py),
-the way in (core/intake.py), queue to assignment (core/queueing.py) and worker events (core/worker_events.py).
+the way in (core/intake.py), queue to assignment (core/queueing.py), drains (core/draining.py) and worker events (core/worker_events.py).
 They are mixins over this class: serving.py's __init__ makes every attribute below, and
 a part reaches another's method only through the one ServingCore (the stubs under
 TYPE_CHECKING say which)."""
@@ -8,7 +8,7 @@ TYPE_CHECKING say which)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from janusd.core.decode_guard import DecodeGuard
 from janusd.core.dispatch import DispatchCore
@@ -36,6 +36,7 @@ class CoreState:
     held: HeldQueues
     guard: DecodeGuard
     tokenizing: Tokenizing
+    _drains: dict[int, Any]  # instance id -> core/draining.py Drain
     _tok_rr: int  # round robin over the workers that can tokenize
     _now: float  # the time of the event being handled (for paths that end requests)
 
@@ -72,3 +73,7 @@ class CoreState:
         def default_max_tokens(self, m: Model) -> int: ...
 
         def tokenizer_device(self, name: str) -> int | None: ...
+
+        def fail_requests(self, reqs: Any, failure: Any, now: float) -> int: ...
+
+        def _look_at_drains(self, now: float) -> float | None: ...

@@ -123,11 +123,14 @@ class Queueing(CoreState):
                                                and self.dispatch.stats().get("pending", 0) > 0)
 
     def tick(self, now: float) -> float | None:
-        """Expire held and tokenizing requests, dispatch; returns when to tick next (None:
-        on the next event)."""
+        """End drains that are over, expire held and tokenizing requests, dispatch;
+        returns when to tick next (None: on the next event)."""
         self._at(now)
+        drain_wake = self._look_at_drains(now) if self._drains else None
         timeout = self.limits.model_wait_timeout_s
         expired, wake = self.held.expire(now, timeout)
+        if drain_wake is not None:
+            wake = drain_wake if wake is None else min(wake, drain_wake)
         for req in expired:
             self.obs.rejected(req.model, "no_instance")
             self.requests.fail(req.rid, no_instance(req.model, timeout))

@@ -38,6 +38,7 @@ from janusd.config import DispatchConfig, ModelConfig
 from janusd.core.decode_guard import DecodeGuard
 from janusd.core.dispatch import DispatchCore
 from janusd.core.held import HeldQueues
+from janusd.core.draining import Draining
 from janusd.core.instance_moves import InstanceMoves
 from janusd.core.intake import Intake
 from janusd.core.kv_handoff import KVHandoff
@@ -58,7 +59,7 @@ __all__ = ["Limits", "Observers", "ServingCore", "Submission"]
 S = InstanceState
 
 
-class ServingCore(InstanceMoves, Intake, Queueing, WorkerEvents):
+class ServingCore(InstanceMoves, Intake, Queueing, Draining, WorkerEvents):
     """The request path's one object: models, and its parts' state (core/core_state.py);
     the shells call only its methods."""
 
@@ -75,6 +76,7 @@ class ServingCore(InstanceMoves, Intake, Queueing, WorkerEvents):
         self.telemetry = telemetry or Telemetry()
         self.held = HeldQueues()
         self.tokenizing = Tokenizing()
+        self._drains = {}
         self._tok_rr = 0
         self.guard = DecodeGuard(self.registry, self.dispatch)
         self._now = 0.0  # the time of the event being handled (for paths that end requests)
@@ -85,6 +87,10 @@ class ServingCore(InstanceMoves, Intake, Queueing, WorkerEvents):
 
     def has_model(self, name: str) -> bool:
         return self.registry.model(name) is not None
+
+    def draining(self) -> bool:
+        """Some drain is under way (the simulator runs until every one has ended)."""
+        return bool(self._drains)
 
     def waiting_models(self) -> list[str]:
         """Models with requests held for an Active instance (after a worker's restart the

@@ -113,6 +113,7 @@ class Daemon(RequestFront, WorkerSupervision):
                             cfg.server.worker_ready_timeout_s, cfg.server.drain_timeout_s, clock, cfg.lifecycle)
         self.life = LifecycleOps(self.ops, cfg.lifecycle, self.metrics.lifecycle)
         self.ops.starter = self.life.start
+        self.ops.poke = self.poke
         # the decisions carried out with their reasons (`ctl events`, `janus top`): the
         # controller's Ops and the wakes requests start
         self.decisions = DecisionLog(cfg.control.decisions_kept, self.metrics.controller_decision)

@@ -28,7 +28,7 @@ from janusd.lifecycle.states import TARGETS, InstanceState, check_transition
 from janusd.log import log
 from janusd.server.daemon_clock import clock
 from janusd.server.decisions import DecisionLog
-from janusd.server.drain import drained
+from janusd.server.drain import drain
 from janusd.server.model_ops import ModelOps
 from janusd.server.workers import WorkerError
 from janusd.wire import worker_msgs as wm
@@ -315,16 +315,10 @@ class LifecycleOps:
     async def _deactivate(self, inst: Instance, want: InstanceState) -> dict[str, Any]:
         """Active -> Warm/Cold: stop routing, drain (bounded, then abort), free."""
         name, clock = inst.model, self.ops.clock
-        self.core.set_state(inst, S.DRAINING, clock())
         t0 = clock()
-
-        def running() -> list[Any]:
-            return [r for r in self.core.requests_of(name) if r.device == inst.device] + self._to_hand(inst)
-
-        drain_s = await drained(running, self.ops.drain_timeout_s)
-        aborted = self.core.fail_requests(running(), Failure(
+        drain_s, aborted = await drain(self.core, inst, self.ops.drain_timeout_s, Failure(
             503, f"model {name!r} on device {inst.device} went {want.value} before this request finished (drain "
-            f"bound {self.ops.drain_timeout_s:g} s)", code="model_deactivated"), clock())
+            f"bound {self.ops.drain_timeout_s:g} s)", code="model_deactivated"), self.ops.poke)
         try:
             reply: wm.StateSet = await self._call(inst, self._msg(inst, want.value), self.ops.load_timeout_s)
         except (WorkerError, asyncio.TimeoutError) as e:
@@ -340,18 +334,6 @@ class LifecycleOps:
         return {"model": name, "device": inst.device, "state": inst.state.value, "from": "active",
                 "aborted_requests": aborted, "bytes": reply.nbytes, "phases": _rounded(phases),
                 "total_s": round(clock() - t0, 4)}
-
-    def _to_hand(self, inst: Instance) -> list[Any]:
-        """P/D: the requests still prefilling on a prefill instance when `inst` is the
-        model's last decode instance that is not leaving: their KV comes here, so its drain
-        waits for them too (else they would find no decode instance at their handoff)."""
-        if inst.role != "decode":
-            return []
-        m = self.core.models()[inst.model]
-        if any(i.role == "decode" and i.state is S.ACTIVE and i is not inst for i in m.instances.values()):
-            return []
-        return [r for r in self.core.requests_of(inst.model) if r.instance is not None
-                and r.instance.role == "prefill" and r.decode_inst is None and r.device == r.instance.device]
 
     async def _rest(self, inst: Instance, want: InstanceState) -> dict[str, Any]:
         """Between resting states: Cold/Unloaded -> Warm (read the host copy), Warm -> Cold,

@@ -24,7 +24,7 @@ from janusd.lifecycle.states import InstanceState
 from janusd.log import log
 from janusd.policy.pinned import place
 from janusd.server.daemon_clock import clock
-from janusd.server.drain import drained
+from janusd.server.drain import drain
 from janusd.server.workers import WorkerError, WorkerHandle
 from janusd.wire import worker_msgs as wm
 
@@ -59,6 +59,7 @@ class ModelOps:
         self.lifecycle = lifecycle  # the daemon's [lifecycle]: what a load tells the worker
         # brings an instance to a start state other than active (server/lifecycle_ops.py)
         self.starter: Callable[[Instance, str], Awaitable[None]] | None = None
+        self.poke: Callable[[], None] = lambda: None  # the daemon's: tick now (a drain's bound is a tick's)
 
     async def start(self, inst: Instance) -> None:
         """Bring a configured instance to its start state (config warm_devices / cold_devices)."""
@@ -141,17 +142,15 @@ class ModelOps:
         insts = list(m.instances.values())
         for inst in insts:
             if inst.state is S.ACTIVE:
-                self.core.set_state(inst, S.DRAINING, self.clock())
+                self.core.set_state(inst, S.DRAINING, self.clock())  # all at once: none takes the others' work
             elif inst.state in (S.LOADING, S.RESTORING, S.FORKING, S.COLD):
                 self.core.set_state(inst, S.UNLOADED, self.clock(), error=f"unloaded while {inst.state.value}")
             elif inst.state is S.WARM:  # drop the worker's host copy
                 self.core.set_state(inst, S.UNLOADED, self.clock())
                 await self._unload_on_worker(name, inst.device)
-        def running() -> list[Any]:
-            return [r for r in self.core.requests_of(name) if r.device is not None]
-
-        await drained(running, self.drain_timeout_s, 0.05)
-        failed = self.core.fail_requests(running(), Failure(503, f"model {name!r} was unloaded"), self.clock())
+        gone = Failure(503, f"model {name!r} was unloaded")
+        drains = [drain(self.core, i, self.drain_timeout_s, gone, self.poke) for i in insts if i.state is S.DRAINING]
+        failed = sum(ended for _, ended in await asyncio.gather(*drains))
         for inst in insts:
             if inst.state is S.DRAINING:
                 self.core.set_state(inst, S.UNLOADED, self.clock())

@@ -42,7 +42,7 @@ from collections.abc import Callable
 import numpy as np
 
 from janusd.config import DispatchConfig, ModelConfig
-from janusd.core import Limits, Observers, Refused, ServingCore, Submission
+from janusd.core import Failure, Limits, Observers, Refused, ServingCore, Submission
 from janusd.lifecycle.states import InstanceState, holds_device_memory
 from janusd.sim.perfmodel import PerfModel
 from janusd.sim.served import RunOutcome, Served, TraceColumns, OutcomeLists
@@ -104,9 +104,6 @@ class Cluster:
         self._holding: dict[int, int] = {}  # worker -> its instances holding device memory
         self._held_now = 0  # devices of workers holding some instance (kept by set_state)
         self._insts_now = 0  # instances holding device memory
-        self._draining: dict[int, set[str]] = {}  # worker -> models draining there
-        # (model, worker) draining -> the state it goes to and who hears when it got there
-        self._drain_to: dict[tuple[str, int], tuple[InstanceState, Callable[[float], None] | None]] = {}
         self.on_arrival: Callable[[int, float], None] | None = None  # (trace row, now): the controller's counts
         self.figures: Callable[[], dict[str, int]] | None = None  # the controller's own counts, for the summary
         self._cols = TraceColumns(trace, [self.req_model[k] for k in request_model.tolist()])
@@ -168,31 +165,16 @@ class Cluster:
 
     def drain(self, model: str, lead: int, now: float, to: InstanceState = InstanceState.UNLOADED,
               on_done: Callable[[float], None] | None = None) -> None:
-        """Active -> Draining; `to` (Unloaded, Warm or Cold) once the worker has finished
-        its requests, then on_done(t)."""
-        self.set_state(model, lead, InstanceState.DRAINING, now)
-        self._draining.setdefault(lead, set()).add(model)
-        self._drain_to[(model, lead)] = (to, on_done)
-        self._check_drained(lead, now)
+        """Active -> Draining (the core's drain, unbounded here: the simulated worker
+        always finishes); `to` (Unloaded, Warm or Cold) once its requests have ended,
+        then on_done(t)."""
 
-    def _check_drained(self, lead: int, now: float) -> None:
-        models = self._draining.get(lead)
-        if not models:
-            return
-        w = self.workers[lead]
-        done = []
-        for m in sorted(models):
-            r = w.residents.get(m)
-            if r is None or (not r.running and not r.waiting):
-                models.discard(m)
-                to, on_done = self._drain_to.pop((m, lead), (InstanceState.UNLOADED, None))
-                self.set_state(m, lead, to, now)
-                if on_done is not None:
-                    done.append(on_done)
-        if not models:
-            del self._draining[lead]
-        for fn in done:
-            fn(now)
+        def over(t: float, _ended: int) -> None:
+            self.set_state(model, lead, to, t)
+            if on_done is not None:
+                on_done(t)
+
+        self.core.drain(self.core.instance(model, lead), now, math.inf, _NEVER, over)
 
     def _loaded(self, model: str, lead: int, now: float) -> None:
         inst = self.core.instance(model, lead)
@@ -223,7 +205,7 @@ class Cluster:
     @property
     def busy(self) -> bool:
         """Requests still to come or in flight (periodic controller loops stop after)."""
-        return self.arrivals_left > 0 or self.core.in_flight() > 0 or bool(self._draining)
+        return self.arrivals_left > 0 or self.core.in_flight() > 0 or self.core.draining()
 
     def at(self, t: float, fn: Callable[[float], None]) -> None:
         """Call fn(t) at virtual time t (controller timers, load completions)."""
@@ -263,18 +245,16 @@ class Cluster:
                         core.on_batch(key, wm.StepBatch(deltas), t)
                     elif not failed:
                         continue
-                    if key in self._draining:
-                        self._check_drained(key, t)
                 elif kind == 0:
                     self._timers[key][1](t)
                 else:  # a tick the core asked for
                     if t != self._tick_at:
                         continue
                     self._tick_at = math.inf
+            wake = core.tick(self.now)  # drains that ended rest their instances here
             if self._devices_dirty:
                 self._devices_dirty = False
                 self._count_devices(self.now)
-            wake = core.tick(self.now)
             if wake is not None and wake < self._tick_at:
                 self._tick_at = max(wake, self.now)
                 self._push(self._tick_at, 2, 0)
@@ -367,6 +347,9 @@ class Cluster:
             return v
         served = self.served[self.req_model[int(self.request_model[i])]]
         return served.ttft_slo_ms if ttft else served.tpot_slo_ms
+
+
+_NEVER = Failure(500, "a simulated drain has no bound")  # never given: the bound is inf
 
 
 def _drop(_event: object) -> None:
