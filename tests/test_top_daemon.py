@@ -143,13 +143,18 @@ def test_ctl_events_lists_a_bursts_ops_with_reasons_and_figures(daemon):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     # Ctrl-C once it follows (its first line printed: on a loaded machine the CLI's start
     # alone can take seconds, and a signal before its loop would test the interpreter)
-    # (select only: what it printed stays in the pipe for communicate to read)
-    ready, _, _ = select.select([p.stdout], [], [], 60.0)
-    assert ready, "ctl events --follow printed nothing within 60 s"
+    # (raw reads of the pipe: communicate then reads the rest the same way)
+    head = b""
+    t_end = time.monotonic() + 60.0
+    while b"\n" not in head and time.monotonic() < t_end:
+        ready, _, _ = select.select([p.stdout], [], [], 1.0)
+        if ready:
+            head += os.read(p.stdout.fileno(), 65536)  # type: ignore[union-attr]
+    assert b"\n" in head, f"ctl events --follow printed no line within 60 s: {head!r}"
     p.send_signal(2)
     stdout, stderr = p.communicate(timeout=30)
-    assert p.returncode == 0, stderr
-    followed = [json.loads(x) for x in stdout.splitlines()]
+    assert p.returncode == 0, (head, stdout, stderr)
+    followed = [json.loads(x) for x in (head.decode() + stdout).splitlines()]
     assert len(followed) >= len(data["events"]) and all("reason" in e and "seq" in e for e in followed), stdout
 
 

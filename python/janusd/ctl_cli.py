@@ -174,9 +174,9 @@ def _follow(path: str, args: argparse.Namespace, first: dict[str, Any]) -> int:
         for e in events:
             print(json.dumps(e, default=str) if args.json else event_line(e), flush=True)
 
-    out(first["events"])
     after, away = first["version"], False
-    try:
+    try:  # Ctrl-C ends it cleanly wherever it lands, the first lines included
+        out(first["events"])
         while True:
             time.sleep(args.interval)
             try:

@@ -174,28 +174,7 @@ async def handle(daemon: AdminBackend, req: Any) -> dict[str, Any]:
             "dispatch": core.dispatch_stats(),
         }
     if isinstance(req, am.ModelsReq):
-        rows = []
-        ctl = daemon.controller
-        pools = {p.app: p.pool for p in ctl.room.pools} if ctl is not None else {}
-        for name, m in core.models().items():
-            win = core.window(name, now)  # the last minute of traffic (telemetry/)
-            lat = daemon.metrics.recent.figures(name, now)  # the last minute's ended requests
-            rows.append({
-                "name": name, "checkpoint": m.cfg.checkpoint, "app": m.cfg.app_name,
-                "devices": sorted(d for d, i in m.instances.items() if i.state.value != "unloaded"),
-                "active": len(m.active), "ttft_slo_ms": m.cfg.ttft_slo_ms,
-                "tpot_slo_ms": m.cfg.tpot_slo_ms, "queued": core.queue_length(name),
-                "in_flight": core.in_flight(name), "max_model_len": m.max_model_len,
-                "rate_rps": round(win.request_rate, 3), "out_tok_s": round(win.output_token_rate, 1),
-                "in_len_mean": round(win.input_len_mean, 1), "out_len_mean": round(win.output_len_mean, 1),
-                # the pool it is in now (the classifier's when managed), requests waiting for an
-                # Active instance, and the last minute's latencies and per-token attainment
-                "pool": pools.get(name, m.cfg.pool), "held": core.held_count(name),
-                "ended_1m": lat.requests, "ttft_p50_ms": _ms(lat.ttft_p50_s), "ttft_p99_ms": _ms(lat.ttft_p99_s),
-                "tpot_p50_ms": _ms(lat.tpot_p50_s), "tpot_p99_ms": _ms(lat.tpot_p99_s),
-                "attainment_1m": None if lat.attainment is None else round(lat.attainment, 4),
-            })
-        return {"models": rows}
+        return {"models": _models(daemon, now)}
     if isinstance(req, am.InstancesReq):
         return {"instances": _instances(core, now)}
     if isinstance(req, am.EventsReq):
@@ -203,17 +182,7 @@ async def handle(daemon: AdminBackend, req: Any) -> dict[str, Any]:
     if isinstance(req, am.PoolsReq):
         if req.refresh:
             await daemon.refresh_stats()
-        rows = []
-        for w in daemon.workers:
-            row: dict[str, Any] = {"device": w.device_index, "state": w.state}
-            if w.last_stats is not None:
-                row["models"] = w.last_stats.models
-                row["running"] = w.last_stats.running
-                row["engine_requests"] = w.last_stats.engine_requests
-                row["host_copies"] = w.last_stats.host_copies
-                row.update(w.last_stats.pool)
-            rows.append(row)
-        return {"pools": rows}
+        return {"pools": _pools(daemon)}
     if isinstance(req, am.LoadReq):
         return {"loaded": req.name, "devices": await daemon.load_model(req.name, req.checkpoint, req.devices)}
     if isinstance(req, am.UnloadReq):
@@ -239,3 +208,45 @@ async def handle(daemon: AdminBackend, req: Any) -> dict[str, Any]:
                 "source": daemon.config.path or "embedded default",
                 "config": msgspec.to_builtins(daemon.cfg)}
     raise ValueError(f"unknown admin request {type(req).__name__}")
+
+
+def _models(daemon: AdminBackend, now: float) -> list[dict[str, Any]]:
+    """`ctl models`: each model's config, instances, queue and the last minute's traffic."""
+    core = daemon.core
+    rows = []
+    ctl = daemon.controller
+    pools = {p.app: p.pool for p in ctl.room.pools} if ctl is not None else {}
+    for name, m in core.models().items():
+        win = core.window(name, now)  # the last minute of traffic (telemetry/)
+        lat = daemon.metrics.recent.figures(name, now)  # the last minute's ended requests
+        rows.append({
+            "name": name, "checkpoint": m.cfg.checkpoint, "app": m.cfg.app_name,
+            "devices": sorted(d for d, i in m.instances.items() if i.state.value != "unloaded"),
+            "active": len(m.active), "ttft_slo_ms": m.cfg.ttft_slo_ms,
+            "tpot_slo_ms": m.cfg.tpot_slo_ms, "queued": core.queue_length(name),
+            "in_flight": core.in_flight(name), "max_model_len": m.max_model_len,
+            "rate_rps": round(win.request_rate, 3), "out_tok_s": round(win.output_token_rate, 1),
+            "in_len_mean": round(win.input_len_mean, 1), "out_len_mean": round(win.output_len_mean, 1),
+            # the pool it is in now (the classifier's when managed), requests waiting for an
+            # Active instance, and the last minute's latencies and per-token attainment
+            "pool": pools.get(name, m.cfg.pool), "held": core.held_count(name),
+            "ended_1m": lat.requests, "ttft_p50_ms": _ms(lat.ttft_p50_s), "ttft_p99_ms": _ms(lat.ttft_p99_s),
+            "tpot_p50_ms": _ms(lat.tpot_p50_s), "tpot_p99_ms": _ms(lat.tpot_p99_s),
+            "attainment_1m": None if lat.attainment is None else round(lat.attainment, 4),
+        })
+    return rows
+
+
+def _pools(daemon: AdminBackend) -> list[dict[str, Any]]:
+    """`ctl pools`: each worker's last Stats (models, running, pool pages)."""
+    rows = []
+    for w in daemon.workers:
+        row: dict[str, Any] = {"device": w.device_index, "state": w.state}
+        if w.last_stats is not None:
+            row["models"] = w.last_stats.models
+            row["running"] = w.last_stats.running
+            row["engine_requests"] = w.last_stats.engine_requests
+            row["host_copies"] = w.last_stats.host_copies
+            row.update(w.last_stats.pool)
+        rows.append(row)
+    return rows

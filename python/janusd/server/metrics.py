@@ -231,6 +231,21 @@ class Metrics:
         self.estimate_overshoot = Counter("janusd_prefill_estimate_overshoot_seconds", "sum of estimated - "
                                           "observed prefill time where the estimate was too high", ["model"],
                                           registry=r)
+        self._lifecycle_and_control(r)
+        self.tick_errors = Counter("janusd_tick_errors", "core ticks that raised (logged rate-limited; the tick "
+                                   "loop backs off, 10 ms doubling to 1 s, and goes on)", registry=r)
+        self.worker_errors = Counter("janusd_worker_errors", "errors caught on a worker's request path and served "
+                                     "past, by where: handler (the daemon handling one of the worker's outputs), "
+                                     "abort (the worker could not abort a request: its KV pages may stay held), "
+                                     "tokenize (the tokenizer failed on something other than bad input)",
+                                     ["device", "where"], registry=r)
+        r.register(_Live(snapshot))
+        self._tot: dict[str, tuple[int, int]] = {}
+        # the last minute's samples per model: percentiles and attainment for ctl and top
+        self.recent = LatencyWindow(60.0)
+
+    def _lifecycle_and_control(self, r: CollectorRegistry) -> None:
+        """The lifecycle's and the controller's families (phases, ops, decisions, plans)."""
         self.phase = Histogram("janusd_lifecycle_phase_seconds", "seconds of each phase of an instance's state change "
                                "(op: activate | fork | deactivate | stage; phase: drain | prepare | transfer | restore "
                                "| first_token)", ["model", "op", "phase"], buckets=_PHASE_BUCKETS, registry=r)
@@ -257,17 +272,6 @@ class Metrics:
         self.controller_plan = Gauge("janusd_controller_plan", "the controller's last plans (figure: steady_bins_used, "
                                      "steady_phi, steady_migrations, steady_pending_moves; elastic_budget, "
                                      "elastic_asked, elastic_given)", ["figure"], registry=r)
-        self.tick_errors = Counter("janusd_tick_errors", "core ticks that raised (logged rate-limited; the tick "
-                                   "loop backs off, 10 ms doubling to 1 s, and goes on)", registry=r)
-        self.worker_errors = Counter("janusd_worker_errors", "errors caught on a worker's request path and served "
-                                     "past, by where: handler (the daemon handling one of the worker's outputs), "
-                                     "abort (the worker could not abort a request: its KV pages may stay held), "
-                                     "tokenize (the tokenizer failed on something other than bad input)",
-                                     ["device", "where"], registry=r)
-        r.register(_Live(snapshot))
-        self._tot: dict[str, tuple[int, int]] = {}
-        # the last minute's samples per model: percentiles and attainment for ctl and top
-        self.recent = LatencyWindow(60.0)
 
     def observe(self, req: Request, outcome: str) -> None:
         m = req.model
