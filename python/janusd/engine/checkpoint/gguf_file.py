@@ -203,13 +203,14 @@ class GGUFCheckpoint(Checkpoint):
         try:
             raw = np.ascontiguousarray(t.data)
             self.bytes_read += raw.nbytes
-            parts = decode_blocks(raw.reshape(self._specs[name][0][0], -1), stored)
+            q, d, m = decode_blocks(raw.reshape(self._specs[name][0][0], -1), stored)
         except Exception as e:  # a truncated file surfaces here as a short buffer
             raise CheckpointError(f"{self.path}: cannot read tensor {t.name!r}: {type(e).__name__}: {e}") from e
         if self._permuted(name):
-            heads = parts[0].shape[0] // self.arch.head_dim
-            parts = tuple(None if a is None else np.ascontiguousarray(unpermute_rows(a, heads)) for a in parts)
-        return parts  # type: ignore[return-value]
+            heads = q.shape[0] // self.arch.head_dim
+            q, d = (np.ascontiguousarray(unpermute_rows(a, heads)) for a in (q, d))  # type: ignore[arg-type]
+            m = None if m is None else np.ascontiguousarray(unpermute_rows(m, heads))  # type: ignore[arg-type]
+        return q, d, m
 
     def _read(self, t: Any, sl: Slice | None) -> Any:
         """The tensor's values (HF layout, float32 or its plain dtype) as a contiguous numpy

@@ -42,8 +42,8 @@ PACKABLE = ("q4_0", "q4_1")  # stored dtype names (Checkpoint.tensor_specs) this
 # what the kernel computes in: bfloat16 is its vectorized path on AVX2 (module doc); float32
 # (its scalar path) gives the file's weights exactly, for tests (test_engine_qlinear.py)
 SCALE_DTYPE = torch.bfloat16
-_OPS = getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None), getattr(
-    torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", None)
+_OPS: tuple[Any, Any] = (getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None),
+                         getattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", None))
 
 
 def q4_available() -> bool:
