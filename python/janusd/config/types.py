@@ -13,7 +13,8 @@ Port = Annotated[int, Meta(ge=0, le=65535)]
 Name = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
 
 DeviceKind = Literal["cpu", "cuda", "npu"]
-DType = Literal["float32", "bfloat16", "float16"]
+# "auto": float32, except that a GGUF's Q4_0/Q4_1 linears stay packed on cpu (engine/models/qlinear.py)
+DType = Literal["float32", "bfloat16", "float16", "auto"]
 Role = Literal["mixed", "prefill", "decode"]
 DispatchPolicy = Literal["lst_imh", "round_robin", "least_load"]
 RequeuePolicy = Literal["reject", "relax", "keep"]

@@ -24,7 +24,8 @@ import torch
 
 from janusd.engine.kv_cache import PagedKVCache
 from janusd.engine.models.llama import LlamaModel
-from janusd.engine.models.weights import landing_groups, materialize, plan_weights
+from janusd.engine.models.qlinear import keeps_q4
+from janusd.engine.models.weights import WeightPlan, landing_groups, load_weights, materialize, plan_weights
 from janusd.engine.restore import Copier, HostCopy, host_buffer, plain_view, sync_device, trim_heap, wait_landed
 from janusd.engine.runner import ModelEngine, torch_dtype
 from janusd.engine.types import EngineError, StepOutput
@@ -59,6 +60,13 @@ def check_device_runtime(kind: str, device_index: int) -> torch.device:
             raise EngineError(f"device kind 'npu' is configured but torch_npu cannot be imported: {e}") from None
         return torch.device("npu", device_index)
     raise EngineError(f"unknown device kind {kind!r} (cpu, cuda, npu)")
+
+
+def weight_plan(ck: Any, dtype_name: str, device_kind: str) -> WeightPlan:
+    """The whole model's weight plan for `dtype_name` (a config dtype: "auto" keeps a GGUF's
+    Q4 linears packed on cpu, engine/models/qlinear.py) on a `device_kind` device; every
+    load, host copy, image and fork of the model lays its bytes out by it."""
+    return plan_weights(ck.arch, ck.tensor_specs(), torch_dtype(dtype_name), quantized=keeps_q4(dtype_name, device_kind))
 
 
 class DeviceEngine:
@@ -130,17 +138,17 @@ class DeviceEngine:
         from janusd.engine.loader import open_checkpoint
 
         ck = checkpoint if checkpoint is not None else open_checkpoint(model_cfg.checkpoint, cache_dir)
-        dtype = torch_dtype(model_cfg.dtype)
         if shard is None:
-            plan = plan_weights(ck.arch, ck.tensor_specs(), dtype)
+            plan = weight_plan(ck, model_cfg.dtype, self.kind)
             slices = None
-        else:  # the shard's own arch and shapes; the reader reads only its slices
-            plan = plan_weights(shard.layout.local, shard.layout.local_specs(ck.tensor_specs()), dtype)
+        else:  # the shard's own arch and shapes, never packed; the reader reads only its slices
+            plan = plan_weights(shard.layout.local, shard.layout.local_specs(ck.tensor_specs()),
+                                torch_dtype(model_cfg.dtype))
             slices = shard.layout.slices(ck.tensor_specs())
 
-        def fill(seg: Any) -> dict[str, torch.Tensor]:
+        def fill(seg: Any) -> dict[str, Any]:
             views = materialize(plan, seg.view)
-            ck.load_into(lambda n: views[n], plan.dtype, slices)
+            load_weights(ck, plan, views, slices)
             return views
 
         return self._on_device(model_cfg, engine_cfg, ck, plan, fill, shard)
@@ -193,10 +201,9 @@ class DeviceEngine:
         from janusd.engine.loader import open_checkpoint
 
         ck = checkpoint if checkpoint is not None else open_checkpoint(model_cfg.checkpoint, cache_dir)
-        plan = plan_weights(ck.arch, ck.tensor_specs(), torch_dtype(model_cfg.dtype))
+        plan = weight_plan(ck, model_cfg.dtype, self.kind)
         buf, pinned = host_buffer(plan.total_bytes, self.kind)
-        views = materialize(plan, plain_view(buf))
-        ck.load_into(lambda n: views[n], plan.dtype)
+        load_weights(ck, plan, materialize(plan, plain_view(buf)))
         return HostCopy(model_cfg.name, model_cfg, engine_cfg, ck, plan, buf, pinned)
 
     def restore_model(self, host: HostCopy, copier: Copier, phases: dict[str, float], model_cfg: Any = None,

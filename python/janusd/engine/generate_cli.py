@@ -43,10 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from janusd.config import EngineConfig, ModelConfig
-    from janusd.engine.device_engine import DeviceEngine
+    from janusd.engine.device_engine import DeviceEngine, weight_plan
     from janusd.engine.loader import CheckpointError, open_checkpoint
-    from janusd.engine.models.weights import plan_weights
-    from janusd.engine.runner import torch_dtype
     from janusd.engine.types import EngineError, RequestError, SamplingParams
 
     if args.threads > 0 and args.tp == 1:
@@ -70,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--tp must be >= 1, got {args.tp}")
         if args.tp > 1:
             return _run_tp(args, ck, prompt, params, max_len, kv_mib, page)
-        weights = plan_weights(ck.arch, ck.tensor_specs(), torch_dtype(args.dtype)).total_bytes
+        weights = weight_plan(ck, args.dtype, args.device).total_bytes
         memory = (-(-weights // page) + kv_mib // 2 + 8) * page
         de = DeviceEngine(kind=args.device, device_index=args.device_index, memory_bytes=memory, page_size=page)
         me = de.load_model(ModelConfig(name="generate", checkpoint=args.model, dtype=args.dtype, kv_cache_mib=kv_mib,

@@ -24,9 +24,15 @@ def layout_signature(plan: Any) -> str:
     size. A fork copies bytes, so source and target must lay them out identically."""
     h = hashlib.blake2b(digest_size=16)
     h.update(f"{plan.dtype}|{plan.total_bytes}".encode())
+    if plan.quant:  # the int4 packing is torch's and may differ by instruction set
+        import torch
+
+        h.update(f"|q4:{torch.__version__}:{torch.backends.cpu.get_cpu_capability()}".encode())
     for name in sorted(plan.slots):
         s = plan.slots[name]
         h.update(f"|{name}:{s.offset}:{s.shape}:{s.parent}:{s.row0}".encode())
+        if s.dtype is not None:
+            h.update(f":{s.dtype}".encode())
     return h.hexdigest()
 
 
@@ -79,8 +85,8 @@ def pull_model(de: Any, pd: Any, msg: wm.SetState, host: Any, phases: dict[str, 
     checksums, rebuild the views. The tensor table and tokenizer come from `host` (a
     Warm copy), else `from_image(msg)` (the converted image), else the checkpoint."""
     from janusd.engine.loader import open_checkpoint
-    from janusd.engine.models.weights import materialize, plan_weights
-    from janusd.engine.runner import torch_dtype
+    from janusd.engine.device_engine import weight_plan
+    from janusd.engine.models.weights import materialize
     from janusd.engine.types import EngineError
     src = msg.fork
     assert src is not None
@@ -91,7 +97,7 @@ def pull_model(de: Any, pd: Any, msg: wm.SetState, host: Any, phases: dict[str, 
         ck, plan = host.checkpoint, host.plan
     else:
         ck = open_checkpoint(msg.model.checkpoint, Path(msg.cache_dir) if msg.cache_dir else None)
-        plan = plan_weights(ck.arch, ck.tensor_specs(), torch_dtype(msg.model.dtype))
+        plan = weight_plan(ck, msg.model.dtype, de.kind)
     if layout_signature(plan) != src.layout or plan.total_bytes != src.nbytes:
         raise EngineError(f"the source lays out {src.nbytes} bytes differently from this worker's "
                           f"{plan.total_bytes} (another dtype or checkpoint?)")

@@ -20,7 +20,8 @@ from janusd.wire import worker_msgs as wm
 
 
 class HostImages:
-    def __init__(self) -> None:
+    def __init__(self, device_kind: str = "cpu") -> None:
+        self.device_kind = device_kind  # the weight plan's (device_engine.weight_plan)
         # Cold models' tokenizers, by model: (image dir, Tokenizer); see keep_tokenizer
         self.tokenizers: dict[str, tuple[Path, Any]] = {}
 
@@ -88,16 +89,15 @@ class HostImages:
         if root is None:
             return None
         from janusd.engine.host_image import open_image
-        from janusd.engine.models.weights import plan_weights
+        from janusd.engine.device_engine import weight_plan
         from janusd.engine.restore import HostCopy
-        from janusd.engine.runner import torch_dtype
 
         kept_root, kept = self.tokenizers.get(msg.model.name, (None, None))
         # the kept tokenizer (same image: same checkpoint and dtype), else built while the weights are read
         ck = open_image(root, background=True, tokenizer=kept if kept_root == root else None)
         if ck is None:
             return None
-        plan = plan_weights(ck.arch, ck.tensor_specs(), torch_dtype(msg.model.dtype))
+        plan = weight_plan(ck, msg.model.dtype, self.device_kind)
         if layout_signature(plan) != ck.meta.layout:
             return None
         return HostCopy(msg.model.name, msg.model, msg.engine, ck, plan, None, file=ck.root / "weights.bin")

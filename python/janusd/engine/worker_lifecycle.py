@@ -98,7 +98,7 @@ class Lifecycle:
         self.drop_requests = drop_requests
         self.copier = Copier()
         self.busy: set[str] = set()  # models with a SetState in progress
-        self.images = HostImages()
+        self.images = HostImages(getattr(de, "kind", "cpu"))
         self._freeing: list[tuple[float, Any]] = []  # (activated at, host copy) of models now Active
 
     # ---- main thread ----

@@ -58,6 +58,8 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, dict=True):
         heads = num("num_attention_heads")
         hidden = num("hidden_size")
         name = dtype or cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
+        if name == "auto":  # packed Q4 weights are counted as float32 here (not yet their own bytes)
+            name = cfg.get("torch_dtype") or "float32"
         if name not in DTYPE_BYTES:
             raise ValueError(f"model config: unknown dtype {name!r} (known: {', '.join(DTYPE_BYTES)})")
         return cls(

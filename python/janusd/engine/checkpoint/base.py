@@ -12,7 +12,7 @@ before a worker has allocated device memory for it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -219,20 +219,21 @@ class Checkpoint:
             total += n
         return total
 
-    def _iter_raw(self, dtype: torch.dtype, slices: Mapping[str, Slice | None] | None = None
-                  ) -> Iterator[tuple[str, torch.Tensor]]:
+    def _iter_raw(self, dtype: torch.dtype, slices: Mapping[str, Slice | None] | None = None,
+                  skip: Collection[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (name, tensor) in HF layout converted to ``dtype``; with ``slices``, only the
         slice ``slices[name]`` of each tensor (a tensor-parallel shard's part), read as
-        such from the file (never the whole tensor), counted in ``bytes_read``."""
+        such from the file (never the whole tensor), counted in ``bytes_read``. Tensors
+        named in ``skip`` are neither read nor yielded (packed ones: read_q4)."""
         raise NotImplementedError
 
-    def iter_tensors(self, dtype: torch.dtype, slices: Mapping[str, Slice | None] | None = None
-                     ) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_tensors(self, dtype: torch.dtype, slices: Mapping[str, Slice | None] | None = None,
+                     skip: Collection[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (HF name, tensor in HF layout converted to ``dtype``), one tensor at a time.
 
         ``slices``: name -> (dim, start, stop) or None (engine/tp/layout.py): the reader
         reads only rows (dim 0) or columns (dim 1) [start, stop) of that tensor."""
-        for name, tensor in self._iter_raw(dtype, slices):
+        for name, tensor in self._iter_raw(dtype, slices, skip):
             shape = sliced_shape(self._specs[name][0], slices.get(name) if slices else None)
             if tuple(tensor.shape) != shape:  # a reader bug or a file changed under us
                 raise CheckpointError(
@@ -241,7 +242,7 @@ class Checkpoint:
             yield name, tensor
 
     def load_into(self, dest: Callable[[str], torch.Tensor], dtype: torch.dtype,
-                  slices: Mapping[str, Slice | None] | None = None) -> None:
+                  slices: Mapping[str, Slice | None] | None = None, skip: Collection[str] = ()) -> None:
         """Copy every tensor into ``dest(name)`` (a preallocated view of exactly the HF shape,
         or with ``slices`` of the slice's shape; a slice shorter than its destination along
         the sliced dim, a vocabulary shard's padding, fills the front and zeroes the rest).
@@ -253,9 +254,9 @@ class Checkpoint:
 
         start = time.monotonic()
         with tqdm(
-            total=len(self._specs), desc=f"loading {self.path.name}", unit="tensor", delay=1.0, disable=None, leave=False
+            total=len(self._specs) - len(skip), desc=f"loading {self.path.name}", unit="tensor", delay=1.0, disable=None, leave=False
         ) as bar:
-            for name, tensor in self.iter_tensors(dtype, slices):
+            for name, tensor in self.iter_tensors(dtype, slices, skip):
                 target = dest(name)
                 sl = slices.get(name) if slices else None
                 if sl is not None and tuple(target.shape) != tuple(tensor.shape):

@@ -11,7 +11,7 @@ that llama.cpp's converter applies for its interleaved RoPE.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -167,13 +167,14 @@ class GGUFCheckpoint(Checkpoint):
         validate_arch(arch, str(path))
         return arch
 
-    def _iter_raw(self, dtype: torch.dtype, slices: Mapping[str, Slice | None] | None = None
-                  ) -> Iterator[tuple[str, torch.Tensor]]:
+    def _iter_raw(self, dtype: torch.dtype, slices: Mapping[str, Slice | None] | None = None,
+                  skip: Collection[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
         import torch
 
-        permute = self.arch.architecture == "llama"
         d = self.arch.head_dim
         for name, (shape, _) in self._specs.items():
+            if name in skip:
+                continue
             t = self._tensors[name]
             sl = slices.get(name) if slices else None
             try:
@@ -182,10 +183,34 @@ class GGUFCheckpoint(Checkpoint):
             except Exception as e:  # a truncated file surfaces here as a short buffer
                 raise CheckpointError(f"{self.path}: cannot read tensor {t.name!r}: {type(e).__name__}: {e}") from e
             # llama.cpp permutes q/k rows within each head, and a shard's slice is whole heads
-            if permute and name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias",
-                                          "self_attn.k_proj.weight", "self_attn.k_proj.bias")):
+            if self._permuted(name):
                 tensor = unpermute_rows(tensor, tensor.shape[0] // d)
             yield name, tensor
+
+    def _permuted(self, name: str) -> bool:
+        return self.arch.architecture == "llama" and name.endswith(
+            ("self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight", "self_attn.k_proj.bias"))
+
+    def read_q4(self, name: str) -> tuple[Any, Any, Any]:
+        """A Q4_0/Q4_1 tensor's blocks as they are, in HF layout: (nibbles [N, K] uint8,
+        d [N, K/32] float32, m [N, K/32] float32 or None for Q4_0) (engine/models/qlinear.py)."""
+        import numpy as np
+
+        from janusd.engine.models.qlinear import decode_blocks
+
+        t = self._tensors[name]
+        stored = self._specs[name][1]
+        try:
+            raw = np.ascontiguousarray(t.data)
+            self.bytes_read += raw.nbytes
+            q, d, m = decode_blocks(raw.reshape(self._specs[name][0][0], -1), stored)
+        except Exception as e:  # a truncated file surfaces here as a short buffer
+            raise CheckpointError(f"{self.path}: cannot read tensor {t.name!r}: {type(e).__name__}: {e}") from e
+        if self._permuted(name):
+            heads = q.shape[0] // self.arch.head_dim
+            q, d = (np.ascontiguousarray(unpermute_rows(a, heads)) for a in (q, d))  # type: ignore[arg-type]
+            m = None if m is None else np.ascontiguousarray(unpermute_rows(m, heads))  # type: ignore[arg-type]
+        return q, d, m
 
     def _read(self, t: Any, sl: Slice | None) -> Any:
         """The tensor's values (HF layout, float32 or its plain dtype) as a contiguous numpy

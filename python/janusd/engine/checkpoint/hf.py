@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -145,12 +145,14 @@ class HFCheckpoint(Checkpoint):
                 out[name] = shard
         return out
 
-    def _iter_raw(self, dtype: torch.dtype, slices: Mapping[str, Slice | None] | None = None
-                  ) -> Iterator[tuple[str, torch.Tensor]]:
+    def _iter_raw(self, dtype: torch.dtype, slices: Mapping[str, Slice | None] | None = None,
+                  skip: Collection[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
         from safetensors import SafetensorError, safe_open
 
         by_file: dict[Path, list[str]] = {}
         for name in self._specs:
+            if name in skip:
+                continue
             by_file.setdefault(self._file_of[name], []).append(name)
         for file, names in by_file.items():
             try:

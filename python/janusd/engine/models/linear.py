@@ -30,8 +30,12 @@ and SmolLM2's prompts (tests/test_engine_linear.py, test_engine_hf_parity.py).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
+
+from janusd.engine.models.qlinear import Q4Linear
 
 _ONEDNN = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
 
@@ -40,8 +44,11 @@ def onednn_available() -> bool:
     return _ONEDNN is not None
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x [rows, in] @ w[out, in].T (+ b): oneDNN for 2+ float32 rows on cpu, else F.linear."""
+def linear(x: torch.Tensor, w: Any, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x [rows, in] @ w[out, in].T (+ b): a packed Q4 weight through its kernel (qlinear.py),
+    oneDNN for 2+ float32 rows on cpu, else F.linear."""
+    if isinstance(w, Q4Linear):
+        return w(x) if b is None else w(x) + b
     if (_ONEDNN is not None and x.dim() == 2 and x.shape[0] > 1 and x.dtype == torch.float32
             and w.dtype == torch.float32 and x.device.type == "cpu"):
         return _ONEDNN(x, w, b, "none", [], "")

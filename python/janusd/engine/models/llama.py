@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from janusd.engine.models.attention import AttnBatch, paged_attention
 from janusd.engine.models.linear import linear
+from janusd.engine.models.qlinear import nbytes
 from janusd.engine.models.rope import RotaryTable, apply_rotary
 from janusd.engine.types import EngineError
 
@@ -86,13 +87,14 @@ class LlamaModel:
 
     @property
     def weight_bytes_per_token(self) -> int:
-        """Bytes of weights a decode step reads (all matrices, the LM head; one embedding row)."""
-        total = self.lm_head.numel() * self.lm_head.element_size() + self.norm.numel() * self.norm.element_size()
+        """Bytes of weights a decode step reads (all matrices, packed ones as packed, the LM
+        head; one embedding row)."""
+        total = nbytes(self.lm_head) + nbytes(self.norm)
         for layer in self.layers:
             for t in (layer.ln1, layer.ln2, layer.qkv_w, layer.qkv_b, layer.o_w, layer.q_norm, layer.k_norm,
                       layer.gate_up_w, layer.down_w):
                 if t is not None:
-                    total += t.numel() * t.element_size()
+                    total += nbytes(t)
         return total + self.embed.shape[1] * self.embed.element_size()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnBatch,

@@ -5,6 +5,12 @@ zero-copy view into it. The plan below places tensors at 64-byte aligned offsets
 lays q/k/v (and gate/up) of a layer back to back, so that the fused [q;k;v] and
 [gate;up] matrices are themselves plain views: one matmul instead of three, without a
 copy. Tied embeddings get one tensor that serves as both `embed_tokens` and `lm_head`.
+
+A quantized plan (`quantized=True`, engine/models/qlinear.py) keeps each GGUF Q4_0/Q4_1
+linear in 4 bits: the (fused) matrix NAME gets two slots of its own dtype, `NAME:packed`
+(uint8 nibbles) and `NAME:scales` (bfloat16), and `materialize` hands the forward a
+Q4Linear over them under NAME. `plan.quant` says which HF tensor is packed into which
+matrix at which row, for the loader (load_quantized). Everything else stays `plan.dtype`.
 """
 
 from __future__ import annotations
@@ -33,6 +39,14 @@ class Slot:
     shape: tuple[int, ...]
     parent: str | None = None
     row0: int = 0
+    dtype: torch.dtype | None = None  # None: the plan's dtype
+
+    def nbytes(self, plan_dtype: torch.dtype) -> int:
+        return math.prod(self.shape) * _elt(self.dtype or plan_dtype)
+
+
+def _elt(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 @dataclass
@@ -41,6 +55,8 @@ class WeightPlan:
     dtype: torch.dtype
     slots: dict[str, Slot] = field(default_factory=dict)
     aliases: dict[str, str] = field(default_factory=dict)  # tied lm_head -> embed_tokens
+    # packed Q4 tensors: HF name -> (the matrix it is packed into, its first row there)
+    quant: dict[str, tuple[str, int]] = field(default_factory=dict)
 
 
 def expected_shapes(arch: Any) -> dict[str, tuple[int, ...]]:
@@ -78,12 +94,16 @@ _FUSED = (
 )
 
 
-def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.dtype) -> WeightPlan:
+def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.dtype,
+                 quantized: bool = False, q4_dtype: torch.dtype | None = None) -> WeightPlan:
     """Offsets for every tensor the model needs; checks the checkpoint's shapes.
 
     `specs` is `Checkpoint.tensor_specs()`: {hf_name: (shape, dtype_str)}. A needed tensor
     that is missing, or a shape that disagrees with the architecture, is an EngineError.
-    """
+    `quantized`: keep the Q4_0/Q4_1 linears packed (module doc); a fused matrix is packed
+    only when all its parts are; `q4_dtype`: what they compute in (qlinear.SCALE_DTYPE)."""
+    from janusd.engine.models.qlinear import packable
+
     want = expected_shapes(arch)
     for name, shape in want.items():
         if name not in specs:
@@ -91,7 +111,11 @@ def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.d
         got = tuple(int(s) for s in specs[name][0])
         if got != shape:
             raise EngineError(f"tensor {name!r}: checkpoint shape {got} != expected {shape} from the config")
-    elt = torch.empty((), dtype=dtype).element_size()
+
+    def packs(names: list[str]) -> bool:
+        return quantized and all(n.endswith(".weight") and packable(want[n], str(specs[n][1])) for n in names)
+
+    elt = _elt(dtype)
     plan = WeightPlan(total_bytes=0, dtype=dtype)
     if arch.tie_word_embeddings:
         plan.aliases["lm_head.weight"] = "model.embed_tokens.weight"
@@ -103,9 +127,13 @@ def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.d
             names = [p + x for x in parts]
             if not all(n in want for n in names):
                 continue
-            offset = _align(offset)
             rows = sum(want[n][0] for n in names)
             tail = want[names[0]][1:]
+            if packs(names):
+                offset = _place_q4(plan, offset, p + fused, names, (rows, *tail), want, q4_dtype)
+                placed.update(names)
+                continue
+            offset = _align(offset)
             plan.slots[p + fused] = Slot(offset, (rows, *tail))
             r = 0
             for n in names:
@@ -117,6 +145,9 @@ def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.d
     for name, shape in want.items():
         if name in placed:
             continue
+        if name.startswith("model.layers.") and packs([name]):
+            offset = _place_q4(plan, offset, name, [name], shape, want, q4_dtype)
+            continue
         offset = _align(offset)
         plan.slots[name] = Slot(offset, shape)
         offset += math.prod(shape) * elt
@@ -124,19 +155,51 @@ def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.d
     return plan
 
 
-def materialize(plan: WeightPlan, view: Callable[[int, tuple[int, ...], torch.dtype], torch.Tensor]) -> dict[str, torch.Tensor]:
+def _place_q4(plan: WeightPlan, offset: int, matrix: str, parts: list[str], shape: tuple[int, ...],
+              want: Mapping[str, tuple[int, ...]], q4_dtype: torch.dtype | None) -> int:
+    """Slots `matrix:packed` and `matrix:scales` at `offset`; the parts' rows in plan.quant."""
+    from janusd.engine.models.qlinear import SCALE_DTYPE, packed_shapes
+
+    nib, sc = packed_shapes(shape[0], shape[1])
+    for suffix, sh, dt in ((":packed", nib, torch.uint8), (":scales", sc, q4_dtype or SCALE_DTYPE)):
+        offset = _align(offset)
+        plan.slots[matrix + suffix] = Slot(offset, sh, dtype=dt)
+        offset += plan.slots[matrix + suffix].nbytes(plan.dtype)
+    r = 0
+    for n in parts:
+        plan.quant[n] = (matrix, r)
+        r += want[n][0]
+    return offset
+
+
+def materialize(plan: WeightPlan, view: Callable[[int, tuple[int, ...], torch.dtype], torch.Tensor]) -> dict[str, Any]:
     """Tensors for every slot: `view(offset, shape, dtype)` gives a zero-copy tensor
     (WeightSegment.view for the real engine, a slice of a plain buffer in tests)."""
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, Any] = {}
     for name, slot in plan.slots.items():
         if slot.parent is None:
-            out[name] = view(slot.offset, slot.shape, plan.dtype)
+            out[name] = view(slot.offset, slot.shape, slot.dtype or plan.dtype)
     for name, slot in plan.slots.items():
         if slot.parent is not None:
             out[name] = out[slot.parent][slot.row0 : slot.row0 + slot.shape[0]]
+    if plan.quant:
+        from janusd.engine.models.qlinear import Q4Linear
+
+        for matrix in {m for m, _ in plan.quant.values()}:
+            out[matrix] = Q4Linear(out[matrix + ":packed"], out[matrix + ":scales"])
     for alias, target in plan.aliases.items():
         out[alias] = out[target]
     return out
+
+
+def load_weights(ck: Any, plan: WeightPlan, views: Mapping[str, Any], slices: Mapping[str, Any] | None = None) -> None:
+    """Fill `views` (materialize's) from the checkpoint: the float tensors in `plan.dtype`,
+    the packed ones (plan.quant) as nibbles and scales (qlinear.load_packed)."""
+    ck.load_into(lambda n: views[n], plan.dtype, slices, skip=plan.quant.keys())
+    if plan.quant:
+        from janusd.engine.models.qlinear import load_packed
+
+        load_packed(ck, plan.quant, dict(views))
 
 
 def plain_buffer_view(total_bytes: int, device: torch.device | str = "cpu") -> Callable[[int, tuple[int, ...], torch.dtype], torch.Tensor]:
@@ -156,7 +219,6 @@ def landing_groups(plan: WeightPlan, num_layers: int) -> list[list[tuple[int, in
     norm, an untied LM head, alignment gaps), so that together they cover [0, total_bytes).
     An overlapped restore copies them in this order and the forward waits for group k
     only before it uses it (restore.Copier.copy_in_order, LlamaModel.forward)."""
-    elt = torch.empty((), dtype=plan.dtype).element_size()
     groups: list[list[tuple[int, int]]] = [[] for _ in range(num_layers + 2)]
     for name, slot in plan.slots.items():
         if slot.parent is not None:
@@ -167,7 +229,7 @@ def landing_groups(plan: WeightPlan, num_layers: int) -> list[list[tuple[int, in
             g = 1 + int(name.split(".")[2])
         else:
             continue
-        groups[g].append((slot.offset, slot.offset + math.prod(slot.shape) * elt))
+        groups[g].append((slot.offset, slot.offset + slot.nbytes(plan.dtype)))
     # an alignment gap (< ALIGN bytes) goes with the range before it, not as a piece of its own
     taken = sorted((a, b, g) for g, rs in enumerate(groups) for a, b in rs)
     for rs in groups:
