@@ -22,6 +22,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "engine": ("janusd.bench.engine", "engine prefill/decode tok/s, decode vs bandwidth roofline, co-location"),
     "placement": ("janusd.bench.placement",
                   "steady placement vs the exact MILP optimum; controller decision times at 768 devices, 62 apps"),
+    "q4": ("janusd.bench.q4", "GGUF Q4 kept packed (dtype auto) vs dequantized float32 / bfloat16: batch-1 "
+           "decode tok/s, memory after load, load time; fresh process per run"),
     "restore": ("janusd.bench.restore", "H2D restore / D2D fork / Cold start vs memcpy, raw transfer and disk read; "
                 "control overhead, source TPOT during a fork, first token of a Warm or Cold model"),
     "restore-device": ("janusd.bench.restore_device",
