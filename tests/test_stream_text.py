@@ -165,7 +165,7 @@ class _FakeDaemon:
         self.cfg = parse_config(DEFAULT_CONFIG_TOML)
         self.deltas = deltas
 
-    async def admit(self, p: Any, request_id: str = "") -> Any:
+    def admit(self, p: Any, request_id: str = "") -> Any:
         q: asyncio.Queue[Any] = asyncio.Queue()
         for d in self.deltas:
             q.put_nowait(d)
