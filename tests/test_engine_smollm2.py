@@ -59,7 +59,7 @@ def test_bfloat16_batch_is_unchanged_by_what_its_kv_pages_held_before(checkpoint
         me = de.load_model(ModelConfig(name=dtype, checkpoint=SPEC, dtype=dtype, kv_cache_mib=32, max_model_len=512),
                            EngineConfig(), checkpoint=checkpoint)
         prompts = {f"q{i}": _chat_prompt(me.tokenizer, q) for i, q in enumerate(questions)}
-        outs = me.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0))
+        outs = me.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0))  # token 0 forever shows by 8
         de.unload_model(dtype)
         return {rid: [t for o in os for t in o.token_ids] for rid, os in outs.items()}
 
