@@ -237,3 +237,11 @@ def test_a_small_day_with_a_tp_2_model_runs_under_janus_on_whole_groups(monkeypa
     assert all(sum(1 for n in spans.values() if n) <= 1 for spans in cluster._spans.values())
     assert checked and max(checked) <= 8
     assert np.isfinite(out["device_hours"]) and out["device_hours"] > 0
+
+
+def test_a_pool_without_a_free_group_for_a_tp_model_is_refused_by_name():
+    import pytest
+
+    tr = poisson_trace(20, 10.0, {"big": "llama3-70b", "a": "qwen3-8b"}, seed=1, max_in=500, max_out=50)
+    with pytest.raises(ValueError, match="no free aligned group of 4 devices"):
+        simulate(tr, resolve(tr.models), 3, "janus")

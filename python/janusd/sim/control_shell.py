@@ -124,13 +124,21 @@ class SimControl:
                 if m.cfg.devices]
         pool = tuple(range(self.c.n_devices))
         tps = {n: self.c.served[n].arch.tp for n in names}
-        leads, _ = start_groups(tps, pool, {d for m in pins for d in m.devices})
+        leads, lines = start_groups(tps, pool, {d for m in pins for d in m.devices})
+        missing = sorted(n for n, t in tps.items() if t > 1 and n not in leads)
+        if missing:  # nothing would ever bring it up (no instance rests anywhere to wake)
+            raise ControllerError("; ".join(ln for ln in lines if "no free" in ln)
+                                  + f" (pool of {self.c.n_devices} devices)")
         out.update({n: [d] for n, d in leads.items()})
         names1 = [n for n in names if tps[n] == 1]
         if names1:
             held = {x for n, d in leads.items() for x in group(d, tps[n])}
             pack_start(names1, pins, tuple(d for d in pool if d not in held), self.oracle, ctl.demand, ctl.placement,
                        [], out)
+            left = [n for n in names1 if not out.get(n)]
+            if held and left:
+                raise ControllerError(f"{', '.join(left)}: no device left beside the tp groups {sorted(leads.items())} "
+                                      f"(pool of {self.c.n_devices} devices)")
         for name in names:
             for d in out.get(name, []):
                 self._load(name, d, now, S.LOADING, None)
