@@ -44,7 +44,7 @@ from janusd.control.counts import meet_count
 from janusd.control.extras import free_elastic_devices, hand_over, meet_extras, prune_extras
 from janusd.control.groups import free_groups, steady_group_ops
 from janusd.control.keepalive import activity, cool_scaled_in, keepalive_ops
-from janusd.control.ops import SCALE_IN, Done, Op, Rest, group, halves
+from janusd.control.ops import SCALE_IN, Done, Op, group, halves
 from janusd.control.roles import meet_roles
 from janusd.control.snapshot import ControlSnapshot, ModelView
 from janusd.control.steady import SteadyPlanner, model_of
