@@ -35,9 +35,14 @@ def free_elastic_devices(pool: Iterable[int], steady_devices: Iterable[int], ext
                          models: Iterable[ModelView]) -> list[int]:
     """Pool devices with no steady item and no extra replica: where extra replicas may
     go (a pinned model's devices are the operator's and stay out; a group takes all of its
-    devices)."""
+    devices; where a tp > 1 model exists, a device something drains on is not free either:
+    a group cannot share it with an instance of another shape)."""
     taken = set(steady_devices)
     tps: dict[str, int] = {}
+    models = list(models)
+    if any(m.tp > 1 for m in models):  # a group shares no device: one still draining is not free
+        taken.update(x for m in models for d, i in m.instances.items() if i.state is S.DRAINING
+                     for x in group(d, m.tp))
     for m in models:
         tps[m.name] = m.tp
         taken.update(m.devices)

@@ -58,12 +58,13 @@ def take(free: list[int], lead: int, tp: int) -> None:
 
 
 def held_devices(models: Iterable[ModelView], extras: Mapping[str, Collection[int]] | None = None) -> set[int]:
-    """Every device of the groups of tp > 1 models that serve (Active or coming up) or are
-    an extra replica: devices the steady packing of tp-1 models must leave alone."""
+    """Every device of the groups of tp > 1 models that serve (Active or coming up), drain
+    or are an extra replica: devices the steady packing of tp-1 models must leave alone."""
     out: set[int] = set()
     for m in models:
         if m.tp > 1:
-            leads = set(m.serving_devices()) | set((extras or {}).get(m.name, ()))
+            leads = {d for d, i in m.instances.items() if i.serving or i.state is S.DRAINING}
+            leads |= set((extras or {}).get(m.name, ()))
             out.update(d for lead in leads for d in group(lead, m.tp))
     return out
 
