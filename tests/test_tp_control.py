@@ -245,3 +245,15 @@ def test_a_pool_without_a_free_group_for_a_tp_model_is_refused_by_name():
     tr = poisson_trace(20, 10.0, {"big": "llama3-70b", "a": "qwen3-8b"}, seed=1, max_in=500, max_out=50)
     with pytest.raises(ValueError, match="no free aligned group of 4 devices"):
         simulate(tr, resolve(tr.models), 3, "janus")
+
+
+def test_a_draining_group_keeps_its_devices_from_others():
+    snap, _ = _world([(2, 1.0, 0), (1, 1.0, 1)], 6)
+    m0 = snap.models["m0"]
+    views = dict(snap.models)
+    views["m0"] = ModelView(name="m0", instances={2: InstanceView(device=2, state=S.DRAINING)}, window=m0.window, tp=2)
+    snap = ControlSnapshot(models=views, n_devices=6, pool=snap.pool, predictor=snap.predictor)
+    free = free_elastic_devices(snap.pool, [], {}, snap.models.values())
+    assert 2 not in free and 3 not in free and free == [1, 4, 5]  # m1 serves on 0
+    ps, _ = placement_snapshot(snap, DemandConfig(), [], {})
+    assert 2 not in ps.pool and 3 not in ps.pool
