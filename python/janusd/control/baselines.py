@@ -12,13 +12,14 @@ from janusd.policy.snapshot import AppCount, ElasticApp, ScalingPlan, ScalingSta
 
 
 def first_come(apps: Sequence[ElasticApp], budget: int, state: ScalingState) -> ScalingPlan:
-    """Counts by app name: min(m*, what is left); `state` passes through unchanged."""
+    """Counts by app name: min(m*, the instances what is left holds: a tp-N instance takes
+    N devices of the budget); `state` passes through unchanged."""
     left, out = budget, []
     for a in sorted(apps, key=lambda a: a.app):
-        n = min(a.demand, left)
-        left -= n
+        n = min(a.demand, left // a.devices)
+        left -= n * a.devices
         out.append(AppCount(app=a.app, demand=a.demand, debounced=a.demand, count=n, prefill=0, decode=n,
                             reason="first come" if n == a.demand else f"first come: {n} of {a.demand} left"))
-    asked = sum(a.demand for a in apps)
+    asked = sum(a.demand * a.devices for a in apps)
     return ScalingPlan(apps=tuple(out), budget=budget, asked=asked, given=budget - left,
                        compressed=asked > budget, state=state)

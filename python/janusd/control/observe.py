@@ -71,7 +71,8 @@ def model_view(core: ServingCore, m: Model, now: float) -> ModelView:
         own = dict(core.device_load(m.name))
         share = measured_prefill_share(core, m, LoadFeatures.from_window(w))
     return ModelView(name=m.name, instances=insts, window=w, devices=tuple(m.cfg.devices), pd=m.pd,
-                     pool=m.cfg.pool, requests=core.in_flight(m.name), own_load=own, prefill_share=share)
+                     pool=m.cfg.pool, requests=core.in_flight(m.name), own_load=own, prefill_share=share,
+                     tp=m.cfg.tp)
 
 
 def observe(core: ServingCore, now: float, n_devices: int, predictor: Predictor, managed: bool = True,

@@ -116,6 +116,12 @@ class Reassign(_OpBase, frozen=True, kw_only=True, tag="reassign"):
 Op = Activate | Rest | Reassign
 
 
+def group(lead: int, tp: int) -> range:
+    """The devices of a tp-device instance keyed by its lead device (control/groups.py:
+    aligned groups; an Op's `device` is the lead, the model's tp gives the rest)."""
+    return range(lead, lead + max(1, tp))
+
+
 def halves(op: Op) -> list[Op]:
     """The op and, for a migration, its second half: the instances it holds while in flight."""
     return [op, op.then] if isinstance(op, Activate) and op.then is not None else [op]

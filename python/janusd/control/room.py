@@ -13,17 +13,18 @@
   model the steady placement places isolated on devices of its own (PAPER.md §2: left out
   of the steady snapshot; m* replicas on the pool's free devices, forked from a live
   instance, drained to Warm when m* falls, never below one; its steady instance serves
-  beside its neighbours until one of them is Active, then drains: _hand_over; one alone on
+  beside its neighbours until one of them is Active, then drains: extras.hand_over; one alone on
   its device counts as its own), a P/D model with a prefill / decode split (control/roles.py).
   The elastic budget is the seats the elastic models may use (a placed model's devices of
-  its own, a model with `devices` its instance slots) less those on devices the steady
-  placement took.
+  its own, a tp-N model's N per group: control/groups.py; a model with `devices` its
+  instance slots) less those on devices the steady placement took.
   A scaled-in replica rests Warm as long as keep-alive keeps an idle model Warm, then goes
   Cold (control/keepalive.py cool_scaled_in).
 - slow (control.slow_period_s, 30 s): keep-alive (policy/keepalive.py, control/keepalive.py):
   a model without a request for `warm_after_s` goes Warm on every device, after
   `cold_after_s` Cold; its next request wakes it (control/wake.py); then the steady
-  placement (control/steady.py) packs the models without `devices` and paces its moves.
+  placement (control/steady.py) packs the models without `devices` and paces its moves;
+  a tp > 1 one gets its replica count on groups of its own (control/groups.py).
 Each plan returns Ops (control/ops.py); an operation in flight on an instance is never
 issued twice, and the shell reports each one's end (`finished`), which may release
 steady moves waiting for it. A failed one is planned again next period, never left half
@@ -40,9 +41,10 @@ from janusd.config import ControlConfig
 from janusd.control.baselines import first_come
 from janusd.control.burst import BurstWatch
 from janusd.control.counts import meet_count
-from janusd.control.extras import free_elastic_devices, meet_extras, prune_extras
+from janusd.control.extras import free_elastic_devices, hand_over, meet_extras, prune_extras
+from janusd.control.groups import free_groups, steady_group_ops
 from janusd.control.keepalive import activity, cool_scaled_in, keepalive_ops
-from janusd.control.ops import SCALE_IN, Done, Op, Rest, halves
+from janusd.control.ops import SCALE_IN, Done, Op, group, halves
 from janusd.control.roles import meet_roles
 from janusd.control.snapshot import ControlSnapshot, ModelView
 from janusd.control.steady import SteadyPlanner, model_of
@@ -214,16 +216,17 @@ class ControlRoom:
             return None
         if snap.placed_by_controller(m):
             # isolated (PAPER.md §2): its replicas are devices of its own, the ones the steady
-            # pool leaves; the steady instance it had serves until one is Active (_hand_over)
+            # pool leaves; the steady instance it had serves until one is Active (hand_over)
             if not self.extras.get(m.name) and not any(i.serving for i in m.instances.values()):
                 return None  # resting (keep-alive): the waking request brings it back first
             self._adopt_lone(snap, m)
             extras = self.extras.get(m.name, set())
-            mine = extras | set(free)
+            mine = extras | set(free_groups(free, m.tp))  # leads of tp-device groups (control/groups.py)
             want = min(want, len(mine))
-            self.demands[m.name] = (want, f"{why}; {len(mine)} device(s) of its own at most")
-            seats.update(mine)  # whole devices of its own
-            return ElasticApp(app=m.name, demand=want, current=len(extras))
+            unit = "device(s)" if m.tp == 1 else f"group(s) of {m.tp} devices"
+            self.demands[m.name] = (want, f"{why}; {len(mine)} {unit} of its own at most")
+            seats.update(x for d in mine for x in group(d, m.tp))  # whole devices of its own
+            return ElasticApp(app=m.name, demand=want, current=len(extras), devices=m.tp)
         usable = sum(1 for i in m.instances.values() if i.serving or i.state in RESTORABLE)
         want = max(1, min(want, usable))
         self.demands[m.name] = (want, why)
@@ -307,7 +310,7 @@ class ControlRoom:
             base = self._base(m)
             count = a.count if base else max(1, a.count)  # never below one instance that serves
             ops = meet_extras(m, count, free, f"own replicas {why}", self.extras, self.in_flight, snap.load_on)
-            return ops + self._hand_over(snap, m, base)
+            return ops + hand_over(snap, m, base, self.extras, self.in_flight)
         if m.pd:
             plan, ops = meet_roles(m, a, why, self.in_flight)
             self.roles[m.name] = plan
@@ -325,23 +328,6 @@ class ControlRoom:
         for d in self._base(m):
             if not snap.others_on(d, m.name):
                 self.extras.setdefault(m.name, set()).add(d)
-
-    def _hand_over(self, snap: ControlSnapshot, m: ModelView, base: list[int]) -> list[Op]:
-        """An elastic model's steady instance(s) go Cold once one of its own replicas is
-        Active (make before break: until then they serve, beside their co-located models).
-        With none (no device left for it), it keeps one: the one sharing its device with
-        the fewest other models (the steady pool has priority: PAPER.md §2)."""
-        mine = self.extras.get(m.name, set())
-        up = sorted(d for d in mine if d in m.instances and m.instances[d].state is S.ACTIVE)
-        if up:
-            keep, why = None, f"handed over to the elastic pool: its replica on device {up[0]} serves"
-        elif len(base) > 1:
-            keep = min(base, key=lambda d: (snap.others_on(d, m.name), d))
-            why = f"elastic, off the steady pool's devices: it keeps its instance on device {keep}"
-        else:
-            return []
-        return [Rest(model=m.name, device=d, reason=why, target="cold") for d in base
-                if d != keep and (m.name, d) not in self.in_flight]
 
     def _extras_left_behind(self, snap: ControlSnapshot, elastic: set[str]) -> list[Op]:
         """A placed model no longer in the elastic pool: where a steady instance of it
@@ -371,10 +357,13 @@ class ControlRoom:
         acts, models = activity(snap.models.values(), elastic, self.residency, now)
         decisions = residency(acts, now, self.cfg.keepalive)
         self.decisions += 1
-        self._plan_steady(snap, now, {d.model for d in decisions if d.changed and d.residency != "active"})
+        resting = {d.model for d in decisions if d.changed and d.residency != "active"}
+        self._plan_steady(snap, now, resting)
         self.last_keepalive = [{"model": d.model, "residency": d.residency, "changed": d.changed, "reason": d.reason}
                                for d in decisions]
-        return self._issue(snap, keepalive_ops(decisions, models, self.in_flight), now)
+        free = free_elastic_devices(snap.pool, self.steady.plan_devices(), self.extras, snap.models.values())
+        groups = steady_group_ops(snap, elastic | resting, free, self.cfg.demand, self.in_flight, snap.load_on)
+        return self._issue(snap, keepalive_ops(decisions, models, self.in_flight) + groups, now)
 
     def _plan_steady(self, snap: ControlSnapshot, now: float, resting: set[str], consolidate: bool = True) -> None:
         """The steady placement's plan, when the room places any model (its moves are

@@ -40,7 +40,9 @@ class ModelView:
     """One model as the room sees it. `devices`: the operator's devices (empty: the
     controller places it); `pool`: its config's pin (auto, steady, elastic);
     `own_load`: its requests in flight per device (the length of a drain there);
-    `prefill_share`: prefill's part of its device time (P/D models; observe.py)."""
+    `prefill_share`: prefill's part of its device time (P/D models; observe.py); `tp`: the
+    devices of one instance, a group led by the device its instance is keyed by
+    (control/groups.py)."""
 
     name: str
     instances: Mapping[int, InstanceView]
@@ -51,6 +53,7 @@ class ModelView:
     requests: int = 0
     own_load: Mapping[int, int] = field(default_factory=dict)
     prefill_share: float = 0.5
+    tp: int = 1
 
     @property
     def load(self) -> LoadFeatures:

@@ -6,12 +6,14 @@ they served), else packed by policy/start_placement.py the way the first slow ti
 pack them at zero load, around the pinned models; those it cannot size or place spread
 round robin over the pool. Both shells start this way: the daemon at start and on a reload that adds models
 (server/steady_start.py, after the oracle read their checkpoints), the simulator at
-time 0 (sim/control_shell.py)."""
+time 0 (sim/control_shell.py). A tp > 1 model starts first, on an aligned free group of
+its own (start_groups, control/groups.py; the simulator only: the daemon refuses tp > 1)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
+from janusd.control.groups import free_groups, take
 from janusd.oracle.types import CapacityPredictor
 from janusd.policy.demand import SteadyModel
 from janusd.policy.policy_config import DemandConfig, PlacementConfig
@@ -49,3 +51,22 @@ def pack_start(names: Sequence[str], pinned: list[SteadyModel], pool: Sequence[i
                  + (f" ({p.bins_used} device(s), Phi {p.phi:.4f})" if p is not None else "")
                  + "".join(f"; {note}" for note in res.notes)]
     return lines
+
+
+def start_groups(tps: Mapping[str, int], pool: Sequence[int], taken: Collection[int]) -> tuple[dict[str, int], list[str]]:
+    """Where tp > 1 models start: one aligned free group each (the largest tp first, then
+    by name, each on the lowest free lead), before the tp-1 models are packed on what is
+    left (pack_start). Returns lead per model placed and the log lines (a model no
+    group is free for starts nowhere: its first request wakes nothing, said here)."""
+    free = [d for d in pool if d not in taken]
+    out: dict[str, int] = {}
+    lines: list[str] = []
+    for name in sorted((n for n, t in tps.items() if t > 1), key=lambda n: (-tps[n], n)):
+        leads = free_groups(free, tps[name])
+        if not leads:
+            lines.append(f"start placement: {name} (tp {tps[name]}): no free aligned group of {tps[name]} devices")
+            continue
+        out[name] = leads[0]
+        take(free, leads[0], tps[name])
+        lines.append(f"start placement: {name} (tp {tps[name]}) -> devices {leads[0]}-{leads[0] + tps[name] - 1}")
+    return out, lines

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from janusd.control.groups import held_devices
 from janusd.control.snapshot import ControlSnapshot
 from janusd.policy.demand import SteadyModel, steady_items
 from janusd.policy.policy_config import DemandConfig
@@ -25,7 +26,9 @@ def placement_snapshot(snap: ControlSnapshot, demand: DemandConfig, elastic: Ite
     the model still serves); `resting`: models going Warm/Cold now (keep-alive): not
     placed; `extras`: model -> devices of its elastic replicas (not the steady pool's:
     left out of its current devices, counted as elastic devices). A model the oracle
-    cannot size yet stays where it is."""
+    cannot size yet stays where it is. A tp > 1 model is no steady item (its groups are
+    held whole and sized by control/groups.py): the devices of its serving groups and
+    extra replicas leave the pool the packing may use."""
     extras = extras or {}
     elastic, resting = set(elastic), set(resting)
     pred = snap.predictor
@@ -38,7 +41,7 @@ def placement_snapshot(snap: ControlSnapshot, demand: DemandConfig, elastic: Ite
         mine = extras.get(m.name, set())
         elastic_devs.update(d for d in m.serving_devices() if d in mine)
         devs = [d for d in m.serving_devices() if d not in mine]
-        if not devs or m.pd or m.name in resting:
+        if not devs or m.pd or m.name in resting or m.tp > 1:
             continue
         placed = snap.placed_by_controller(m)
         if m.name in elastic:  # isolated in the elastic pool: where it serves is the elastic pool's
@@ -68,9 +71,10 @@ def placement_snapshot(snap: ControlSnapshot, demand: DemandConfig, elastic: Ite
         if not devs:
             continue
         current += _current(d.model, [it.key for it in d.items if it.pinned_device is None], devs, last)
-    out = PlacementSnapshot(pool=snap.pool, items=tuple(sorted(items, key=lambda i: i.key)),
+    held = held_devices(snap.models.values(), extras)
+    out = PlacementSnapshot(pool=tuple(d for d in snap.pool if d not in held), items=tuple(sorted(items, key=lambda i: i.key)),
                             current=tuple(sorted(current, key=lambda a: a.key)),
-                            elastic_devices=tuple(sorted(elastic_devs & set(snap.pool))))
+                            elastic_devices=tuple(sorted((elastic_devs & set(snap.pool)) - held)))
     return out, notes
 
 

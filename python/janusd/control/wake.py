@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
-from janusd.control.ops import WOKEN, Activate
+from janusd.control.ops import WOKEN, Activate, group
 from janusd.lifecycle.states import COMING_UP, RESTORABLE, InstanceState
 
 S = InstanceState
@@ -47,3 +47,17 @@ def wake_op(model: str, instances: Mapping[int, Resting], pd: bool, estimate_s: 
     est = estimate_s(inst.state)
     figures = f"{inst.state.value}, restore est. {est:.2f} s" if math.isfinite(est) else inst.state.value
     return Activate(model=model, device=inst.device, reason=f"{WOKEN} ({figures})", role=role)
+
+
+def regroup(op: Activate, tp: int, n_devices: int, holding: Callable[[int], int],
+            busy: Collection[int] = ()) -> Activate | None:
+    """Where a waking tp > 1 instance goes when its group's devices were taken while it
+    rested (Warm and Cold hold no device memory, so the room may give them away): the
+    lowest aligned group whose devices no instance holds (`holding(device)`: instances
+    holding memory there), not in `busy`, loaded from its host copy; None when none is
+    free (its requests wait, held, for the controller's next plans)."""
+    for lead in range(0, n_devices - tp + 1, tp):
+        if lead not in busy and all(holding(d) == 0 for d in group(lead, tp)):
+            return Activate(model=op.model, device=lead, role=op.role,
+                            reason=f"{op.reason}; its group's devices are taken: on devices {lead}-{lead + tp - 1}")
+    return None

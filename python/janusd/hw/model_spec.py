@@ -97,6 +97,13 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, dict=True):
         return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
 
     @cached_property
+    def allreduce_bytes_per_token(self) -> int:
+        """Bytes a tensor-parallel instance all-reduces per token: two all-reduces per layer
+        (after attention, after the MLP: Megatron-style, engine/tp/) of one hidden vector
+        in the serving dtype (hw/spec.py allreduce_s turns them into seconds)."""
+        return 2 * self.layers * self.hidden * self.dtype_bytes
+
+    @cached_property
     def _attn_flops_per_ctx(self) -> int:
         return 4 * self.layers * self.heads * self.head_dim
 

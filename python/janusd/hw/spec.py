@@ -1,6 +1,7 @@
 """DeviceSpec: the figures a roofline needs of one device (HBM capacity, peak compute, HBM
 bandwidth, device-to-device and host-to-device link bandwidth) and the host time per
-engine step. Its own module because both the presets (devices.py) and the cpu device's
+engine step, and the ring all-reduce a tensor-parallel group's step pays over its link
+(allreduce_s). Its own module because both the presets (devices.py) and the cpu device's
 measurement (cpu_peaks.py) build one: each imports this, neither the other's importer.
 
 Units: bytes and bytes per second (decimal, as vendors quote them), FLOP/s. Peaks are
@@ -30,6 +31,20 @@ from __future__ import annotations
 import math
 
 import msgspec
+
+def allreduce_s(nbytes: float, tp: int, link_bw: float) -> float:
+    """Seconds a tp-device group takes to all-reduce `nbytes` per device over links of
+    `link_bw` bytes/s per direction (DeviceSpec.d2d_bw: the device-to-device link, NVLink
+    or the supernode's UB): a ring all-reduce sends and receives 2 (tp - 1) / tp of the
+    buffer per device (Patarasuk and Yuan 2009), so its time is that over the link.
+    Bandwidth only: the per-collective latency (~10 us a hop) is left out, which at a
+    decode step's few KB per all-reduce underestimates it (`janus bench tp` measures it
+    on cpu). 0.0 exactly at tp 1. The oracle's prior and the simulator's performance
+    model both charge it, in the same form."""
+    if tp <= 1 or nbytes <= 0:
+        return 0.0
+    return 2.0 * (tp - 1) / tp * nbytes / link_bw
+
 
 OVERHEAD_FIELDS = ("step_overhead_s", "layer_overhead_s", "seq_overhead_s", "prefill_token_overhead_s")
 

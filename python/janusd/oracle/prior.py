@@ -34,6 +34,18 @@ FLOPs or a row's own host work), SLO share = max(t_pf / TTFT, t_step(B) / TPOT) 
 as decode saturates, and t_step with it); attainment = 1 / (1 + exp(
 STEEPNESS * (rho - 1))), i.e. 0.5 at full pressure. Every term falls as m grows, so the
 prior is non-decreasing in m by construction.
+
+Tensor parallelism (`tp` = N devices per instance, [P]): the figures are one shard's, on
+one device of the group: FLOPs, weight and KV bytes divided by N (Megatron-style sharding
+splits every linear layer and the KV heads evenly: engine/tp/), plus the two all-reduces
+per layer a step pays over the device-to-device link (DeviceSpec.d2d_bw; hw/spec.py
+allreduce_s of ModelSpec.allreduce_bytes_per_token per token the step carries), added to
+t_pf, t_step and t_tok. The host time per step is not divided (every shard's host does its
+own). The capacity vector is one device's (each of the group's N devices carries it: the
+control room places the group whole, control/groups.py); the all-reduce takes link time,
+none of the three dimensions. sim/perfmodel.py charges the same division and the same
+all-reduce term, so the simulator's controller plans with its own performance model.
+At tp 1 every figure is the one without this paragraph (the all-reduce is 0.0 exactly).
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ import numpy as np
 
 from janusd.hw.devices import DeviceSpec
 from janusd.hw.model_spec import ModelSpec
+from janusd.hw.spec import allreduce_s
 from janusd.oracle.types import AttainmentEstimate, LoadFeatures, ResourceEstimate
 
 STEEPNESS = 10.0
@@ -55,16 +68,25 @@ class RooflinePrior:
     # non-decreasing in m: elasticity.min_instances may search single counts (module doc there)
     monotone_in_m = True
 
-    def __init__(self, model: ModelSpec, device: DeviceSpec, ttft_slo_s: float, tpot_slo_s: float) -> None:
+    def __init__(self, model: ModelSpec, device: DeviceSpec, ttft_slo_s: float, tpot_slo_s: float,
+                 tp: int = 1) -> None:
         if not (ttft_slo_s > 0 and tpot_slo_s > 0):
             raise ValueError("SLOs must be > 0")
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tp must be an integer >= 1, got {tp!r}")
+        self.tp = tp
         self.model = model
         self.device = device
         self.ttft_slo_s = float(ttft_slo_s)
         self.tpot_slo_s = float(tpot_slo_s)
 
     def _roof(self, flops: float, nbytes: float) -> float:
-        return max(flops / self.device.peak_flops, nbytes / self.device.hbm_bw)
+        """One shard's roofline time of whole-model work (module doc: divided by tp)."""
+        return max(flops / self.tp / self.device.peak_flops, nbytes / self.tp / self.device.hbm_bw)
+
+    def _comm(self, tokens: float) -> float:
+        """All-reduce seconds of a step carrying `tokens` tokens (0.0 at tp 1)."""
+        return allreduce_s(tokens * self.model.allreduce_bytes_per_token, self.tp, self.device.d2d_bw)
 
     def _floor(self, batch: float) -> float:
         """Host seconds of one step over `batch` sequences (hw/devices.py)."""
@@ -76,7 +98,7 @@ class RooflinePrior:
         s = self.model
         flops = s.prefill_flops(L) + 4 * s.layers * s.heads * s.head_dim * var / 2.0  # causal pairs at E[L^2]
         nbytes = s.prefill_bytes(L)
-        return self.device.prefill_time_floor(s.layers, L) + self._roof(flops, nbytes), flops, nbytes
+        return self.device.prefill_time_floor(s.layers, L) + self._roof(flops, nbytes) + self._comm(L), flops, nbytes
 
     def _ctx(self, z: LoadFeatures) -> float:
         return z.input_len_mean + z.output_len_mean / 2.0
@@ -85,7 +107,7 @@ class RooflinePrior:
         b = max(batch, 1.0)
         ctx = self._ctx(z)
         return self._floor(b) + self._roof(self.model.decode_step_flops(b, b * ctx),
-                                           self.model.decode_step_bytes(b, b * ctx))
+                                           self.model.decode_step_bytes(b, b * ctx)) + self._comm(b)
 
     def _decode(self, rate: float, z: LoadFeatures) -> tuple[float, float]:
         """(B, t_step): mean decoding sequences and step time at that batch (module doc)."""
@@ -108,14 +130,14 @@ class RooflinePrior:
         b, t_step = self._decode(z.request_rate, z)
         ctx = self._ctx(z)
         dec_flops = z.output_len_mean * (2.0 * s.matmul_params + 4 * s.layers * s.heads * s.head_dim * ctx)
-        compute = z.request_rate * (pf_flops + dec_flops) / d.peak_flops
+        compute = z.request_rate * (pf_flops + dec_flops) / self.tp / d.peak_flops
         steps = (1.0 - math.exp(-b)) / t_step if t_step > 0 else 0.0
         if d.host_is_device:  # the engine's host time runs on the cores that compute (module doc)
             compute += z.request_rate * d.prefill_time_floor(s.layers, z.input_len_mean) + steps * self._floor(b)
-        bw = (steps * s.decode_step_bytes(b, b * ctx) + z.request_rate * pf_bytes) / d.hbm_bw
+        bw = (steps * s.decode_step_bytes(b, b * ctx) + z.request_rate * pf_bytes) / self.tp / d.hbm_bw
         in_flight = z.request_rate * (t_pf + z.output_len_mean * t_step)
         kv = in_flight * (z.input_len_mean + z.output_len_mean) * s.kv_bytes_per_token
-        hbm = (s.weight_bytes + kv) / d.hbm_bytes
+        hbm = (s.weight_bytes + kv) / self.tp / d.hbm_bytes
         return ResourceEstimate((hbm, compute, bw), (0.0, 0.0, 0.0), "prior")
 
     # ---- attainment
@@ -125,8 +147,8 @@ class RooflinePrior:
         t_pf = self._prefill(z)[0]
         b, t_step = self._decode(rate, z)
         s = self.model
-        t_tok = ((2.0 * s.matmul_params + 4 * s.layers * s.heads * s.head_dim * self._ctx(z)) / self.device.peak_flops
-                 + self.device.seq_overhead_s)
+        t_tok = ((2.0 * s.matmul_params + 4 * s.layers * s.heads * s.head_dim * self._ctx(z)) / self.tp
+                 / self.device.peak_flops + self.device.seq_overhead_s + self._comm(1.0))
         time_share = rate * (t_pf + z.output_len_mean * t_tok)
         slo_share = max(t_pf / self.ttft_slo_s, t_step / self.tpot_slo_s)
         return max(time_share, slo_share)

@@ -30,6 +30,13 @@
    between equal priorities go to the app that holds more instances now (fewer moves),
    then the larger demand, then the app name. Below `min_instances_per_app` x apps,
    the budget goes by the floor rounds alone (the largest demands first).
+   Tensor parallelism ([P]): the budget is devices and an instance of a tp-N app takes
+   N of them (ElasticApp.devices). Where every app has tp 1 the above is the whole rule.
+   Otherwise (apportion_devices): the floor rounds give whole instances (the larger
+   demand first) while the devices left hold one, then the quota method apportions the
+   devices left among the apps' extra devices (extra instances x N) and each app gets the
+   whole instances its share holds; a share's remainder below N stays unused (at most
+   N - 1 devices per tp-N app a tick: the price of not re-solving a knapsack every 0.5 s).
 3. P/D. An app with at least `pd_min_instances` instances runs prefill and decode apart:
    round(count * prefill_share) prefill instances (halves up), at least one of each.
 """
@@ -57,6 +64,8 @@ def _check(apps: Sequence[ElasticApp], budget: int) -> None:
         seen.add(a.app)
         if a.demand < 0 or a.current < 0:
             raise ScalingError(f"elastic app {a.app!r}: demand and current must be >= 0")
+        if a.devices < 1:
+            raise ScalingError(f"elastic app {a.app!r}: devices per instance must be >= 1, got {a.devices}")
         if not 0.0 <= a.prefill_share <= 1.0:
             raise ScalingError(f"elastic app {a.app!r}: prefill_share must be in [0, 1], got {a.prefill_share}")
 
@@ -144,6 +153,27 @@ def apportion(demands: Sequence[int], budget: int, floor: int,
     return [b + s for b, s in zip(base, share)]
 
 
+def apportion_devices(wanted: Sequence[int], devices: Sequence[int], budget: int, floor: int,
+                      tie: Sequence[tuple[int, ...]] | None = None) -> list[int]:
+    """Instance counts for `wanted` instances of `devices` devices each over `budget`
+    devices (module doc, step 2's tensor-parallel rule); never above `wanted`, and the
+    counts' devices never exceed `budget`."""
+    n = len(wanted)
+    counts = [0] * n
+    left = budget
+    by_demand = sorted(range(n), key=lambda i: (-wanted[i],) + _tie_key(tie, i) + (i,))
+    for r in range(floor):
+        for i in by_demand:
+            if wanted[i] > r and devices[i] <= left:
+                counts[i] += 1
+                left -= devices[i]
+    extra = [(w - c) * k for w, c, k in zip(wanted, counts, devices)]
+    if left <= 0 or sum(extra) == 0:
+        return counts
+    share = quota_method(extra, min(left, sum(extra)), tie)
+    return [c + s // k for c, s, k in zip(counts, share, devices)]
+
+
 def _split(count: int, share: float, cfg: ScalingConfig) -> tuple[int, int]:
     if count < cfg.pd_min_instances:
         return 0, count
@@ -165,13 +195,16 @@ def scale(apps: Sequence[ElasticApp], budget: int, state: ScalingState, cfg: Sca
         recent = (tuple(history.get(a.app, ())) + (a.demand,))[-cfg.debounce_plans:]
         recents.append(recent)
         wanted.append(debounce(prev.get(a.app), recent))
-    asked = sum(wanted)
+    asked = sum(w * a.devices for a, w in zip(ordered, wanted))
     compressed = asked > budget
     if not compressed:
         counts = list(wanted)
     else:
         tie = [(a.current, w) for a, w in zip(ordered, wanted)]
-        counts = apportion(wanted, budget, cfg.min_instances_per_app, tie)
+        if all(a.devices == 1 for a in ordered):
+            counts = apportion(wanted, budget, cfg.min_instances_per_app, tie)
+        else:
+            counts = apportion_devices(wanted, [a.devices for a in ordered], budget, cfg.min_instances_per_app, tie)
     out = []
     for a, recent, w, c in zip(ordered, recents, wanted, counts):
         p, d = _split(c, a.prefill_share, cfg)
@@ -186,5 +219,6 @@ def scale(apps: Sequence[ElasticApp], budget: int, state: ScalingState, cfg: Sca
         recent_demands=tuple((a.app, recent[len(recent) - keep:] if keep else ()) for a, recent in zip(ordered, recents)),
         debounced=tuple((a.app, w) for a, w in zip(ordered, wanted)),
     )
-    return ScalingPlan(apps=tuple(out), budget=budget, asked=asked, given=sum(counts), compressed=compressed,
+    given = sum(c * a.devices for a, c in zip(ordered, counts))
+    return ScalingPlan(apps=tuple(out), budget=budget, asked=asked, given=given, compressed=compressed,
                        state=new_state)

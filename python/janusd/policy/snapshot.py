@@ -120,12 +120,14 @@ class PlacementPlan(_Frozen):
 class ElasticApp(_Frozen):
     """One elastic app at a fast tick. `demand` is m* (the Elasticity GP's minimum count
     for the SLO target, demand.elastic_demand); `current` the instances it holds now;
-    `prefill_share` the part of its work that is prefill (0..1), to split P from D."""
+    `prefill_share` the part of its work that is prefill (0..1), to split P from D;
+    `devices` the devices one instance takes (its tp: the budget counts devices)."""
 
     app: str
     demand: int
     current: int = 0
     prefill_share: float = 0.5
+    devices: int = 1
 
 
 class ScalingState(_Frozen):
@@ -149,9 +151,9 @@ class AppCount(_Frozen):
 
 class ScalingPlan(_Frozen):
     apps: tuple[AppCount, ...]  # sorted by app
-    budget: int
-    asked: int  # sum of debounced demands
-    given: int  # sum of counts: == budget when asked > budget, else == asked
+    budget: int  # devices
+    asked: int  # devices the debounced demands take (sum of demand x devices per instance)
+    given: int  # devices of the counts: == budget when asked > budget (all tp 1), else == asked
     compressed: bool
     state: ScalingState  # feed back at the next tick
 

@@ -29,7 +29,15 @@ own SLO columns win for its dispatch deadline and accounting.
 Device-hours (PAPER.md §9 compares 13,440 with 768 x 24): a device counts while it holds
 an instance of some model in a state that holds device memory and serves or is about to
 (Loading, Active or Draining), from time 0 to the end of the run (the last request's
-end). Fixed placements hold their devices throughout.
+end). Fixed placements hold their devices throughout. An instance of a tp-N model holds
+the N devices of its group (lead .. lead + N - 1, control/groups.py); a device counts
+once however many instances hold it.
+
+Device groups: one SimWorker per group, keyed by its lead, steps every resident of the
+group together (sim/perfmodel.py). The simulator models no device shared by groups of
+different shapes (a tp-1 instance on one device of a tp-2 group would run on a worker of
+its own that the group's step does not see), so `blocked` names such a device and the
+controller's shell refuses the activation there, as a worker's out-of-memory refuses it.
 """
 
 from __future__ import annotations
@@ -101,8 +109,9 @@ class Cluster:
         self._held_since = 0.0
         self.device_series: list[tuple[float, int, int]] = [(0.0, 0, 0)]
         self._devices_dirty = False  # an instance changed state: count devices after this event
-        self._holding: dict[int, int] = {}  # worker -> its instances holding device memory
-        self._held_now = 0  # devices of workers holding some instance (kept by set_state)
+        self._holding: dict[int, int] = {}  # device -> instances holding memory on it
+        self._spans: dict[int, dict[tuple[int, int], int]] = {}  # device -> (lead, tp) of those -> count
+        self._held_now = 0  # devices holding some instance (kept by set_state)
         self._insts_now = 0  # instances holding device memory
         self.on_arrival: Callable[[int, float], None] | None = None  # (trace row, now): the controller's counts
         self.figures: Callable[[], dict[str, int]] | None = None  # the controller's own counts, for the summary
@@ -137,12 +146,29 @@ class Cluster:
         self.worker(self.groups.get(lead, [lead])).set_residents(self.residents(lead))
         delta = int(holds_device_memory(inst.state)) - int(before)
         if delta:
-            k = self._holding.get(lead, 0)
-            self._holding[lead] = k + delta
+            tp = self.served[model].arch.tp
+            for d in range(lead, lead + tp):
+                k = self._holding.get(d, 0)
+                self._holding[d] = k + delta
+                if (k == 0) != (k + delta == 0):
+                    self._held_now += delta
+                spans = self._spans.setdefault(d, {})
+                spans[(lead, tp)] = spans.get((lead, tp), 0) + delta
             self._insts_now += delta
-            if (k == 0) != (k + delta == 0):
-                self._held_now += delta * len(self.groups[lead])
             self._devices_dirty = True
+
+    def holding(self, device: int) -> int:
+        """Instances holding memory on `device` (of any group covering it)."""
+        return self._holding.get(device, 0)
+
+    def blocked(self, model: str, lead: int) -> int | None:
+        """A device of the group `model` would take at `lead` that an instance of another
+        group shape holds memory on (module doc), or None."""
+        tp = self.served[model].arch.tp
+        for d in range(lead, lead + tp):
+            if any(n > 0 and span != (lead, tp) for span, n in self._spans.get(d, {}).items()):
+                return d
+        return None
 
     def place(self, model: str, devices: list[int], now: float, load_s: float = 0.0,
               via: InstanceState = InstanceState.LOADING,

@@ -15,7 +15,11 @@ plan, and carries each Op out on the simulated cluster, then tells the room how 
 - a migration's second half runs once the first half is Active.
 A request for a model with no Active instance wakes one by control/wake.py's rule, as
 the daemon's lifecycle_ops.wake does; its requests are held meanwhile by the core.
-The models start where control/start.py packs them (the daemon's start placement).
+The models start where control/start.py packs them (the daemon's start placement); a
+tp > 1 model first, on an aligned free group of its own (control/start.py start_groups).
+An Op's device is a group's lead: the instance takes lead .. lead + tp - 1 (the model's
+tp); an activation onto a group whose devices an instance of another shape holds fails
+(Cluster.blocked), as one that does not fit does, and is planned again.
 
 Modes (sim/policies.py): janus (both pools), steady-only (every app pinned steady),
 elastic-only (every app pinned elastic), prism (steady-only with every move loaded over
@@ -30,10 +34,10 @@ import msgspec
 
 from janusd.config import ControlConfig
 from janusd.control.observe import observe
-from janusd.control.ops import Activate, Op, Rest
+from janusd.control.ops import Activate, Op, Rest, group
 from janusd.control.room import ControlRoom
-from janusd.control.start import pack_start
-from janusd.control.wake import wake_op
+from janusd.control.start import pack_start, start_groups
+from janusd.control.wake import regroup, wake_op
 from janusd.lifecycle.restore_path import Bandwidths
 from janusd.lifecycle.states import COMING_UP, InstanceState
 from janusd.policy.policy_config import ControllerConfig
@@ -118,8 +122,23 @@ class SimControl:
         ctl = self.room.cfg
         pins = [SteadyModel(model=n, load=NO_LOAD, devices=tuple(m.cfg.devices)) for n, m in models.items()
                 if m.cfg.devices]
-        if names:
-            pack_start(names, pins, tuple(range(self.c.n_devices)), self.oracle, ctl.demand, ctl.placement, [], out)
+        pool = tuple(range(self.c.n_devices))
+        tps = {n: self.c.served[n].arch.tp for n in names}
+        leads, lines = start_groups(tps, pool, {d for m in pins for d in m.devices})
+        missing = sorted(n for n, t in tps.items() if t > 1 and n not in leads)
+        if missing:  # nothing would ever bring it up (no instance rests anywhere to wake)
+            raise ControllerError("; ".join(ln for ln in lines if "no free" in ln)
+                                  + f" (pool of {self.c.n_devices} devices)")
+        out.update({n: [d] for n, d in leads.items()})
+        names1 = [n for n in names if tps[n] == 1]
+        if names1:
+            held = {x for n, d in leads.items() for x in group(d, tps[n])}
+            pack_start(names1, pins, tuple(d for d in pool if d not in held), self.oracle, ctl.demand, ctl.placement,
+                       [], out)
+            left = [n for n in names1 if not out.get(n)]
+            if held and left:
+                raise ControllerError(f"{', '.join(left)}: no device left beside the tp groups {sorted(leads.items())} "
+                                      f"(pool of {self.c.n_devices} devices)")
         for name in names:
             for d in out.get(name, []):
                 self._load(name, d, now, S.LOADING, None)
@@ -150,6 +169,8 @@ class SimControl:
         nbytes = self._bytes(name)
         busy = {d for (n, d) in self.waking if n == name} | {d for (n, d) in self.room.in_flight if n == name}
         op = wake_op(name, m.instances, m.pd, lambda st: self.bw.restore_s(st.value, nbytes), busy)
+        if op is not None and self.c.blocked(name, op.device) is not None:
+            op = regroup(op, self.c.served[name].arch.tp, self.c.n_devices, self.c.holding, busy)
         if op is not None:
             self.counts["woken"] += 1
             self.waking.add((name, op.device))
@@ -196,6 +217,10 @@ class SimControl:
         held = [a for n, a in self.c.residents(op.device).items() if n != op.model]
         if not self.c.perf.weights_fit([*held, arch]):
             return done(now, f"WorkerError: {op.model} does not fit on device {op.device} beside {len(held)} model(s)")
+        taken = self.c.blocked(op.model, op.device)
+        if taken is not None:
+            return done(now, f"WorkerError: {op.model} (tp {arch.tp}) on device {op.device}: device {taken} is held "
+                        "by an instance of another group")
         dev, nbytes = self.c.perf.device, self._bytes(op.model)
         if isinstance(op, Activate) and op.source is not None:
             via = S.FORKING
@@ -216,7 +241,8 @@ class SimControl:
                 st = self.c.core.instance(model, device).state
                 done(t, "ok" if st is S.ACTIVE else f"ValueError: {model} on device {device} is {st.value}")
 
-        self.c.place(model, [device], now, self.p.control_overhead_s + load_s, via=via, on_done=up)
+        devices = list(group(device, self.c.served[model].arch.tp))
+        self.c.place(model, devices, now, self.p.control_overhead_s + load_s, via=via, on_done=up)
 
     def _down(self, op: Op, now: float, done) -> None:  # type: ignore[no-untyped-def]
         """Drain an instance to Warm or Cold; done(t, outcome) once it rests."""

@@ -13,7 +13,11 @@ Summing over co-located models is the sharing: their kernels interleave on one d
 busy neighbour slows every model on the device. Per model and step: FLOPs = 2 x active
 parameters x (prompt tokens + decoding sequences) + attention over the context; bytes =
 the weights once + the KV read (every context token) and written. An instance of tp
-devices splits both evenly (communication is left out).
+devices splits both evenly and its step adds the ring all-reduce of its tokens over the
+device link (comm_s: two per layer, hw/spec.py allreduce_s over DeviceSpec.d2d_bw, at the
+link's full rate: no efficiency), the same term the oracle's prior charges (oracle/prior.py).
+The step of a device group is one worker's (sim/cluster.py): the control room keeps a
+group's devices to the instances of that group (control/groups.py).
 
 KV capacity: HBM x usable_frac minus every resident's weight shard, in 2 MiB pages (the
 xTensor page), one pool that every resident draws from as its requests need it (xTensor,
@@ -36,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from janusd.hw.devices import DeviceSpec
+from janusd.hw.spec import allreduce_s
 from janusd.sim.specs import SimModel
 
 PAGE_BYTES = 2 * 2**20
@@ -70,6 +75,13 @@ class PerfModel:
         nbytes = m.weight_bytes + m.kv_bytes_per_token * (decode_context + decode_batch + prefill_tokens)
         return flops / m.tp, nbytes / m.tp
 
+    def comm_s(self, m: SimModel, tokens: float) -> float:
+        """Seconds of the all-reduces of a step of `m` carrying `tokens` tokens (prompt
+        tokens + decoding sequences); 0.0 at tp 1 (module doc)."""
+        if m.tp <= 1 or tokens <= 0:
+            return 0.0
+        return allreduce_s(tokens * m.allreduce_bytes_per_token, m.tp, self.device.d2d_bw)
+
     def step_s(self, flops: float, nbytes: float, seqs: int = 0) -> float:
         """One device step doing `flops` and moving `nbytes` for `seqs` sequences (all its
         models together)."""
@@ -81,11 +93,11 @@ class PerfModel:
     # ---- convenience for one model alone on its devices
     def prefill_s(self, m: SimModel, tokens: int) -> float:
         """A step prefilling one prompt of `tokens` tokens and nothing else."""
-        return self.step_s(*self.work(m, tokens, tokens * (tokens + 1) / 2.0, 0, 0), 1)
+        return self.step_s(*self.work(m, tokens, tokens * (tokens + 1) / 2.0, 0, 0), 1) + self.comm_s(m, tokens)
 
     def decode_step_s(self, m: SimModel, batch: int, context_per_seq: float) -> float:
         """A decode step of `batch` sequences of `context_per_seq` tokens each."""
-        return self.step_s(*self.work(m, 0, 0, batch, batch * context_per_seq), batch)
+        return self.step_s(*self.work(m, 0, 0, batch, batch * context_per_seq), batch) + self.comm_s(m, batch)
 
     # ---- memory
     def weights_fit(self, residents: list[SimModel]) -> bool:

@@ -235,7 +235,7 @@ class SimWorker:
 
     def _start(self, now: float) -> None:
         expiry = self._expire(now)
-        flops = nbytes = 0.0
+        flops = nbytes = comm = 0.0
         admitted: list[Seq] = []
         s = self.step
         lim = self.limits
@@ -270,6 +270,8 @@ class SimWorker:
             f, b = self.perf.work(r.model, pf_tokens, pf_pairs, n, ctx)
             flops += f
             nbytes += b
+            if r.model.tp > 1:  # its group's all-reduces (perfmodel.comm_s); none at tp 1
+                comm += self.perf.comm_s(r.model, pf_tokens + n)
         for seq in admitted:
             r = self.residents[seq.model]
             seq.s_first = s
@@ -283,7 +285,7 @@ class SimWorker:
             if expiry < math.inf:  # idle with requests waiting for pages: wake up to fail them
                 self._set_event(expiry)
             return
-        dt = self.perf.step_s(flops, nbytes, len(self._seqs))
+        dt = self.perf.step_s(flops, nbytes, len(self._seqs)) + comm
         steps = 1 if admitted else max(1, self._finish[0][0] - s + 1)
         self._prefilling = admitted
         self.busy = True
