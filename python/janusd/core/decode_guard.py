@@ -115,8 +115,8 @@ class DecodeGuard:
                 n = len(req.prompt_ids)
                 if any(self._finish(i, n, now) <= deadline for i in ready):
                     continue  # a ready instance can still take it: nothing to yield
-                best = min(insts, key=lambda i: self._finish(i, n, now))
-                if self._finish(best, n, now) > deadline:
+                finish, best = min(((self._finish(i, n, now), i) for i in insts), key=lambda fi: fi[0])
+                if finish > deadline:
                     continue  # lost either way: the Dispatcher refuses it
                 est = self.dispatch.own_estimate(best, n)
                 at = deadline - est - lead_s

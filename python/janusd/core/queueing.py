@@ -68,10 +68,9 @@ class Queueing(CoreState):
     def _hold_queued(self, model: str, now: float) -> None:
         """The model stopped taking prefill work: its queued requests wait for an instance
         (bounded) instead of being rejected against an SLO no instance can meet now."""
-        for req in self.requests.of_model(model):
-            if req.instance is None and req.held_since is None and not req.done and req.untokenized is None:
-                self.dispatch.cancel(req.rid, now)
-                self._hold(req, now)
+        for req in self._queued(model):
+            self.dispatch.cancel(req.rid, now)
+            self._hold(req, now)
 
     def _queued(self, model: str) -> list[Request]:
         """The model's requests waiting in the Dispatcher's queue (not held, not assigned)."""
