@@ -9,7 +9,9 @@ token attainment overall and per app, refusals and errors, p99 TTFT, Active
 device-seconds (a device counts while any instance on it is Active), and for janus the
 bursty apps' scale-out delays (burst start -> their second Active instance, from
 /metrics sampled every POLL_S) and scale-outs undone (a second instance gone and back
-within the hold time).
+within the hold time, from the samples; and the daemon's own
+janusd_controller_scale_outs_undone_total: a replica scaled in within the hold of its
+scale-out).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class _Poller:
     def __init__(self, port: int, t0_wall: float) -> None:
         self.port, self.t0 = port, t0_wall
         self.timeline = ModelTimeline()
+        self.undone_metric = 0  # janusd_controller_scale_outs_undone_total, all models, last read
         self._stop = False
 
     def run(self) -> None:
@@ -77,6 +80,8 @@ class _Poller:
                         for s in fam.samples:
                             if s.labels.get("state") == "active" and s.value == 1:
                                 active.setdefault(s.labels["model"], set()).add(int(s.labels["device"]))
+                    elif fam.name == "janusd_controller_scale_outs_undone":
+                        self.undone_metric = int(sum(s.value for s in fam.samples if s.name.endswith("_total")))
                 self.timeline.add(t, active)
             except (OSError, ValueError):
                 pass
@@ -104,7 +109,7 @@ def _one_run(arm: str, trace: Any, run_dir: Path, threads: int) -> dict[str, Any
         th.join(5)
     finally:
         daemon_proc.stop(proc)
-    return {"summary": summary, "timeline": poller.timeline}
+    return {"summary": summary, "timeline": poller.timeline, "undone_metric": poller.undone_metric}
 
 
 def _sim(arm: str, trace_path: Path, run_dir: Path, seconds: float) -> dict[str, Any]:
@@ -169,6 +174,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if arm == "janus":
                 f["scale_out_delays_s"] = scale_out_delays(r["timeline"], bursts)
                 f["scale_outs_undone"] = undone_scale_outs(r["timeline"], list(bursts), HOLD_S)
+                f["scale_outs_undone_metric"] = r["undone_metric"]  # the daemon's own count (control/burst.py)
             real[arm].append(f)
             print(json.dumps({"arm": arm, "run": k, **{x: f[x] for x in ("token_attainment", "device_seconds")}}),
                   file=sys.stderr, flush=True)

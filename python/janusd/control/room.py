@@ -315,7 +315,8 @@ class ControlRoom:
             plan, ops = meet_roles(m, a, why, self.in_flight)
             self.roles[m.name] = plan
             return ops
-        return meet_count(m, max(1, a.count), why, self.in_flight, snap.load_on, self.steady.managed_devices())
+        return meet_count(m, max(1, a.count), why, self.in_flight, snap.load_on, self.steady.managed_devices(),
+                          lambda d: snap.others_on(d, m.name))
 
     def _base(self, m: ModelView) -> list[int]:
         """Where a placed model serves outside its own replicas: its steady instance(s)."""
