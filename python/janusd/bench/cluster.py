@@ -21,27 +21,19 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import msgspec
-import numpy as np
-
 from janusd.bench import daemon_proc
 from janusd.bench.cluster_figures import ModelTimeline, figures, scale_out_delays, undone_scale_outs
+from janusd.bench.cluster_sim import fit_host_scale, simulate
 from janusd.bench.cluster_setup import APPS, HOLD_S, burst_starts, config, expected_active, make_trace
 from janusd.trace.formats import write_trace
 
 POLL_S = 0.25
-# the simulator's cpu model of this machine: the engine bench recorded on a quiet machine, its
-# host figures scaled by what the daemon, the token stream and the replayer add on the same
-# two cores (2.70: fitted to a real replay's median TPOT, bench/RESULTS.md "sim, second pass")
-CALIBRATION = Path(__file__).resolve().parents[3] / "tests" / "data" / "sim_calib_engine.json"
-HOST_SCALE = 2.70
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,12 +60,15 @@ class _Poller:
         from prometheus_client.parser import text_string_to_metric_families
 
         while not self._stop:
-            t = time.time() - self.t0
             try:
                 c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
                 c.request("GET", "/metrics")
                 text = c.getresponse().read().decode()
                 c.close()
+                # stamped when the reply is in, not when it was asked for: a daemon busy with a
+                # burst answers late, and a state stamped at the asking showed scale-outs
+                # before their bursts began (delays never understated)
+                t = time.time() - self.t0
                 active: dict[str, set[int]] = {}
                 for fam in text_string_to_metric_families(text):
                     if fam.name == "janusd_instance_state":
@@ -112,51 +107,6 @@ def _one_run(arm: str, trace: Any, run_dir: Path, threads: int) -> dict[str, Any
     return {"summary": summary, "timeline": poller.timeline, "undone_metric": poller.undone_metric}
 
 
-def _sim(arm: str, trace_path: Path, run_dir: Path, seconds: float) -> dict[str, Any]:
-    """`janus sim --device cpu --config` on the trace: the arm's own daemon config, simulated."""
-    models = run_dir / "models.toml"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    from janusd.engine.checkpoint.demo import demo_arch
-
-    lines = []
-    for app, (ckpt, _, _) in APPS.items():
-        arch, size = ckpt.split(":")[1].split("-")
-        cfg_path = run_dir / f"{app}.json"
-        cfg_path.write_text(json.dumps(msgspec.to_builtins(demo_arch(arch, size))))
-        lines.append(f'[{app}]\nconfig = "{cfg_path.name}"\nttft_slo_ms = 1000\ntpot_slo_ms = 100\n')
-    models.write_text("\n".join(lines))
-    daemon_cfg = run_dir / "janusd.toml"  # the very config the daemon ran (sim/configured.py)
-    daemon_cfg.write_text(config(arm, str(run_dir)))
-    out = run_dir / "sim"
-    cmd = [sys.executable, "-m", "janusd.cli", "sim", "--trace", str(trace_path), "--devices", "2", "--policy", arm,
-           "--device", "cpu", "--device-memory-mib", "512", "--models", str(models), "--config", str(daemon_cfg),
-           "--out", str(out), "--json"]
-    if CALIBRATION.exists():
-        perf = run_dir / "perf.json"
-        perf.write_text(json.dumps(_calibrated_perf(run_dir / "burst-a.json")))
-        cmd += ["--perf", str(perf)]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=1800)
-    return {"results": out / "results.jsonl", "devices": out / "devices.csv"}
-
-
-def _calibrated_perf(arch_config: Path) -> dict[str, float]:
-    """The simulator's cpu figures fitted to CALIBRATION (demo:llama-small's steps), host
-    figures times HOST_SCALE: what `janus sim --calibrate ... --calibrate-tpot-ms` found."""
-    from janusd.hw import device_spec
-    from janusd.sim.calibrate import fit, points_from_bench
-    from janusd.sim.perfmodel import PerfModel
-    from janusd.sim.specs import load_models_file
-
-    models = arch_config.parent / "calib.toml"
-    models.write_text(f'[llm]\nconfig = "{arch_config.name}"\n')
-    m = load_models_file(models)["llm"]
-    result = json.loads(CALIBRATION.read_text().strip().splitlines()[-1])
-    f = fit(points_from_bench(result, "demo-llama-small"), m, PerfModel(device_spec("cpu", hbm_bytes=512 * 2**20)))
-    p = f.perf
-    return {"overhead_s": p.overhead_s * HOST_SCALE, "seq_overhead_s": p.seq_overhead_s * HOST_SCALE,
-            "compute_eff": p.compute_eff, "bandwidth_eff": p.bandwidth_eff}
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.runs < 1:
         raise ValueError("--runs must be >= 1")
@@ -182,28 +132,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            "requests": len(trace.arrival_s), "cpus": os.cpu_count(), "hold_s": HOLD_S}
     for arm, runs in real.items():
         out[arm] = _mean_of(runs)
-    if not args.no_sim:
+    if not args.no_sim:  # bench/cluster_sim.py: uncalibrated, then calibrated on the real static arm
         for arm in ("janus", "static"):
-            try:
-                s = _sim(arm, trace_path, base / f"sim-{arm}", args.seconds)
-            except subprocess.CalledProcessError as e:  # the simulator refuses the arm: say why
-                out[arm]["simulated"] = {"error": (e.stderr or b"").decode(errors="replace").strip()[-500:]}
-                continue
-            dev = np.loadtxt(s["devices"], delimiter=",", skiprows=1, ndmin=2)
-            out[arm]["simulated"] = figures(s["results"], trace, _step_integral(dev, args.seconds))
+            out[arm]["simulated"] = simulate(arm, trace, trace_path, base / f"sim-{arm}", args.seconds)
+        scale, static_fit = fit_host_scale(trace, trace_path, base / "sim-fit", args.seconds,
+                                           out["static"]["token_attainment"])
+        out["sim_host_scale_fitted_on_static"] = scale
+        out["static"]["simulated_fitted"] = static_fit
+        out["janus"]["simulated_fitted"] = simulate("janus", trace, trace_path, base / "sim-janus-fitted",
+                                                    args.seconds, scale)
     j, s = out["janus"], out["static"]
     out["janus_over_static"] = {"token_attainment": j["token_attainment"] - s["token_attainment"],
                                 "device_seconds_ratio": j["device_seconds"] / s["device_seconds"]}
     return out
-
-
-def _step_integral(dev: np.ndarray, end: float) -> float:
-    """Seconds x active devices of a (t_s, active_devices, ...) step series up to `end`."""
-    dev = dev[dev[:, 0] < end] if len(dev) else dev
-    if len(dev) == 0:
-        return 0.0
-    t = np.append(dev[:, 0], end)
-    return float(np.sum(np.diff(t) * dev[:, 1]))
 
 
 def _mean_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
