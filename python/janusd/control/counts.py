@@ -1,8 +1,8 @@
 """A model's elastic count met with its own instances (a model with `devices`, not P/D,
 not placed by the steady placement): the fast tick's last step for it. Its own module so
-that the rule (Warm before Cold; on scale-in the instance on the device with the fewest
-other models serving, then the steady pool's device, then the least busy drained first;
-never below one Active instance) reads on its own."""
+that the rule (Warm before Cold; on scale-in the instance whose device it leaves empty,
+then the steady pool's device, then the least busy drained first; never below one
+Active instance) reads on its own."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def meet_count(m: ModelView, count: int, reason: str, in_flight: InFlight, load_
     """Operations that bring model `m` to `count` serving instances, none of them on an
     instance with an operation in flight. `load_on(device)`: requests in flight there;
     `steady_devices`: the devices the steady placement took; `others_on(device)`: how
-    many other models serve there (a scale-in rests the least crowded device's first)."""
+    many other models serve there (a scale-in that leaves a device empty goes first)."""
     insts = sorted(m.instances.values(), key=lambda i: i.device)
     pending = {d: op.target for (name, d), (op, _) in in_flight.items() if name == m.name}
     free = [i for i in insts if i.device not in pending]
@@ -36,12 +36,11 @@ def meet_count(m: ModelView, count: int, reason: str, in_flight: InFlight, load_
             serving += 1
     elif serving > count:
         active = [i for i in free if i.state is S.ACTIVE]
-        # the one with the fewest other models beside it goes first: one that leaves its
-        # device empty stops that device costing, and models scaling in together all leave
-        # the same less crowded device (on a real daemon, resting the replica beside the
-        # steady models kept the other device Active for nothing); then one on a device
-        # the steady pool took, then the one with the least work in flight (shortest drain)
-        for i in sorted(active, key=lambda i: (others_on(i.device), i.device not in steady_devices,
+        # one whose device it leaves empty goes first (the device stops costing: on a
+        # real daemon, resting the replica beside the steady models kept the other device
+        # Active for nothing), then one on a device the steady pool took, then the one
+        # with the least work in flight (its drain is shortest)
+        for i in sorted(active, key=lambda i: (others_on(i.device) > 0, i.device not in steady_devices,
                                                load_on(i.device), -i.device)):
             if serving <= max(count, 1):  # never below one Active instance
                 break

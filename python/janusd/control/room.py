@@ -165,7 +165,7 @@ class ControlRoom:
                 (outcome != "ok" and op.scales_out):  # a scale-in ends an extra; a failed scale-out is none
             self._drop_extra(op.model, op.device)
         if outcome == "ok" and op.scales_out:
-            self.burst.scaled_out(op.model, op.device, now)
+            self.burst.scaled_out(op.model, op.device, t0)  # issued at t0: the hold counts from its tick too
         if outcome == "ok" and op.target == "warm":  # a scaled-in replica's Warm time starts now
             self.warm_since[(op.model, op.device)] = now
         if outcome != "ok":
