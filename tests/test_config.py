@@ -89,7 +89,7 @@ def test_embedded_default_is_etc_janusd_toml():
         ),
         ("[[models]]\nname = 'a'\ncheckpoint = 'x'\ndevices = [2]\n", "models[0].devices: device 2 does not exist"),
         ("[[models]]\nname = 'a'\ncheckpoint = 'x'\ntp = 3\n", "models[0].tp: 3 exceeds devices.count = 2"),
-        ("[[models]]\nname = 'a'\ncheckpoint = 'x'\ntp = 2\n", "models[0].tp: the daemon does not serve tensor-parallel instances yet"),
+        ("[[models]]\nname = 'a'\ncheckpoint = 'x'\ntp = 2\n", "models[0].devices: a tp = 2 model lists the lead device"),
         ("[devices]\nmemory_mib = 1001\n", "devices.memory_mib: must be a multiple"),
         ("[devices]\nmemory_mib = 64\nresident_mib = 128\n", "devices.resident_mib: 128 exceeds devices.memory_mib"),
         ("[devices]\nresident_mib = 3\n", "devices.resident_mib: must be a multiple"),

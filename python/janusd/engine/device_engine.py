@@ -133,6 +133,13 @@ class DeviceEngine:
             self.models[me.name] = me
         return me
 
+    def drop_built(self, me: ModelEngine) -> None:
+        """Free a built model that will not be registered (a tp group whose other shard
+        failed): its pages go back, its name is free again."""
+        self.release(me, None, keep_host=False)
+        with self._lock:
+            self._building.discard(me.name)
+
     def _build(self, model_cfg: Any, engine_cfg: Any, cache_dir: Path | None, checkpoint: Any,
                shard: Any = None) -> ModelEngine:
         from janusd.engine.loader import open_checkpoint

@@ -27,11 +27,12 @@ from janusd.engine.worker_load import Built, Loading
 from janusd.engine.worker_log import Caught, log
 from janusd.engine.worker_pd import Imported, PDLink
 from janusd.engine.worker_tokenize import tokenize
+from janusd.engine.worker_tp import ReleaseShard, TPWorker
 from janusd.wire import worker_msgs as wm
 from janusd.wire.framing import BlockingFramedSocket, FrameError
 
 
-class WorkerProc(Loading):
+class WorkerProc(Loading, TPWorker):
     def __init__(self, conn: BlockingFramedSocket, engine: Any, device_index: int, kind: str,
                  transfer_protocol: str = "auto", transfer_nice: int = 0) -> None:
         self.conn = conn
@@ -45,6 +46,7 @@ class WorkerProc(Loading):
         self.caught = Caught()  # errors served past, reported in Stats.errors
         self.pd = PDLink(engine.pool, kind, self.inbox, transfer_protocol, transfer_nice)
         self.life = Lifecycle(engine, self.inbox, self.pd, self._send, self._drop_requests)
+        self.tp_stores: dict[str, Any] = {}  # tp instances this worker leads: their rendezvous stores
 
     # ---- reader thread ----
     def reader(self) -> None:
@@ -203,6 +205,10 @@ class WorkerProc(Loading):
             self._send(self.life.publish(msg))
         elif isinstance(msg, wm.GetStats):
             self._send(self._stats(msg.seq))
+        elif isinstance(msg, wm.OpenGroup):
+            self._open_group(msg)
+        elif isinstance(msg, ReleaseShard):
+            self._release_shard(msg)
         elif isinstance(msg, wm.Shutdown):
             self.running = False
 
@@ -280,6 +286,8 @@ class WorkerProc(Loading):
             return
         self._drop_requests(msg.name, f"model {msg.name!r} was unloaded")
         self.life.images.forget(msg.name)
+        if (me := self.de.models.get(msg.name)) is not None:
+            self.stop_followers(me)  # a tp group's lead: its followers free their shards first
         try:
             self.de.unload_model(msg.name)
         except Exception as e:

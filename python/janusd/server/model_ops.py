@@ -12,6 +12,7 @@ model (requests for it wait, bounded, and `load` brings it back with its full co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -25,6 +26,7 @@ from janusd.log import log
 from janusd.policy.pinned import place
 from janusd.server.daemon_clock import clock
 from janusd.server.drain import drain
+from janusd.server.tp_groups import load_group, unready, waiting_on
 from janusd.server.workers import WorkerError, WorkerHandle
 from janusd.wire import worker_msgs as wm
 
@@ -60,6 +62,7 @@ class ModelOps:
         # brings an instance to a start state other than active (server/lifecycle_ops.py)
         self.starter: Callable[[Instance, str], Awaitable[None]] | None = None
         self.poke: Callable[[], None] = lambda: None  # the daemon's: tick now (a drain's bound is a tick's)
+        self.tp_timeout_s = 60.0  # a tp group's rendezvous and collectives (server.worker_step_timeout_s)
 
     async def start(self, inst: Instance) -> None:
         """Bring a configured instance to its start state (config warm_devices / cold_devices)."""
@@ -81,16 +84,30 @@ class ModelOps:
         elif inst.state is not S.LOADING:
             return
         cfg = m.engine_cfg(inst.device)
+        group = range(inst.device, inst.device + m.cfg.tp)  # a tp > 1 instance: its whole group (server/tp_groups.py)
         w = self.workers[inst.device]
-        async with self._locks[inst.device]:
+
+        def make(seq: int, tp: wm.TPPlace | None = None) -> wm.LoadModel:
+            return wm.LoadModel(seq, wm.WorkerModel.of(cfg), wm.WorkerEngine.of(self.engine), self.cache_dir,
+                                wm.WorkerLifecycle.of(self.lifecycle), tp)
+
+        async with contextlib.AsyncExitStack() as held:
+            for d in group:  # ascending: two group loads never wait on each other's locks
+                await held.enter_async_context(self._locks[d])
+            if inst.state is not S.LOADING:
+                return  # another restart of the group's workers loaded it meanwhile
+            if away := unready(self.workers, group):  # the worker that comes back last loads it
+                inst.error = f"waiting for the workers of devices {away} (tp group {group[0]}-{group[-1]})"
+                return
             t0 = clock()
             try:
-                reply: wm.ModelLoaded = await w.call(
-                    lambda seq: wm.LoadModel(seq, wm.WorkerModel.of(cfg), wm.WorkerEngine.of(self.engine), self.cache_dir,
-                                             wm.WorkerLifecycle.of(self.lifecycle)), self.load_timeout_s)
+                if len(group) > 1:
+                    reply = await load_group(self.workers, group, make, self.load_timeout_s, self.tp_timeout_s)
+                else:
+                    reply = await w.call(make, self.load_timeout_s)
             except (WorkerError, asyncio.TimeoutError) as e:
                 err = str(e) or "load timed out"
-                if inst.state is S.LOADING and w.ready:
+                if inst.state is S.LOADING and not unready(self.workers, group):
                     _log(f"loading {inst.model} on device {inst.device} failed: {err}", logging.WARNING)
                     self.core.load_failed(inst, self.clock(), err)
                 return
@@ -165,6 +182,7 @@ class ModelOps:
     async def reload_device(self, device: int) -> None:
         """A restarted worker: load again every instance that was on it."""
         insts = [i for i in self.core.instances_on(device) if i.state is S.LOADING]
+        insts += waiting_on(self.core, device)  # tp instances led elsewhere whose group this worker is in
         await asyncio.gather(*(self.load(i) for i in insts))
 
 

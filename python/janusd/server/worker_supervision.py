@@ -19,6 +19,7 @@ from janusd.server.lifecycle_ops import LifecycleOps
 from janusd.server.model_ops import ModelOps
 from janusd.server.process_states import DaemonState
 from janusd.server.restart_policy import RestartBudget
+from janusd.server.tp_groups import group_peers
 from janusd.server.workers import WorkerError, WorkerHandle
 from janusd.wire import worker_msgs as wm
 
@@ -35,6 +36,7 @@ class WorkerSupervision:
     ops: ModelOps
     restarts: dict[int, RestartBudget]
     life: LifecycleOps
+    workers: list[WorkerHandle]
 
     if TYPE_CHECKING:
         @property
@@ -61,8 +63,11 @@ class WorkerSupervision:
         dev = w.device_index
         how = "hung" if w.hung else "died"
         _log(f"worker for device {dev} (pid {w.pid}) {how}; failing its requests and restarting it", logging.WARNING)
+        peers = group_peers(self.core, dev)  # read before the core moves the instances on
         self.core.on_worker_death(dev, clock(), code="worker_hung" if w.hung else "worker_died",
                                   why=f"hung ({w.hung})" if w.hung else "died")
+        for d in sorted(peers):  # a tp group lives and dies whole (server/tp_groups.py)
+            self.workers[d].kill(f"its tp group's worker on device {dev} {how}")
         self.poke()
         if self.state in (DaemonState.RUNNING, DaemonState.STARTING):
             self._spawn(self._restart(w), f"restart{dev}")
