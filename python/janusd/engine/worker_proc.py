@@ -47,6 +47,8 @@ class WorkerProc(Loading, TPWorker):
         self.pd = PDLink(engine.pool, kind, self.inbox, transfer_protocol, transfer_nice)
         self.life = Lifecycle(engine, self.inbox, self.pd, self._send, self._drop_requests)
         self.tp_stores: dict[str, Any] = {}  # tp instances this worker leads: their rendezvous stores
+        self.followers: dict[str, Any] = {}
+        self.life.registered = self.tp_registered
 
     # ---- reader thread ----
     def reader(self) -> None:
@@ -116,6 +118,7 @@ class WorkerProc(Loading, TPWorker):
             outs = self.de.step()
         except Exception:
             log("engine step failed:\n" + traceback.format_exc())
+            self.exit_if_group_broke()  # a tp group's collective failed: the daemon restarts the group
             self._fail_all("the engine failed during a step (see the worker log)")
             return
         finally:
@@ -286,8 +289,7 @@ class WorkerProc(Loading, TPWorker):
             return
         self._drop_requests(msg.name, f"model {msg.name!r} was unloaded")
         self.life.images.forget(msg.name)
-        if (me := self.de.models.get(msg.name)) is not None:
-            self.stop_followers(me)  # a tp group's lead: its followers free their shards first
+        self.stop_followers(msg.name)  # a tp group's lead: its followers free their shards first
         try:
             self.de.unload_model(msg.name)
         except Exception as e:

@@ -26,6 +26,7 @@ loads the instance again once all of them are back (server/tp_groups.py).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import traceback
 from pathlib import Path
@@ -55,6 +56,7 @@ class TPWorker:
     de: Any
     inbox: Any
     tp_stores: dict[str, Any]
+    followers: dict[str, Any]  # shards this worker follows: their Follower (engine/tp/shard.py)
 
     if TYPE_CHECKING:
         def _send(self, msg: Any) -> None: ...
@@ -117,11 +119,23 @@ class TPWorker:
         comm = me.tp_comm
         f = Follower(comm, lambda data: self._follower_call(name, comm, data))
         f.models[0] = me
+        self.followers[name] = f
         try:
             f.serve()
         except Exception as e:
             log(f"tp shard of {name}: the group broke ({type(e).__name__}: {e}); freeing the shard")
             self.inbox.put(ReleaseShard(name))
+        finally:
+            if self.followers.get(name) is f:
+                del self.followers[name]
+
+    def tp_registered(self, me: Any) -> None:
+        """Main thread, a model registered after a restore: a follower's shard restored from
+        its host copy (Warm -> Active) is what its follower thread steps from now on."""
+        comm = getattr(me, "tp_comm", None)
+        f = self.followers.get(me.name)
+        if comm is not None and comm.rank > 0 and f is not None:
+            f.models[0] = me
 
     def _follower_call(self, name: str, comm: Any, data: bytes) -> None:
         cmd = json.loads(data)
@@ -133,8 +147,7 @@ class TPWorker:
 
     def _release_shard(self, msg: ReleaseShard) -> None:
         """Main thread: free a follower's shard (the lead unloaded the model, or the group broke)."""
-        me = self.de.models.get(msg.name)
-        if me is not None and getattr(me, "tp_comm", None) is not None and me.group is None:
+        if group_comm(self.de, msg.name) is not None:  # Active (de.models) or Warm (de.host)
             try:
                 self.de.unload_model(msg.name)
             except Exception:
@@ -142,17 +155,39 @@ class TPWorker:
         if msg.done is not None:
             msg.done.set()
 
-    def stop_followers(self, me: Any) -> None:
-        """Lead, before it frees its own shard: every follower frees its shard, then stops.
-        A broken group (a follower is gone) is logged and skipped: the daemon restarts it."""
-        link = getattr(me, "group", None)
-        if link is None:
+    def exit_if_group_broke(self) -> None:
+        """A step failed on a worker that leads a tp group: its shards no longer agree on
+        the step (a follower died or hung, or a collective failed), so the instance cannot
+        go on. The worker exits; the daemon fails its requests as a dead worker's (503,
+        retryable) and restarts the group whole (server/tp_groups.py)."""
+        if any(getattr(me, "group", None) is not None for me in self.de.models.values()):
+            log("a tp group this worker leads broke during a step; exiting so that the group restarts whole")
+            os._exit(3)
+
+    def stop_followers(self, name: str) -> None:
+        """Lead, before it frees its own shard (Active or Warm): every follower frees its
+        shard, then stops. A broken group (a follower is gone) is logged and skipped: the
+        daemon restarts it."""
+        from janusd.engine.tp.shard import LeaderLink
+
+        comm = group_comm(self.de, name)
+        if comm is None or comm.rank != 0:
             return
+        link = LeaderLink(comm, 0)
         try:
             link.call(json.dumps({"op": "unload"}).encode())
-            if not link.comm.agree(True):
-                log(f"tp {me.name}: a follower did not free its shard within {RELEASE_WAIT_S:g} s")
+            if not comm.agree(True):
+                log(f"tp {name}: a follower did not free its shard within {RELEASE_WAIT_S:g} s")
             link.stop()
         except Exception as e:
-            log(f"tp {me.name}: stopping the followers failed ({type(e).__name__}: {e})")
-        self.tp_stores.pop(me.name, None)
+            log(f"tp {name}: stopping the followers failed ({type(e).__name__}: {e})")
+        self.tp_stores.pop(name, None)
+
+
+def group_comm(de: Any, name: str) -> Any:
+    """The tp group (TPComm) of model `name` here, Active or Warm; None for a whole model."""
+    me = de.models.get(name)
+    if me is not None:
+        return getattr(me, "tp_comm", None)
+    host = de.host.get(name)
+    return getattr(host.shard, "comm", None) if host is not None and host.shard is not None else None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -83,17 +83,8 @@ class ModelOps:
             self.core.set_state(inst, S.LOADING, self.clock())
         elif inst.state is not S.LOADING:
             return
-        cfg = m.engine_cfg(inst.device)
         group = range(inst.device, inst.device + m.cfg.tp)  # a tp > 1 instance: its whole group (server/tp_groups.py)
-        w = self.workers[inst.device]
-
-        def make(seq: int, tp: wm.TPPlace | None = None) -> wm.LoadModel:
-            return wm.LoadModel(seq, wm.WorkerModel.of(cfg), wm.WorkerEngine.of(self.engine), self.cache_dir,
-                                wm.WorkerLifecycle.of(self.lifecycle), tp)
-
-        async with contextlib.AsyncExitStack() as held:
-            for d in group:  # ascending: two group loads never wait on each other's locks
-                await held.enter_async_context(self._locks[d])
+        async with self.locked(group):
             if inst.state is not S.LOADING:
                 return  # another restart of the group's workers loaded it meanwhile
             if away := unready(self.workers, group):  # the worker that comes back last loads it
@@ -101,10 +92,7 @@ class ModelOps:
                 return
             t0 = clock()
             try:
-                if len(group) > 1:
-                    reply = await load_group(self.workers, group, make, self.load_timeout_s, self.tp_timeout_s)
-                else:
-                    reply = await w.call(make, self.load_timeout_s)
+                reply = await self.load_on_workers(inst, group)
             except (WorkerError, asyncio.TimeoutError) as e:
                 err = str(e) or "load timed out"
                 if inst.state is S.LOADING and not unready(self.workers, group):
@@ -117,6 +105,34 @@ class ModelOps:
                 return
         self.core.loaded(inst, self.clock(), reply.max_model_len, clock() - t0, reply.prefill_probe)
         _log(f"{inst.model} active on device {inst.device} (loaded in {inst.load_s:.2f} s)")
+
+    @contextlib.asynccontextmanager
+    async def locked(self, devices: range) -> AsyncIterator[None]:
+        """The load/unload locks of `devices` (a tp group's), taken in ascending order: two
+        group operations never wait on each other's locks."""
+        async with contextlib.AsyncExitStack() as held:
+            for d in devices:
+                await held.enter_async_context(self._locks[d])
+            yield
+
+    async def load_on_workers(self, inst: Instance, group: range) -> wm.ModelLoaded:
+        """LoadModel on the instance's worker, or on every worker of its tp group
+        (server/tp_groups.py); the caller holds their locks. Raises WorkerError / TimeoutError."""
+        m = self.core.models()[inst.model]
+        cfg = m.engine_cfg(inst.device)
+
+        def make(seq: int, tp: wm.TPPlace | None = None) -> wm.LoadModel:
+            return wm.LoadModel(seq, wm.WorkerModel.of(cfg), wm.WorkerEngine.of(self.engine), self.cache_dir,
+                                wm.WorkerLifecycle.of(self.lifecycle), tp)
+
+        if len(group) > 1:
+            return await load_group(self.workers, group, make, self.load_timeout_s, self.tp_timeout_s)
+        reply: wm.ModelLoaded = await self.workers[inst.device].call(make, self.load_timeout_s)
+        return reply
+
+    async def unload_on_worker(self, name: str, device: int) -> None:
+        """UnloadModel on `device`'s worker (a tp group's lead frees its followers' shards too)."""
+        await self._unload_on_worker(name, device)
 
     async def _unload_on_worker(self, name: str, device: int, locked: bool = False) -> None:
         w = self.workers[device]

@@ -46,6 +46,7 @@ class WorkerModel(_Carried):
     kv_cache_mib: int
     role: str
     prefill_devices: list[int]
+    tp: int  # > 1: a shard of a tp group (engine/worker_tp.py)
 
 
 class WorkerEngine(_Carried):
