@@ -103,13 +103,13 @@ def _check_tp(cfg: JanusConfig, i: int) -> None:
             continue
         if not o.devices:
             raise ValueError(f"models[{j}].devices: with tp > 1 models configured, every model lists its devices "
-                             f"(round robin would place {o.name!r} inside {m.name!r}'s tp group)")
+                             f"(round robin would place {o.name!r} inside a tp group of {m.name!r})")
         for lead in o.devices:
             for d in range(lead, lead + o.tp):
                 if d in groups and (o.tp, lead) != groups[d][1:]:
-                    raise ValueError(f"models[{j}].devices: device {d} is in {m.name!r}'s tp = {tp} group "
-                                     f"{groups[d][2]}-{groups[d][2] + tp - 1}; a group's devices are held whole "
-                                     "(only models of the same group shape share them)")
+                    raise ValueError(f"models[{j}].devices: device {d} is in the tp = {tp} group "
+                                     f"{groups[d][2]}-{groups[d][2] + tp - 1} of {m.name!r}; a group's devices are "
+                                     "held whole (only models of the same group shape share them)")
 
 
 def _check_cpu_cores(cfg: JanusConfig) -> None:
