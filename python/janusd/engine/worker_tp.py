@@ -54,6 +54,7 @@ class TPWorker:
     its constructor: the device engine, the inbox, _send."""
 
     de: Any
+    device_index: int
     inbox: Any
     tp_stores: dict[str, Any]
     followers: dict[str, Any]  # shards this worker follows: their Follower (engine/tp/shard.py)
@@ -97,14 +98,14 @@ class TPWorker:
         except Exception as e:  # every shard learns of it below: none serves half a model
             log(f"building shard {tp.rank} of {msg.model.name} failed:\n" + traceback.format_exc())
             err = str(e) or type(e).__name__
-        errors = [b.decode() for b in comm.gather_bytes(err.encode())]
-        bad = [(r, e) for r, e in enumerate(errors) if e]
+        said = [b.decode().split("|", 1) for b in comm.gather_bytes(f"{self.device_index}|{err}".encode())]
+        bad = [(r, dev, e) for r, (dev, e) in enumerate(said) if e]
         if bad:
             if me is not None:
                 self.de.drop_built(me)
-            if len({e for _, e in bad}) == 1 and len(bad) == tp.size:
-                raise EngineError(bad[0][1])
-            raise EngineError("; ".join(f"tp shard {r} (device group rank {r}): {e}" for r, e in bad))
+            if len({e for _, _, e in bad}) == 1 and len(bad) == tp.size:
+                raise EngineError(bad[0][2])  # the same on every shard (heads that do not divide): said once
+            raise EngineError("; ".join(f"tp shard {r} (device {dev}): {e}" for r, dev, e in bad))
         if tp.rank == 0:
             attach_leader(me, LeaderLink(comm, 0))
         me.tp_comm = comm

@@ -84,10 +84,13 @@ async def load_group(workers: Sequence[WorkerHandle], group: range, make: Callab
         return workers[group[rank]].call(lambda seq: make(seq, place), timeout_s)
 
     results = await asyncio.gather(*(shard(r) for r in range(size)), return_exceptions=True)
-    for rank, r in enumerate(results):
-        if isinstance(r, BaseException):
-            if isinstance(r, WorkerError | asyncio.TimeoutError):
-                raise WorkerError(f"tp shard {rank} (device {group[rank]}): {r or 'load timed out'}",
-                                  getattr(r, "kind", "unavailable"))
+    failed = [(rank, r) for rank, r in enumerate(results) if isinstance(r, BaseException)]
+    for _, r in failed:
+        if not isinstance(r, WorkerError | asyncio.TimeoutError):
             raise r
+    if failed:  # the shards agree before any registers, so each says why the group failed: said once
+        said = {str(r) or "load timed out": r for _, r in failed}
+        rank, first = failed[0]
+        where = f"tp group {group[0]}-{group[-1]}" if len(said) == 1 else f"tp shard {rank} (device {group[rank]})"
+        raise WorkerError(f"{where}: {next(iter(said))}", getattr(first, "kind", "unavailable"))
     return results[0]  # type: ignore[return-value]
