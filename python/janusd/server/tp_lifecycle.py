@@ -18,19 +18,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from janusd.core import Failure, Instance
+from janusd.core import Failure, Instance, ServingCore
 from janusd.lifecycle.states import InstanceState
 from janusd.log import log
 from janusd.server.drain import drain
+from janusd.server.model_ops import ModelOps
 from janusd.server.workers import WorkerError
 from janusd.wire import worker_msgs as wm
 
-if TYPE_CHECKING:
-    from janusd.server.lifecycle_ops import LifecycleOps
-
 S = InstanceState
+
+
+class LifecycleOps(Protocol):
+    """What this uses of server/lifecycle_ops.py's LifecycleOps (which calls it: no import circle)."""
+
+    core: ServingCore
+    ops: ModelOps
+
+    def state_msg(self, inst: Instance, target: str, probe: bool) -> Callable[[int], wm.SetState]: ...
 
 
 async def set_group_state(life: LifecycleOps, inst: Instance, want: InstanceState, probe: bool) -> dict[str, Any]:
