@@ -106,6 +106,7 @@ class TPWorker:
             if len({e for _, _, e in bad}) == 1 and len(bad) == tp.size:
                 raise EngineError(bad[0][2])  # the same on every shard (heads that do not divide): said once
             raise EngineError("; ".join(f"tp shard {r} (device {dev}): {e}" for r, dev, e in bad))
+        assert me is not None  # no error anywhere: this shard built
         if tp.rank == 0:
             attach_leader(me, LeaderLink(comm, 0))
         me.tp_comm = comm
