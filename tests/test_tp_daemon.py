@@ -148,3 +148,12 @@ def test_kill9_of_the_follower_fails_in_flight_fast_and_restarts_the_group_whole
     now = daemon.worker_pids()
     assert now[0] != pids[0] and now[1] != pids[1] and now[2] == pids[2], (pids, now)
     assert complete(daemon, "tp2", PROMPTS[2]) == ref
+
+
+def test_the_oracle_prior_of_the_group_is_one_shards(daemon):
+    """A model with traffic gets its roofline prior (server/oracle_refit.py): tp 2's is one
+    shard's of the group (oracle/prior.py `tp`), tp 1's the whole model's."""
+    def tps() -> dict[str, int | None]:
+        return {r["model"]: r["prior_tp"] for r in daemon.ctl(am.OracleReq()).data["oracle"]}
+
+    assert wait_until(lambda: tps() == {"tp1": 1, "tp2": 2}, 60.0, 0.2), tps()  # last: described meanwhile
