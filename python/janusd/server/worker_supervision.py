@@ -19,7 +19,7 @@ from janusd.server.lifecycle_ops import LifecycleOps
 from janusd.server.model_ops import ModelOps
 from janusd.server.process_states import DaemonState
 from janusd.server.restart_policy import RestartBudget
-from janusd.server.tp_groups import group_peers
+from janusd.server.tp_groups import group_peers, waiting_on
 from janusd.server.workers import WorkerError, WorkerHandle
 from janusd.wire import worker_msgs as wm
 
@@ -83,6 +83,8 @@ class WorkerSupervision:
                 _log(f"device {w.device_index} failed: its worker died {budget.budget + 1} times within "
                      f"{budget.window_s:g} s; not restarting it (see the worker log above)")
                 self.core.on_device_failed(w.device_index, clock())
+                for inst in waiting_on(self.core, w.device_index):  # tp groups it was in cannot load either
+                    self.core.load_failed(inst, clock(), f"device {w.device_index} of its tp group failed")
                 return
             await asyncio.sleep(delay)
             try:
