@@ -7,7 +7,9 @@ vLLM's EngineCoreProc wraps EngineCore: the engine steps, this file talks. Threa
 - the main thread owns the engine: it applies queued commands between steps, steps
   while there is work, and sends every step's outputs as one StepBatch frame;
 - a loader thread per LoadModel (engine/worker_load.py) and a lifecycle thread per
-  state change (engine/worker_lifecycle.py) move bytes off the main thread.
+  state change (engine/worker_lifecycle.py) move bytes off the main thread;
+- a follower thread per tp shard this worker holds for another device's lead: it runs
+  the forward of every step the lead announces (engine/worker_tp.py).
 """
 
 from __future__ import annotations

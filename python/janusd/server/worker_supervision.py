@@ -1,7 +1,8 @@
 """The daemon's side of its worker processes' events (server/workers.py's callbacks):
 tokens, request failures and KV messages go to the core with the daemon's clock; a
 dead or hung worker fails its requests and is restarted after its back-off, or its
-device is given up once the restart budget is spent (server/restart_policy.py). A part
+device is given up once the restart budget is spent (server/restart_policy.py); a tp
+group's workers die and come back together (server/tp_groups.py). A part
 of server/daemon.py's Daemon (a mixin), apart from its life cycle: what happens
 between a worker's start and the daemon's stop."""
 
