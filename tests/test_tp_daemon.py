@@ -126,6 +126,8 @@ def test_warm_and_cold_round_trips_and_a_waking_request_give_the_same_tokens(dae
     assert state(daemon) == "active"
     refused = daemon.ctl(am.ForkReq("tp2", 0, 2))
     assert isinstance(refused, am.AdminError) and "D2D fork of a device group" in refused.message, refused
+    refused = daemon.ctl(am.LoadReq("intruder", "demo:llama-tiny", [1]))  # a group's devices are held whole
+    assert isinstance(refused, am.AdminError) and "device 1 is in the tp = 2 group 0-1 of 'tp2'" in refused.message
 
 
 def test_kill9_of_the_follower_fails_in_flight_fast_and_restarts_the_group_whole(daemon):

@@ -19,7 +19,15 @@ from typing import Any
 
 import msgspec
 
-from janusd.config import ConfigError, EngineConfig, JanusConfig, LifecycleConfig, ModelConfig, load_config
+from janusd.config import (
+    ConfigError,
+    EngineConfig,
+    JanusConfig,
+    LifecycleConfig,
+    ModelConfig,
+    check_config,
+    load_config,
+)
 from janusd.core import Failure, Instance, Model, ServingCore
 from janusd.lifecycle.states import InstanceState
 from janusd.log import log
@@ -283,7 +291,12 @@ async def load_model(ops: ModelOps, holder: ConfigHolder, name: str, checkpoint:
     if any(dev >= cfg.devices.count for dev in m.devices):
         raise ValueError(f"devices: only {cfg.devices.count} devices exist")
     others = [x for x in cfg.models if x.name != name]
-    holder.cfg = msgspec.structs.replace(cfg, models=[*others, m])
+    new = msgspec.structs.replace(cfg, models=[*others, m])
+    try:
+        check_config(new)  # the config's own rules (tp groups held whole, leads, ...) on the result
+    except ValueError as e:
+        raise ValueError(f"cannot load {name!r} there: {e}") from None
+    holder.cfg = new
     target = place(holder.cfg.models, cfg.devices.count)[name]
     if kept is not None:
         ops.core.retune(m)
