@@ -89,7 +89,7 @@ def test_embedded_default_is_etc_janusd_toml():
         ),
         ("[[models]]\nname = 'a'\ncheckpoint = 'x'\ndevices = [2]\n", "models[0].devices: device 2 does not exist"),
         ("[[models]]\nname = 'a'\ncheckpoint = 'x'\ntp = 3\n", "models[0].tp: 3 exceeds devices.count = 2"),
-        ("[[models]]\nname = 'a'\ncheckpoint = 'x'\ntp = 2\n", "models[0].tp: the daemon does not serve tensor-parallel instances yet"),
+        ("[[models]]\nname = 'a'\ncheckpoint = 'x'\ntp = 2\n", "models[0].devices: a tp = 2 model lists the lead device"),
         ("[devices]\nmemory_mib = 1001\n", "devices.memory_mib: must be a multiple"),
         ("[devices]\nmemory_mib = 64\nresident_mib = 128\n", "devices.resident_mib: 128 exceeds devices.memory_mib"),
         ("[devices]\nresident_mib = 3\n", "devices.resident_mib: must be a multiple"),
@@ -145,3 +145,42 @@ def test_pinned_cpu_devices_get_as_many_torch_threads_as_cores():
     cfg = parse_config("[devices]\ncpu_cores = [[2, 3], [4, 5]]\n")
     assert cfg.devices.cpu_cores == [[2, 3], [4, 5]] and cfg.devices.worker_torch_threads() == 2
     assert parse_config("[devices]\ncpu_cores = [[1], [2]]\ntorch_threads = 3\n").devices.worker_torch_threads() == 3
+
+
+_TP = "[devices]\ncount = 4\n[[models]]\nname = 'a'\ncheckpoint = 'x'\ntp = 2\n"
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ("devices = [1]\n", "models[0].devices: 1 is not the lead of an aligned group of tp = 2 devices (leads are "
+                            "multiples of 2: lead 0 serves devices 0-1)"),
+        ("devices = [4]\n", "models[0].devices: device 4 does not exist"),
+        ("devices = [0, 2]\nprefill_devices = [0]\n", "models[0].tp: a tp > 1 instance serves the mixed role only"),
+        ("devices = [0]\nwarm_devices = [0]\n", "models[0].warm_devices: a tp > 1 instance cannot start Warm"),
+        ("devices = [0]\n[control]\nmanaged = true\n", "models[0].tp: control.managed cannot run tp > 1 models"),
+        ("devices = [0, 2]\n[[models]]\nname = 'b'\ncheckpoint = 'y'\ndevices = [1]\n",
+         "models[1].devices: device 1 is in the tp = 2 group 0-1 of 'a'; a group's devices are held whole"),
+        ("devices = [0]\n[[models]]\nname = 'b'\ncheckpoint = 'y'\n",
+         "models[1].devices: with tp > 1 models configured, every model lists its devices"),
+        ("devices = [0]\n[[models]]\nname = 'b'\ncheckpoint = 'y'\ntp = 4\ndevices = [0]\n",
+         "device 0 is in the tp = 2 group 0-1 of 'a'"),
+    ],
+)
+def test_tp_configs_the_daemon_cannot_serve_are_refused_by_name(tmp_path, extra, needle):
+    p = tmp_path / "tp.toml"
+    p.write_text(_TP + extra)
+    with pytest.raises(ConfigError) as exc:
+        load_config(p)
+    assert needle in str(exc.value), str(exc.value)
+
+
+def test_tp_groups_the_daemon_serves_are_accepted(tmp_path):
+    """Two groups of one tp 2 model (leads 0 and 2, one starting cold), a second tp 2 model
+    sharing group 0-1 (the same shape), a tp 1 model on a device of its own."""
+    p = tmp_path / "tp.toml"
+    p.write_text("[devices]\ncount = 5\n[[models]]\nname = 'a'\ncheckpoint = 'x'\ntp = 2\ndevices = [0, 2]\n"
+                 "cold_devices = [2]\n[[models]]\nname = 'b'\ncheckpoint = 'y'\ntp = 2\ndevices = [0]\n"
+                 "[[models]]\nname = 'c'\ncheckpoint = 'z'\ndevices = [4]\n")
+    cfg = load_config(p)
+    assert [(m.name, m.tp, m.devices) for m in cfg.models] == [("a", 2, [0, 2]), ("b", 2, [0]), ("c", 1, [4])]

@@ -43,13 +43,7 @@ def check_config(cfg: JanusConfig) -> None:
         if m.tp > cfg.devices.count:
             raise ValueError(f"models[{i}].tp: {m.tp} exceeds devices.count = {cfg.devices.count}")
         if m.tp > 1:
-            # refused rather than ignored: a tp = 2 model would silently run unsharded. The
-            # engine runs tp > 1 (engine/tp/); what the daemon lacks is named here
-            raise ValueError(f"models[{i}].tp: the daemon does not serve tensor-parallel instances yet (its "
-                             "workers start one device per instance, and the dispatcher and the controller's "
-                             "oracle prior and placement take one device per instance); tp must be 1 here "
-                             "(list several devices in `devices` for replicas). The engine runs tp > 1 offline: "
-                             "`janus generate --tp N`, `janus bench tp`")
+            _check_tp(cfg, i)
         if m.kv_cache_mib > cfg.devices.memory_mib:
             raise ValueError(
                 f"models[{i}].kv_cache_mib: {m.kv_cache_mib} exceeds devices.memory_mib = {cfg.devices.memory_mib}"
@@ -73,6 +67,49 @@ def check_config(cfg: JanusConfig) -> None:
         raise ValueError("devices.resident_mib: must be a multiple of devices.page_size_mib")
     if len(set(cfg.server.api_keys)) != len(cfg.server.api_keys) or any(not k for k in cfg.server.api_keys):
         raise ValueError("server.api_keys: keys must be non-empty and distinct")
+
+
+def _check_tp(cfg: JanusConfig, i: int) -> None:
+    """A tp > 1 model in the daemon (server/tp_groups.py): each entry of `devices` is the
+    lead of an aligned group [lead, lead + tp) (control/groups.py's shape), held whole.
+    What the daemon cannot do with a group yet is refused by name."""
+    m = cfg.models[i]
+    tp = m.tp
+    where = f"models[{i}]"
+    if not m.devices:
+        raise ValueError(f"{where}.devices: a tp = {tp} model lists the lead device of each of its groups "
+                         f"(multiples of {tp}: lead 0 serves devices 0-{tp - 1})")
+    for d in m.devices:
+        if d % tp:
+            raise ValueError(f"{where}.devices: {d} is not the lead of an aligned group of tp = {tp} devices "
+                             f"(leads are multiples of {tp}: lead {d - d % tp} serves devices "
+                             f"{d - d % tp}-{d - d % tp + tp - 1})")
+        if d + tp > cfg.devices.count:
+            raise ValueError(f"{where}.devices: the group led by {d} needs devices {d}-{d + tp - 1}; "
+                             f"devices.count = {cfg.devices.count}")
+    if m.prefill_devices or m.role != "mixed":
+        raise ValueError(f"{where}.tp: a tp > 1 instance serves the mixed role only (P/D export/import of a "
+                         "sharded KV, one piece per shard, is not built)")
+    if cfg.control.managed:
+        raise ValueError(f"{where}.tp: control.managed cannot run tp > 1 models in the daemon yet (its lifecycle "
+                         "moves of a group, Warm restores and D2D forks shard by shard, are not built); "
+                         "serve it unmanaged with `devices`")
+    if m.warm_devices:
+        raise ValueError(f"{where}.warm_devices: a tp > 1 instance cannot start Warm (host copies shard by shard "
+                         "are not built); cold_devices can")
+    groups = {d: (m.name, tp, lead) for lead in m.devices for d in range(lead, lead + tp)}
+    for j, o in enumerate(cfg.models):
+        if j == i:
+            continue
+        if not o.devices:
+            raise ValueError(f"models[{j}].devices: with tp > 1 models configured, every model lists its devices "
+                             f"(round robin would place {o.name!r} inside a tp group of {m.name!r})")
+        for lead in o.devices:
+            for d in range(lead, lead + o.tp):
+                if d in groups and (o.tp, lead) != groups[d][1:]:
+                    raise ValueError(f"models[{j}].devices: device {d} is in the tp = {tp} group "
+                                     f"{groups[d][2]}-{groups[d][2] + tp - 1} of {m.name!r}; a group's devices are "
+                                     "held whole (only models of the same group shape share them)")
 
 
 def _check_cpu_cores(cfg: JanusConfig) -> None:

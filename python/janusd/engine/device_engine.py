@@ -133,6 +133,13 @@ class DeviceEngine:
             self.models[me.name] = me
         return me
 
+    def drop_built(self, me: ModelEngine) -> None:
+        """Free a built model that will not be registered (a tp group whose other shard
+        failed): its pages go back, its name is free again."""
+        self.release(me, None, keep_host=False)
+        with self._lock:
+            self._building.discard(me.name)
+
     def _build(self, model_cfg: Any, engine_cfg: Any, cache_dir: Path | None, checkpoint: Any,
                shard: Any = None) -> ModelEngine:
         from janusd.engine.loader import open_checkpoint
@@ -225,7 +232,7 @@ class DeviceEngine:
             self._building.add(name)
         t0 = time.perf_counter()
         marks = {"prepare": 0.0, "transfer": 0.0}
-        overlap = overlap and host.buf is not None and self.device.type == "cpu"
+        overlap = overlap and host.buf is not None and self.device.type == "cpu" and host.shard is None
         later: list[torch.Tensor] = []  # an overlapped copy starts once nothing of the build can fail
 
         def fill(seg: Any) -> dict[str, torch.Tensor]:
@@ -245,7 +252,7 @@ class DeviceEngine:
 
         try:
             me = self._on_device(model_cfg or host.model_cfg, engine_cfg or host.engine_cfg, host.checkpoint,
-                                 host.plan, fill)
+                                 host.plan, fill, host.shard)
         except BaseException:
             with self._lock:
                 self._building.discard(name)
@@ -289,9 +296,6 @@ class DeviceEngine:
         speed instead of paying the kernel's page zeroing on first touch (about 1 GB/s on
         this VM, several times slower than memcpy; `janus bench restore`)."""
         name = me.name
-        if keep_host and getattr(me.model, "shard", None) is not None:
-            raise EngineError(f"model {name!r}: a tensor-parallel shard cannot go Warm yet (host copies, restores "
-                              "and forks shard by shard are not built)")
         pl: Placement = me.placement  # type: ignore[attr-defined]
         wait_landed(me.model)  # an overlapped restore's copy may still be writing the segment
         sync_device(me.device)  # no kernel of this model may still touch the memory
@@ -300,7 +304,8 @@ class DeviceEngine:
         if keep_host:
             buf, pinned = host_buffer(pl.plan.total_bytes, self.kind)
             seconds = (copier or Copier(1)).copy(buf, pl.segment.tensor()[: pl.plan.total_bytes])
-            host = HostCopy(name, pl.model_cfg, pl.engine_cfg, me.checkpoint, pl.plan, buf, pinned)  # type: ignore[attr-defined]
+            host = HostCopy(name, pl.model_cfg, pl.engine_cfg, me.checkpoint, pl.plan, buf, pinned,  # type: ignore[attr-defined]
+                            shard=getattr(me.model, "shard", None))  # a tp shard's copy: this shard's bytes
         pages = pl.segment.page_ids + pl.region.page_ids()
         me.close()
         me.placement = None  # type: ignore[attr-defined]

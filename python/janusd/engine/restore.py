@@ -49,6 +49,7 @@ class HostCopy:
     pinned: bool = False
     file: Path | None = None  # a Cold start: the converted image's weights, read straight in
     made_at: float = field(default_factory=time.monotonic)
+    shard: Any = None  # a tp shard's (engine/tp/shard.py TPShard: its layout, its group): restored as one
 
     @property
     def nbytes(self) -> int:

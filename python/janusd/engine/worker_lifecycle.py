@@ -100,6 +100,7 @@ class Lifecycle:
         self.busy: set[str] = set()  # models with a SetState in progress
         self.images = HostImages(getattr(de, "kind", "cpu"))
         self._freeing: list[tuple[float, Any]] = []  # (activated at, host copy) of models now Active
+        self.registered: Callable[[Any], None] = lambda me: None  # WorkerProc's: a tp follower follows it
 
     # ---- main thread ----
     def set_state(self, msg: wm.SetState) -> None:
@@ -145,6 +146,7 @@ class Lifecycle:
             return
         if d.engine is not None:
             me = self.de.register(d.engine)
+            self.registered(me)  # before the answer: the daemon activates a tp group's lead after its followers
             self.send(wm.StateSet(d.msg.seq, name, "active", d.path, d.nbytes, d.phases, d.fallback,
                                   int(me.max_model_len), [int(t) for t in me.eos_token_ids]))
             host = self.de.host.pop(name, None)  # Active holds device memory only
@@ -204,7 +206,8 @@ class Lifecycle:
         t0 = time.perf_counter()
         wait_landed(me.model)  # restored overlapped: every byte in before any is copied out
         keep = msg.target == "warm"
-        if not keep:  # the last chance to keep a converted image of what leaves the device
+        whole = getattr(me.model, "shard", None) is None  # a tp shard's bytes are not the model's image
+        if not keep and whole:  # the last chance to keep a converted image of what leaves the device
             pl = me.placement
             self.images.keep(msg, me.checkpoint, pl.plan, pl.segment.tensor())
             self.images.keep_tokenizer(msg, me.checkpoint)
@@ -215,7 +218,7 @@ class Lifecycle:
             with contextlib.suppress(Exception):
                 self.de.release(me, None, keep_host=False)
             raise
-        if host is not None:
+        if host is not None and whole:
             self.images.keep(msg, host.checkpoint, host.plan, host.buf)
         total = time.perf_counter() - t0
         return Done(msg, host=host, path="d2h" if keep else "none", nbytes=host.nbytes if host else 0,
@@ -225,6 +228,11 @@ class Lifecycle:
         """Cold -> Warm: the host copy from the image (a file copy) or the checkpoint."""
         from janusd.engine.restore import HostCopy, host_buffer
 
+        if msg.model.tp > 1:
+            from janusd.engine.types import EngineError
+
+            raise EngineError(f"{msg.model.name!r} is a tp {msg.model.tp} shard: a host copy of a shard is made "
+                              "only by leaving Active (Cold -> Warm shard by shard is not built)")
         t0 = time.perf_counter()
         mapped = self.images.open(msg)
         if mapped is not None:
@@ -246,6 +254,8 @@ class Lifecycle:
             self.pd.ensure()
         phases: dict[str, float] = {}
         host = self.de.host.get(name)
+        if msg.model.tp > 1:  # a tp shard: H2D from its own host copy, into its group (engine/worker_tp.py)
+            return self._activate_shard(msg, host, phases)
         me = None
         path = fallback = ""
         if msg.fork is not None:
@@ -297,3 +307,27 @@ class Lifecycle:
             raise
         return Done(msg, engine=me, path=path, fallback=fallback, nbytes=int(me.weight_bytes), phases=phases)
 
+    def _activate_shard(self, msg: wm.SetState, host: Any, phases: dict[str, float]) -> Done:
+        """Warm -> Active of one shard of a tp group: its host copy back into this device's
+        pool, in the group it left (the daemon restores the followers first, then the lead,
+        whose probe steps the whole group). A Cold group is loaded again whole by the daemon."""
+        from janusd.engine.types import EngineError
+
+        name = msg.model.name
+        if msg.fork is not None or host is None or host.shard is None:
+            raise EngineError(f"{name!r} is a tp {msg.model.tp} shard: it comes back only from its own host copy "
+                              "(Warm); D2D forks of a group are not built, and a Cold group is loaded whole")
+        me = self.de.restore_model(host, self.copier, phases, msg.model, msg.engine)
+        comm = host.shard.comm
+        me.tp_comm = comm
+        if comm.rank == 0:
+            from janusd.engine.tp.shard import LeaderLink, attach_leader
+
+            attach_leader(me, LeaderLink(comm, 0))
+        try:
+            if msg.probe and comm.rank == 0:
+                phases["first_token"] = first_token(me)
+        except Exception:
+            self.de.drop_built(me)
+            raise
+        return Done(msg, engine=me, path="h2d", nbytes=int(me.weight_bytes), phases=phases)

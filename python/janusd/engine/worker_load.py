@@ -73,6 +73,10 @@ class Loading:
     if TYPE_CHECKING:
         def _send(self, msg: Any) -> None: ...
 
+        def build_shard(self, msg: wm.LoadModel) -> Any: ...
+
+        def follow(self, name: str, me: Any) -> None: ...
+
     def _load(self, msg: wm.LoadModel) -> None:
         """Build the model on a loader thread so the models already here keep stepping;
         the main thread registers it when the build is done (a Built in the inbox)."""
@@ -81,12 +85,19 @@ class Loading:
     def _build(self, msg: wm.LoadModel) -> None:
         t0 = time.perf_counter()
         try:
-            me = self.de.build_model(msg.model, msg.engine, Path(msg.cache_dir) if msg.cache_dir else None)
+            if msg.tp is not None:  # a shard of a tp group (engine/worker_tp.py)
+                me = self.build_shard(msg)
+            else:
+                me = self.de.build_model(msg.model, msg.engine, Path(msg.cache_dir) if msg.cache_dir else None)
         except Exception as e:
             log(f"loading {msg.model.name} failed:\n" + traceback.format_exc())
             self.inbox.put(Built(msg, None, f"cannot load {msg.model.name!r}: {e}", 0.0))
             return
         seconds = time.perf_counter() - t0
+        if msg.tp is not None and msg.tp.rank > 0:  # a follower: registered for the record, then it follows
+            self.inbox.put(Built(msg, me, "", seconds))
+            self.follow(msg.model.name, me)
+            return
         try:
             probe = prefill_probe(me)
         except Exception as e:  # a probe that fails must not fail the load; the daemon keeps its prior

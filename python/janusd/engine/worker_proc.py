@@ -7,7 +7,9 @@ vLLM's EngineCoreProc wraps EngineCore: the engine steps, this file talks. Threa
 - the main thread owns the engine: it applies queued commands between steps, steps
   while there is work, and sends every step's outputs as one StepBatch frame;
 - a loader thread per LoadModel (engine/worker_load.py) and a lifecycle thread per
-  state change (engine/worker_lifecycle.py) move bytes off the main thread.
+  state change (engine/worker_lifecycle.py) move bytes off the main thread;
+- a follower thread per tp shard this worker holds for another device's lead: it runs
+  the forward of every step the lead announces (engine/worker_tp.py).
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from janusd.engine.worker_load import Built, Loading
 from janusd.engine.worker_log import Caught, log
 from janusd.engine.worker_pd import Imported, PDLink
 from janusd.engine.worker_tokenize import tokenize
+from janusd.engine.worker_tp import ReleaseShard, TPWorker
 from janusd.wire import worker_msgs as wm
 from janusd.wire.framing import BlockingFramedSocket, FrameError
 
 
-class WorkerProc(Loading):
+class WorkerProc(Loading, TPWorker):
     def __init__(self, conn: BlockingFramedSocket, engine: Any, device_index: int, kind: str,
                  transfer_protocol: str = "auto", transfer_nice: int = 0) -> None:
         self.conn = conn
@@ -45,6 +48,9 @@ class WorkerProc(Loading):
         self.caught = Caught()  # errors served past, reported in Stats.errors
         self.pd = PDLink(engine.pool, kind, self.inbox, transfer_protocol, transfer_nice)
         self.life = Lifecycle(engine, self.inbox, self.pd, self._send, self._drop_requests)
+        self.tp_stores: dict[str, Any] = {}  # tp instances this worker leads: their rendezvous stores
+        self.followers: dict[str, Any] = {}
+        self.life.registered = self.tp_registered
 
     # ---- reader thread ----
     def reader(self) -> None:
@@ -114,6 +120,7 @@ class WorkerProc(Loading):
             outs = self.de.step()
         except Exception:
             log("engine step failed:\n" + traceback.format_exc())
+            self.exit_if_group_broke()  # a tp group's collective failed: the daemon restarts the group
             self._fail_all("the engine failed during a step (see the worker log)")
             return
         finally:
@@ -203,6 +210,10 @@ class WorkerProc(Loading):
             self._send(self.life.publish(msg))
         elif isinstance(msg, wm.GetStats):
             self._send(self._stats(msg.seq))
+        elif isinstance(msg, wm.OpenGroup):
+            self._open_group(msg)
+        elif isinstance(msg, ReleaseShard):
+            self._release_shard(msg)
         elif isinstance(msg, wm.Shutdown):
             self.running = False
 
@@ -280,6 +291,7 @@ class WorkerProc(Loading):
             return
         self._drop_requests(msg.name, f"model {msg.name!r} was unloaded")
         self.life.images.forget(msg.name)
+        self.stop_followers(msg.name)  # a tp group's lead: its followers free their shards first
         try:
             self.de.unload_model(msg.name)
         except Exception as e:

@@ -49,7 +49,7 @@ def fit_and_store(points_npz: bytes, model: str, state_dir: str, identity: dict[
                   fitted_at: float, prior_args: dict[str, Any] | None = None, seed: int = 0) -> dict[str, Any]:
     """Held-out error (by load point) of a fit without a third of the points, then the fit
     on all of them, saved under state_dir; returns what `janus ctl oracle` shows.
-    prior_args: {"model_spec", "device", "ttft_slo_s", "tpot_slo_s"} of the roofline prior
+    prior_args: {"model_spec", "device", "ttft_slo_s", "tpot_slo_s", "tp"} of the roofline prior
     the Capacity GP corrects (none: it learns the demand itself)."""
     from janusd.hw.devices import DeviceSpec
     from janusd.hw.model_spec import ModelSpec
@@ -61,7 +61,7 @@ def fit_and_store(points_npz: bytes, model: str, state_dir: str, identity: dict[
     prior = None
     if prior_args is not None:
         prior = RooflinePrior(ModelSpec(**prior_args["model_spec"]), DeviceSpec(**prior_args["device"]),
-                              prior_args["ttft_slo_s"], prior_args["tpot_slo_s"])
+                              prior_args["ttft_slo_s"], prior_args["tpot_slo_s"], tp=prior_args.get("tp", 1))
     pts = decode(points_npz, f"online points of {model}")
     heldout = None
     if len(set(pts.point_id.tolist())) >= 6:

@@ -30,6 +30,7 @@ from janusd.server.daemon_clock import clock
 from janusd.server.decisions import DecisionLog
 from janusd.server.drain import drain
 from janusd.server.model_ops import ModelOps
+from janusd.server.tp_lifecycle import set_group_state
 from janusd.server.workers import WorkerError
 from janusd.wire import worker_msgs as wm
 
@@ -86,6 +87,8 @@ class LifecycleOps:
             raise ValueError(f"{name} on device {device} is active as {inst.role}: it takes the role {role} only "
                              "when it comes back from warm or cold")
         with self._claim(inst):
+            if self.core.models()[name].cfg.tp > 1:  # a tp group moves whole (server/tp_lifecycle.py)
+                return await set_group_state(self, inst, want, probe)
             if want is S.ACTIVE:
                 before = inst.role
                 if role is not None and role != before:
@@ -103,6 +106,9 @@ class LifecycleOps:
     async def fork(self, name: str, src: int, dst: int) -> dict[str, Any]:
         """`ctl fork NAME --from N --to M`: M pulls N's weights over the transfer engine."""
         source = self._instance(name, src)
+        if (m := self.core.model(name)) is not None and m.cfg.tp > 1:
+            raise ValueError(f"fork: {name} is a tp {m.cfg.tp} model; a D2D fork of a device group (shard i of the "
+                             "source to shard i of the target) is not built in the daemon")
         if src == dst:
             raise ValueError("fork: --from and --to are the same device")
         if source.state is not S.ACTIVE:
@@ -212,6 +218,10 @@ class LifecycleOps:
         model, engine, carried = wm.WorkerModel.of(cfg), wm.WorkerEngine.of(self.ops.engine), wm.WorkerLifecycle.of(life)
         return lambda seq: wm.SetState(seq, model, engine, self.ops.cache_dir, target,  # type: ignore[arg-type]
                                        carried, fork, probe)
+
+    def state_msg(self, inst: Instance, target: str, probe: bool) -> Callable[[int], wm.SetState]:
+        """SetState of `inst`'s model to `target` (server/tp_lifecycle.py sends it to each shard's worker)."""
+        return self._msg(inst, target, None, probe)
 
     def _fork_pace(self, source_device: int) -> LifecycleConfig:
         """The lifecycle settings a fork's target gets: its pull paced only while the source

@@ -12,19 +12,29 @@ model (requests for it wait, bounded, and `load` brings it back with its full co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
 
-from janusd.config import ConfigError, EngineConfig, JanusConfig, LifecycleConfig, ModelConfig, load_config
+from janusd.config import (
+    ConfigError,
+    EngineConfig,
+    JanusConfig,
+    LifecycleConfig,
+    ModelConfig,
+    check_config,
+    load_config,
+)
 from janusd.core import Failure, Instance, Model, ServingCore
 from janusd.lifecycle.states import InstanceState
 from janusd.log import log
 from janusd.policy.pinned import place
 from janusd.server.daemon_clock import clock
 from janusd.server.drain import drain
+from janusd.server.tp_groups import load_group, unready, waiting_on
 from janusd.server.workers import WorkerError, WorkerHandle
 from janusd.wire import worker_msgs as wm
 
@@ -60,6 +70,7 @@ class ModelOps:
         # brings an instance to a start state other than active (server/lifecycle_ops.py)
         self.starter: Callable[[Instance, str], Awaitable[None]] | None = None
         self.poke: Callable[[], None] = lambda: None  # the daemon's: tick now (a drain's bound is a tick's)
+        self.tp_timeout_s = 60.0  # a tp group's rendezvous and collectives (server.worker_step_timeout_s)
 
     async def start(self, inst: Instance) -> None:
         """Bring a configured instance to its start state (config warm_devices / cold_devices)."""
@@ -80,17 +91,19 @@ class ModelOps:
             self.core.set_state(inst, S.LOADING, self.clock())
         elif inst.state is not S.LOADING:
             return
-        cfg = m.engine_cfg(inst.device)
-        w = self.workers[inst.device]
-        async with self._locks[inst.device]:
+        group = range(inst.device, inst.device + m.cfg.tp)  # a tp > 1 instance: its whole group (server/tp_groups.py)
+        async with self.locked(group):
+            if inst.state is not S.LOADING:
+                return  # another restart of the group's workers loaded it meanwhile
+            if away := unready(self.workers, group):  # the worker that comes back last loads it
+                inst.error = f"waiting for the workers of devices {away} (tp group {group[0]}-{group[-1]})"
+                return
             t0 = clock()
             try:
-                reply: wm.ModelLoaded = await w.call(
-                    lambda seq: wm.LoadModel(seq, wm.WorkerModel.of(cfg), wm.WorkerEngine.of(self.engine), self.cache_dir,
-                                             wm.WorkerLifecycle.of(self.lifecycle)), self.load_timeout_s)
+                reply = await self.load_on_workers(inst, group)
             except (WorkerError, asyncio.TimeoutError) as e:
                 err = str(e) or "load timed out"
-                if inst.state is S.LOADING and w.ready:
+                if inst.state is S.LOADING and not unready(self.workers, group):
                     _log(f"loading {inst.model} on device {inst.device} failed: {err}", logging.WARNING)
                     self.core.load_failed(inst, self.clock(), err)
                 return
@@ -100,6 +113,34 @@ class ModelOps:
                 return
         self.core.loaded(inst, self.clock(), reply.max_model_len, clock() - t0, reply.prefill_probe)
         _log(f"{inst.model} active on device {inst.device} (loaded in {inst.load_s:.2f} s)")
+
+    @contextlib.asynccontextmanager
+    async def locked(self, devices: range) -> AsyncIterator[None]:
+        """The load/unload locks of `devices` (a tp group's), taken in ascending order: two
+        group operations never wait on each other's locks."""
+        async with contextlib.AsyncExitStack() as held:
+            for d in devices:
+                await held.enter_async_context(self._locks[d])
+            yield
+
+    async def load_on_workers(self, inst: Instance, group: range) -> wm.ModelLoaded:
+        """LoadModel on the instance's worker, or on every worker of its tp group
+        (server/tp_groups.py); the caller holds their locks. Raises WorkerError / TimeoutError."""
+        m = self.core.models()[inst.model]
+        cfg = m.engine_cfg(inst.device)
+
+        def make(seq: int, tp: wm.TPPlace | None = None) -> wm.LoadModel:
+            return wm.LoadModel(seq, wm.WorkerModel.of(cfg), wm.WorkerEngine.of(self.engine), self.cache_dir,
+                                wm.WorkerLifecycle.of(self.lifecycle), tp)
+
+        if len(group) > 1:
+            return await load_group(self.workers, group, make, self.load_timeout_s, self.tp_timeout_s)
+        reply: wm.ModelLoaded = await self.workers[inst.device].call(make, self.load_timeout_s)
+        return reply
+
+    async def unload_on_worker(self, name: str, device: int) -> None:
+        """UnloadModel on `device`'s worker (a tp group's lead frees its followers' shards too)."""
+        await self._unload_on_worker(name, device)
 
     async def _unload_on_worker(self, name: str, device: int, locked: bool = False) -> None:
         w = self.workers[device]
@@ -165,6 +206,7 @@ class ModelOps:
     async def reload_device(self, device: int) -> None:
         """A restarted worker: load again every instance that was on it."""
         insts = [i for i in self.core.instances_on(device) if i.state is S.LOADING]
+        insts += waiting_on(self.core, device)  # tp instances led elsewhere whose group this worker is in
         await asyncio.gather(*(self.load(i) for i in insts))
 
 
@@ -249,7 +291,12 @@ async def load_model(ops: ModelOps, holder: ConfigHolder, name: str, checkpoint:
     if any(dev >= cfg.devices.count for dev in m.devices):
         raise ValueError(f"devices: only {cfg.devices.count} devices exist")
     others = [x for x in cfg.models if x.name != name]
-    holder.cfg = msgspec.structs.replace(cfg, models=[*others, m])
+    new = msgspec.structs.replace(cfg, models=[*others, m])
+    try:
+        check_config(new)  # the config's own rules (tp groups held whole, leads, ...) on the result
+    except ValueError as e:
+        raise ValueError(f"cannot load {name!r} there: {e}") from None
+    holder.cfg = new
     target = place(holder.cfg.models, cfg.devices.count)[name]
     if kept is not None:
         ops.core.retune(m)

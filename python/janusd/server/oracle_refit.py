@@ -110,7 +110,9 @@ class OracleRefit:
         t.add_done_callback(self._tasks.discard)
 
     # ---- per model
-    async def _describe(self, name: str, m: _Model, dtype: str, slo: tuple[float, float]) -> None:
+    async def _describe(self, name: str, m: _Model, dtype: str, slo: tuple[float, float], tp: int = 1) -> None:
+        """The model's spec from its checkpoint (in the helper) and its roofline prior: one
+        shard's on this device kind for a tp > 1 model (oracle/prior.py `tp`)."""
         kind = self.cfg.device_spec or DEFAULT_FOR_KIND[self.devices.kind]
         hbm = self.devices.memory_mib * 2**20 if kind == "cpu" else None
         try:
@@ -124,7 +126,7 @@ class OracleRefit:
             return
         finally:
             m.busy = False
-        self.oracle.set_prior(name, RooflinePrior(m.spec, self.device, slo[0], slo[1]))
+        self.oracle.set_prior(name, RooflinePrior(m.spec, self.device, slo[0], slo[1], tp=tp))
         header = {"model": name, "model_spec": m.identity, "device": out["device"], "source": "online"}
         m.buffer = OnlinePoints(header, self.cfg.max_points)
         _, points = await asyncio.to_thread(_one_blas_thread, store.load_into, self.oracle, self.state_dir, name,
@@ -142,7 +144,7 @@ class OracleRefit:
         prior = self.oracle.entry(name).prior
         prior_args = None if prior is None else {
             "model_spec": msgspec.to_builtins(prior.model), "device": msgspec.to_builtins(prior.device),
-            "ttft_slo_s": prior.ttft_slo_s, "tpot_slo_s": prior.tpot_slo_s}
+            "ttft_slo_s": prior.ttft_slo_s, "tpot_slo_s": prior.tpot_slo_s, "tp": prior.tp}
         try:
             info = await self._in_helper(refit_job.fit_and_store, data, name, str(self.state_dir), m.identity,
                                          self.device.name if self.device else "", now, prior_args)
@@ -170,7 +172,7 @@ class OracleRefit:
             m = self._models[cfg.name] = _Model(cfg.checkpoint, busy=True)
             self.oracle.forget(cfg.name)
             t = asyncio.create_task(self._describe(cfg.name, m, cfg.dtype, (cfg.ttft_slo_ms / 1e3,
-                                                                            cfg.tpot_slo_ms / 1e3)))
+                                                                            cfg.tpot_slo_ms / 1e3), cfg.tp))
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
             out.append(t)
@@ -201,7 +203,7 @@ class OracleRefit:
                 if not m.busy and self._worth_describing(name, core, now, len(reg.active)):
                     m.busy = True
                     slo = (reg.cfg.ttft_slo_ms / 1e3, reg.cfg.tpot_slo_ms / 1e3)
-                    self._spawn(self._describe(name, m, reg.cfg.dtype, slo))
+                    self._spawn(self._describe(name, m, reg.cfg.dtype, slo, reg.cfg.tp))
                 continue
             assert m.buffer is not None and self.device is not None
             if self.cfg.online:
@@ -261,5 +263,6 @@ class OracleRefit:
                 "heldout_att_p90_pts": heldout.get("attainment_abs_err_p90_pts"),
                 "heldout_compute_p90_pct": heldout.get("compute_rel_err_p90_pct"),
                 "device_spec": self.device.name if self.device else None,
+                "prior_tp": prior.tp if (prior := self.oracle.entry(name).prior) is not None else None,
             })
         return rows

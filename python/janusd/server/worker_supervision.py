@@ -1,7 +1,8 @@
 """The daemon's side of its worker processes' events (server/workers.py's callbacks):
 tokens, request failures and KV messages go to the core with the daemon's clock; a
 dead or hung worker fails its requests and is restarted after its back-off, or its
-device is given up once the restart budget is spent (server/restart_policy.py). A part
+device is given up once the restart budget is spent (server/restart_policy.py); a tp
+group's workers die and come back together (server/tp_groups.py). A part
 of server/daemon.py's Daemon (a mixin), apart from its life cycle: what happens
 between a worker's start and the daemon's stop."""
 
@@ -19,6 +20,7 @@ from janusd.server.lifecycle_ops import LifecycleOps
 from janusd.server.model_ops import ModelOps
 from janusd.server.process_states import DaemonState
 from janusd.server.restart_policy import RestartBudget
+from janusd.server.tp_groups import group_peers, waiting_on
 from janusd.server.workers import WorkerError, WorkerHandle
 from janusd.wire import worker_msgs as wm
 
@@ -35,6 +37,7 @@ class WorkerSupervision:
     ops: ModelOps
     restarts: dict[int, RestartBudget]
     life: LifecycleOps
+    workers: list[WorkerHandle]
 
     if TYPE_CHECKING:
         @property
@@ -61,8 +64,11 @@ class WorkerSupervision:
         dev = w.device_index
         how = "hung" if w.hung else "died"
         _log(f"worker for device {dev} (pid {w.pid}) {how}; failing its requests and restarting it", logging.WARNING)
+        peers = group_peers(self.core, dev)  # read before the core moves the instances on
         self.core.on_worker_death(dev, clock(), code="worker_hung" if w.hung else "worker_died",
                                   why=f"hung ({w.hung})" if w.hung else "died")
+        for d in sorted(peers):  # a tp group lives and dies whole (server/tp_groups.py)
+            self.workers[d].kill(f"its tp group's worker on device {dev} {how}")
         self.poke()
         if self.state in (DaemonState.RUNNING, DaemonState.STARTING):
             self._spawn(self._restart(w), f"restart{dev}")
@@ -78,6 +84,8 @@ class WorkerSupervision:
                 _log(f"device {w.device_index} failed: its worker died {budget.budget + 1} times within "
                      f"{budget.window_s:g} s; not restarting it (see the worker log above)")
                 self.core.on_device_failed(w.device_index, clock())
+                for inst in waiting_on(self.core, w.device_index):  # tp groups it was in cannot load either
+                    self.core.load_failed(inst, clock(), f"device {w.device_index} of its tp group failed")
                 return
             await asyncio.sleep(delay)
             try:

@@ -222,6 +222,15 @@ class WorkerHandle:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()  # SIGKILL ends a stopped process too; its exit takes the usual death path
 
+    def kill(self, why: str) -> None:
+        """End the current process now (SIGKILL) for `why`; its death takes the usual path."""
+        proc = self.proc
+        if proc is None or self.state is not W.READY:
+            return
+        log.warning(f"worker for device {self.device_index} (pid {proc.pid}): killing it: {why}")
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+
     async def _read_loop(self, reader: asyncio.StreamReader, proc: asyncio.subprocess.Process) -> None:
         try:
             while True:

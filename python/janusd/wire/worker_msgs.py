@@ -46,6 +46,7 @@ class WorkerModel(_Carried):
     kv_cache_mib: int
     role: str
     prefill_devices: list[int]
+    tp: int  # > 1: a shard of a tp group (engine/worker_tp.py)
 
 
 class WorkerEngine(_Carried):
@@ -119,12 +120,31 @@ class KVExport(msgspec.Struct, kw_only=True):
 # ---- daemon -> worker ----
 
 
+class TPPlace(msgspec.Struct, array_like=True, gc=False):
+    """A tp instance's shard here: rank of size, joined through the store its lead hosts
+    (OpenGroup); `timeout_s` bounds the rendezvous and every collective."""
+
+    rank: int
+    size: int
+    host: str
+    port: int
+    timeout_s: float
+
+
 class LoadModel(msgspec.Struct, **_OPTS):
     seq: int
     model: WorkerModel
     engine: WorkerEngine
     cache_dir: str
     lifecycle: WorkerLifecycle  # host_image / cold_prefetch_image
+    tp: TPPlace | None = None  # a shard of a tp > 1 instance (rank 0: the lead, which serves it)
+
+
+class OpenGroup(msgspec.Struct, **_OPTS):
+    """To a tp group's lead worker: host the rendezvous store of `name` (GroupOpened: its port)."""
+
+    seq: int
+    name: str
 
 
 class UnloadModel(msgspec.Struct, **_OPTS):
@@ -224,11 +244,9 @@ class PublishWeights(msgspec.Struct, **_OPTS):
 
 
 ToWorker = (LoadModel | UnloadModel | Tokenize | Generate | Abort | GetStats | Shutdown | ImportKV | Ping | SetState
-            | PublishWeights)
-
+            | PublishWeights | OpenGroup)
 
 # ---- worker -> daemon ----
-
 
 class Ready(msgspec.Struct, **_OPTS):
     """Sent once, after the device engine exists: the daemon's start-up handshake."""
@@ -271,6 +289,10 @@ class WeightsPublished(msgspec.Struct, **_OPTS):
     name: str
     source: ForkSource
 
+
+class GroupOpened(msgspec.Struct, **_OPTS):
+    seq: int
+    port: int
 
 class ModelUnloaded(msgspec.Struct, **_OPTS):
     seq: int
@@ -363,10 +385,10 @@ class KVImported(msgspec.Struct, **_OPTS):
 
 FromWorker = (
     Ready | ModelLoaded | ModelUnloaded | Tokenized | Stats | ErrorReply | StepBatch | RequestFailed | KVReady | KVImported
-    | Pong | StateSet | WeightsPublished
+    | Pong | StateSet | WeightsPublished | GroupOpened
 )
 
-Reply = ModelLoaded | ModelUnloaded | Stats | ErrorReply | Pong | StateSet | WeightsPublished
+Reply = ModelLoaded | ModelUnloaded | Stats | ErrorReply | Pong | StateSet | WeightsPublished | GroupOpened
 
 
 def to_worker_decoder() -> msgspec.msgpack.Decoder:

@@ -5,7 +5,7 @@ driver hosts (a TCPStore), not through `init_process_group`: that one is global 
 process, and a process may some day hold shards of several instances (a device's worker
 does in the daemon). Backends by device kind:
 - cpu: gloo over tcp (127.0.0.1 for the local groups of `janus generate --tp`, tests and
-  `janus bench tp`); the step announcements and the model's collectives share the group;
+  `janus bench tp`), the model's collectives and (a second gloo group) the step announcements;
 - cuda: nccl for the model's collectives (tensors on the device), plus a gloo group for the
   leader's step announcements (host ints: no device round trip per step);
 - npu: hccl through torch_npu (`torch.distributed.ProcessGroupHCCL(store, rank, size,
@@ -17,7 +17,9 @@ Each collective is timed (`comm_s`, `calls`) as the wall time the calling thread
 in it, which on cpu includes waiting for a slower peer; on cuda/npu the wait returns once
 the collective is enqueued on the device, so those counters undercount there.
 A peer that dies makes the next collective raise at once (gloo: "Connection closed by
-peer"); a peer that hangs makes it raise after `timeout_s`.
+peer"); a peer that hangs makes a model collective raise after `timeout_s`. The
+announcements' group waits IDLE_WAIT_S: an idle instance's followers wait there between
+steps (the supervisor, LocalGroup's reply bound or the daemon's heartbeat, ends a hung one).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 from janusd.engine.types import EngineError
 
 BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+IDLE_WAIT_S = 30 * 86400.0  # how long a follower waits for its leader's next announcement
 
 
 def backend_for(kind: str) -> str:
@@ -87,8 +90,10 @@ class TPComm:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         self.pg = make_group(self.backend, dist.PrefixStore(f"{prefix}/dev/", store), rank, size, timeout_s, host)
-        self.cpu = self.pg if self.backend == "gloo" else make_group(
-            "gloo", dist.PrefixStore(f"{prefix}/cpu/", store), rank, size, timeout_s, host)
+        # the announcements' own group, always: a follower waits in it for the next step as long as
+        # the instance idles (gloo's timeout there broke an idle group after `timeout_s`); a leader
+        # that dies still ends the wait at once (connection closed)
+        self.cpu = make_group("gloo", dist.PrefixStore(f"{prefix}/cpu/", store), rank, size, IDLE_WAIT_S, host)
         self.comm_s = 0.0  # seconds waited in the model's collectives (all-reduce, logits gather)
         self.calls = 0
         self.announce_s = 0.0  # seconds in the leader's step announcements (cpu group)

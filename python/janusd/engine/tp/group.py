@@ -4,8 +4,8 @@ It hosts the instance's rendezvous store (a TCPStore on 127.0.0.1, any free port
 N shard processes (`python -m janusd.engine.tp.proc`, spawn/exec) on devices
 `device_indices`, and talks to the leader (rank 0) over a socket pair; the leader drives
 the followers through their process group. What `janus generate --tp N`, `janus bench tp`
-and the tests use; the daemon does not start tp groups yet (DESIGN.md "Tensor
-parallelism").
+and the tests use; the daemon runs its groups on its device workers instead
+(engine/worker_tp.py, DESIGN.md "Tensor parallelism").
 
 Every wait is bounded: a reply that does not come within `reply_timeout_s`, or a shard
 process that exits, is an EngineError naming it (and the group is stopped), never a hang.

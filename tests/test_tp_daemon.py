@@ -1,0 +1,161 @@
+"""A real daemon serving a tensor-parallel model ([P]): `demo:llama-tiny` at tp 2 on the
+device group 0-1 (lead 0) beside the same checkpoint at tp 1 on device 2, three cpu
+workers, one daemon for the module (server/tp_groups.py, engine/worker_tp.py).
+
+Checked here: the OpenAI API answers the tp 2 instance greedily token for token as the
+tp 1 one (one request, a batch of concurrent ones, streamed and not); the follower's
+shard sits in device 1's pool; Warm -> Active, Cold -> Active and a request waking a Warm
+group give the same tokens after; what is not built (a fork of a group, Cold -> Warm) is
+refused by name; kill -9 of the follower's worker fails the in-flight request within a
+second, restarts the group whole (both workers, new pids), leaves the tp 1 instance's
+worker alone, and the group then answers as before (last: it restarts workers)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from daemon_harness import open_stream, server_section, sse_events, start_daemon, wait_until
+from janusd.wire import admin_msgs as am
+
+MODELS = """
+[[models]]
+name = "tp2"
+checkpoint = "demo:llama-tiny"
+kv_cache_mib = 16
+tp = 2
+devices = [0]
+
+[[models]]
+name = "tp1"
+checkpoint = "demo:llama-tiny"
+kv_cache_mib = 16
+devices = [2]
+"""
+PROMPTS = ("once upon a time", "the quick brown fox jumps over", "1 2 3 4 5 6 7 8 9")
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    d = start_daemon(server_section(Path("@RUN@")) + "[devices]\ncount = 3\nmemory_mib = 64\n" + MODELS)
+    yield d
+    d.stop()
+
+
+def complete(d, model: str, prompt: str, max_tokens: int = 12) -> tuple[str, int]:
+    st, _, out = d.http("POST", "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                                                    "temperature": 0, "ignore_eos": True})
+    assert st == 200, out
+    return out["choices"][0]["text"], out["usage"]["completion_tokens"]
+
+
+def streamed(d, model: str, prompt: str, max_tokens: int = 12) -> tuple[str, int]:
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=60)
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200, resp.read()[:300]
+    text, usage, chunks = "", 0, 0
+    for _, ev in sse_events(resp):
+        if ev == "[DONE]":
+            break
+        if ev.get("choices"):
+            text += ev["choices"][0]["text"]
+            chunks += 1
+        if ev.get("usage"):
+            usage = ev["usage"]["completion_tokens"]
+    conn.close()
+    assert chunks > 1  # streamed, not one answer
+    return text, usage
+
+
+def state(d) -> str:
+    return next(i["state"] for i in d.ctl(am.InstancesReq()).data["instances"] if i["model"] == "tp2")
+
+
+def pool(d, device: int) -> dict:
+    return next(p for p in d.ctl(am.PoolsReq()).data["pools"] if p["device"] == device)
+
+
+def test_tp2_answers_token_for_token_as_tp1_streamed_batched_and_not(daemon):
+    ref = {p: complete(daemon, "tp1", p) for p in PROMPTS}
+    assert all(n == 12 for _, n in ref.values())
+    assert len({t for t, _ in ref.values()}) == len(PROMPTS)  # the prompts' outputs differ: a real comparison
+    for p in PROMPTS:
+        assert complete(daemon, "tp2", p) == ref[p]
+    assert streamed(daemon, "tp2", PROMPTS[1]) == ref[PROMPTS[1]]
+    got: dict[str, tuple[str, int]] = {}  # concurrent: decoded as one batch across the group
+    threads = [threading.Thread(target=lambda p=p: got.__setitem__(p, complete(daemon, "tp2", p))) for p in PROMPTS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == ref
+    # the follower's shard lives in device 1's pool, on its own worker; the instance is the lead's
+    assert wait_until(lambda: "tp2" in (pool(daemon, 1).get("models") or []), 5.0), pool(daemon, 1)
+    inst = [i for i in daemon.ctl(am.InstancesReq()).data["instances"] if i["model"] == "tp2"]
+    assert [i["device"] for i in inst] == [0]
+
+
+def test_warm_and_cold_round_trips_and_a_waking_request_give_the_same_tokens(daemon):
+    ref = complete(daemon, "tp1", PROMPTS[0])
+    r = daemon.ctl(am.StateReq("tp2", 0, "warm")).data
+    assert (r["state"], r["path"], r["devices"]) == ("warm", "d2h", [0, 1]), r
+    # each shard's host copy on its own worker; no shard left in a pool
+    assert wait_until(lambda: "tp2" in pool(daemon, 1).get("host_copies", {}) and not pool(daemon, 1)["models"], 5.0)
+    copies = pool(daemon, 0)["host_copies"]["tp2"], pool(daemon, 1)["host_copies"]["tp2"]
+    assert copies[0] == copies[1] > 0  # llama-tiny's shards are the same size
+    assert daemon.ctl(am.StateReq("tp2", 0, "active")).data["path"] == "h2d"
+    assert complete(daemon, "tp2", PROMPTS[0]) == ref
+    assert daemon.ctl(am.StateReq("tp2", 0, "cold")).data["state"] == "cold"
+    assert wait_until(lambda: not pool(daemon, 1)["models"] and not pool(daemon, 1)["host_copies"], 5.0)
+    refused = daemon.ctl(am.StateReq("tp2", 0, "warm"))
+    assert isinstance(refused, am.AdminError) and "goes warm only from active" in refused.message, refused
+    assert daemon.ctl(am.StateReq("tp2", 0, "active")).data["path"] == "checkpoint"
+    assert streamed(daemon, "tp2", PROMPTS[0]) == ref
+    assert daemon.ctl(am.StateReq("tp2", 0, "warm")).data["state"] == "warm"
+    assert complete(daemon, "tp2", PROMPTS[0]) == ref  # the request wakes the group (followers, then lead)
+    assert state(daemon) == "active"
+    refused = daemon.ctl(am.ForkReq("tp2", 0, 2))
+    assert isinstance(refused, am.AdminError) and "D2D fork of a device group" in refused.message, refused
+    refused = daemon.ctl(am.LoadReq("intruder", "demo:llama-tiny", [1]))  # a group's devices are held whole
+    assert isinstance(refused, am.AdminError) and "device 1 is in the tp = 2 group 0-1 of 'tp2'" in refused.message
+
+
+def test_kill9_of_the_follower_fails_in_flight_fast_and_restarts_the_group_whole(daemon):
+    ref = complete(daemon, "tp2", PROMPTS[2])
+    pids = daemon.worker_pids()
+    conn, resp = open_stream(daemon, "tp2", 1500)
+    events = sse_events(resp)
+    _, first = next(events)
+    assert first["choices"][0]["finish_reason"] is None
+    t_kill = time.monotonic()
+    os.kill(pids[1], signal.SIGKILL)
+    rest = list(events)
+    conn.close()
+    errors = [(t, e) for t, e in rest if isinstance(e, dict) and "error" in e]
+    assert len(errors) == 1, rest[-3:]
+    assert errors[0][0] - t_kill < 1.0, errors[0][0] - t_kill
+    assert errors[0][1]["error"]["code"] == "worker_died"
+    assert complete(daemon, "tp1", PROMPTS[0])[1] == 12  # the other instance serves meanwhile
+    assert wait_until(lambda: state(daemon) == "active", 40.0, 0.2), daemon.log_text()[-2000:]
+    now = daemon.worker_pids()
+    assert now[0] != pids[0] and now[1] != pids[1] and now[2] == pids[2], (pids, now)
+    assert complete(daemon, "tp2", PROMPTS[2]) == ref
+
+
+def test_the_oracle_prior_of_the_group_is_one_shards(daemon):
+    """A model with traffic gets its roofline prior (server/oracle_refit.py): tp 2's is one
+    shard's of the group (oracle/prior.py `tp`), tp 1's the whole model's."""
+    def tps() -> dict[str, int | None]:
+        return {r["model"]: r["prior_tp"] for r in daemon.ctl(am.OracleReq()).data["oracle"]}
+
+    assert wait_until(lambda: tps() == {"tp1": 1, "tp2": 2}, 60.0, 0.2), tps()  # last: described meanwhile
