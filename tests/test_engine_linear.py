@@ -65,3 +65,25 @@ def test_greedy_generations_identical_to_f_linear(arch: str, tmp_path, monkeypat
     with_onednn = run()
     monkeypatch.setattr(lin, "_ONEDNN", None)
     assert run() == with_onednn
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(1, 9), n_out=st.integers(1, 2600), n_in=st.integers(1, 80), seed=st.integers(0, 2**31 - 1))
+def test_float16_weight_products_within_their_rounding(rows: int, n_out: int, n_in: int, seed: int) -> None:
+    """A packed plan's float16 LM head (half_weight_linear): up to HALF_ROWS rows the float16
+    product rounds x and the output to float16 (2^-11 relative each, sums in float32); from
+    there the weight is upcast by blocks of UPCAST_ROWS (n_out up to 2600 crosses two block
+    edges and a short tail) and multiplied in float32: the float32 product of the float16
+    weights to float32 rounding."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, n_in, generator=g)
+    w = (torch.randn(n_out, n_in, generator=g) * 0.05).half()
+    got = lin.linear(x, w)
+    ref = x.double() @ w.double().t()
+    mag = x.abs().double() @ w.abs().double().t()
+    assert got.shape == (rows, n_out) and got.dtype == torch.float32
+    if rows <= lin.HALF_ROWS:
+        bound = 2 * (2**-11 * mag + 2**-11 * ref.abs()) + 1e-7  # float16's subnormals: 6e-8 apart
+    else:
+        bound = 2**-22 * n_in * mag
+    assert ((got.double() - ref).abs() <= bound).all()

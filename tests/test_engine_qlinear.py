@@ -115,6 +115,7 @@ def test_greedy_of_packed_equals_dequantized_float32(tmp_path: Path, vocab: dict
     ref = _greedy(de, "ref")
     assert len({tuple(v) for v in ref.values()}) == len(PROMPTS)
     monkeypatch.setattr(qlinear, "SCALE_DTYPE", torch.float32)
+    monkeypatch.setattr(qlinear, "HEAD_DTYPE", torch.float32)
     _load(de, "exact", path, "auto")
     assert de.models["exact"].weight_bytes < de.models["ref"].weight_bytes  # type: ignore[attr-defined]
     assert isinstance(de.models["exact"].model.layers[0].qkv_w, Q4Linear)
@@ -122,6 +123,7 @@ def test_greedy_of_packed_equals_dequantized_float32(tmp_path: Path, vocab: dict
     monkeypatch.undo()
     _load(de, "fast", path, "auto")
     assert de.models["fast"].model.layers[0].gate_up_w.scales.dtype == torch.bfloat16
+    assert de.models["fast"].model.lm_head.dtype == torch.float16  # the file's quantized head, in half
     ids = torch.tensor(PROMPTS["b"])
     rows = [_last_logits(de, n, ids) for n in ("ref", "fast")]
     assert (rows[0] - rows[1]).abs().max() <= 0.05 * rows[0].abs().max()
@@ -171,6 +173,7 @@ def test_smollm2_packed_float32_kernel_equals_dequantized(monkeypatch: pytest.Mo
     for name, dtype in (("ref", "float32"), ("exact", "auto")):
         if name == "exact":
             monkeypatch.setattr(qlinear, "SCALE_DTYPE", torch.float32)
+            monkeypatch.setattr(qlinear, "HEAD_DTYPE", torch.float32)
         me = de.load_model(ModelConfig(name=name, checkpoint=spec, dtype=dtype, kv_cache_mib=8, max_model_len=128),
                            EngineConfig(), checkpoint=ck)
         outs = me.generate({"r": prompt}, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))["r"]

@@ -46,10 +46,40 @@ def onednn_available() -> bool:
 
 def linear(x: torch.Tensor, w: Any, b: torch.Tensor | None = None) -> torch.Tensor:
     """x [rows, in] @ w[out, in].T (+ b): a packed Q4 weight through its kernel (qlinear.py),
-    oneDNN for 2+ float32 rows on cpu, else F.linear."""
+    a float16 weight under float32 rows by half_weight_linear, oneDNN for 2+ float32 rows on
+    cpu, else F.linear."""
     if isinstance(w, Q4Linear):
         return w(x) if b is None else w(x) + b
+    if w.dtype == torch.float16 and x.dtype == torch.float32 and x.device.type == "cpu":
+        y = half_weight_linear(x, w)
+        return y if b is None else y + b
     if (_ONEDNN is not None and x.dim() == 2 and x.shape[0] > 1 and x.dtype == torch.float32
             and w.dtype == torch.float32 and x.device.type == "cpu"):
         return _ONEDNN(x, w, b, "none", [], "")
     return F.linear(x, w, b)
+
+
+HALF_ROWS = 2  # up to this many rows a float16 product is faster than upcasting its weight
+UPCAST_ROWS = 1024  # weight rows upcast per product: 2.4 MB of float32 at 576 inputs, cache-sized
+
+
+def half_weight_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """float32 x [rows, in] @ float16 w[out, in].T, float32 out (a packed plan's LM head,
+    qlinear.HEAD_DTYPE). Why two ways: torch's float16 product on this AVX2 cpu reads half
+    the bytes of a float32 one and for 1-2 rows is ~1.5x faster than it (SmolLM2's 49152 x
+    576 head, 1 row: ~9 vs ~13 ms), but it converts the weight per row block, so at 8 rows
+    it is slower than float32 and at 32 rows 3x slower. From 3 rows the weight is upcast in
+    cache-sized blocks and multiplied in float32 (32 rows: ~60 vs ~100 ms of the float32
+    matrix, whose 113 MB come from memory). The float16 path rounds x and the output to
+    float16 (2^-11 relative), the upcast path only the weights (bench/RESULTS.md "engine:
+    decode step")."""
+    if x.dim() == 2 and x.shape[0] <= HALF_ROWS:
+        return F.linear(x.to(torch.float16), w).float()
+    rows = x.reshape(-1, x.shape[-1])
+    out = torch.empty(rows.shape[0], w.shape[0], dtype=torch.float32)
+    buf = torch.empty(min(UPCAST_ROWS, w.shape[0]), w.shape[1], dtype=torch.float32)
+    for i in range(0, w.shape[0], UPCAST_ROWS):
+        part = buf[: min(UPCAST_ROWS, w.shape[0] - i)]
+        part.copy_(w[i : i + UPCAST_ROWS])
+        torch.mm(rows, part.t(), out=out[:, i : i + part.shape[0]])
+    return out.view(*x.shape[:-1], w.shape[0])

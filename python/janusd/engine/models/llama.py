@@ -34,7 +34,12 @@ SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's RMSNorm. In float32 torch's fused kernel is the same arithmetic in one op (equal
+    bit for bit on SmolLM2's and the tests' rows) instead of six; in a half dtype HF rounds
+    the normalized row before the weight multiplies it, which the fused kernel does not."""
     dtype = x.dtype
+    if dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(dtype)
@@ -70,7 +75,7 @@ class LlamaModel:
         self.embed = weights["model.embed_tokens.weight"]
         self.lm_head = weights["lm_head.weight"]
         self.norm = weights["model.norm.weight"]
-        self.dtype = self.embed.dtype
+        self.dtype = self.norm.dtype  # the activations' (a packed plan's embedding may be float16)
         self.device = self.embed.device
         self.layers = [_Layer(weights, f"model.layers.{i}.") for i in range(arch.num_hidden_layers)]
         self.shard = shard
@@ -107,35 +112,34 @@ class LlamaModel:
         if landing is not None:
             landing.wait(0)
         shard = self.shard
-        h = F.embedding(input_ids, self.embed) if shard is None else self._embed_shard(input_ids)
+        h = F.embedding(input_ids, self.embed).to(self.dtype) if shard is None else self._embed_shard(input_ids)
         cos, sin = self.rope.lookup(positions)
         t = input_ids.shape[0]
+        nqk = self.nq + self.nkv
         for i, layer in enumerate(self.layers):
             if landing is not None:
                 landing.wait(1 + i)
             x = rms_norm(h, layer.ln1, self.eps)
             qkv = linear(x, layer.qkv_w, layer.qkv_b)
-            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = q.view(t, self.nq, self.hd)
-            k = k.view(t, self.nkv, self.hd)
-            v = v.view(t, self.nkv, self.hd)
+            qk = qkv[:, : self.q_size + self.kv_size].view(t, nqk, self.hd)
+            v = qkv[:, self.q_size + self.kv_size :].reshape(t, self.nkv, self.hd)
             if layer.q_norm is not None and layer.k_norm is not None:
-                q = rms_norm(q, layer.q_norm, self.eps)
-                k = rms_norm(k, layer.k_norm, self.eps)
-            q = apply_rotary(q, cos, sin)
-            k = apply_rotary(k, cos, sin)
+                qk = torch.cat([rms_norm(qk[:, : self.nq], layer.q_norm, self.eps),
+                                rms_norm(qk[:, self.nq :], layer.k_norm, self.eps)], dim=1)
+            qk = apply_rotary(qk, cos, sin)  # q's and k's heads in one pass
             kc, vc = kv[i] if kv is not None else (None, None)
-            a = paged_attention(q, k, v.contiguous(), kc, vc, meta)
+            a = paged_attention(qk[:, : self.nq], qk[:, self.nq :], v, kc, vc, meta)
             o = linear(a.view(t, self.q_size), layer.o_w)
             if shard is not None:
                 shard.all_reduce(o)  # row-parallel o: each shard's heads give a partial sum
-            h = h + o
+            h.add_(o)  # h is this forward's own tensor (the embedding lookup's output)
             x = rms_norm(h, layer.ln2, self.eps)
             gu = linear(x, layer.gate_up_w)
-            m = linear(F.silu(gu[:, : self.inter]) * gu[:, self.inter :], layer.down_w)
+            g = F.silu(gu[:, : self.inter])
+            m = linear(g.mul_(gu[:, self.inter :]), layer.down_w)
             if shard is not None:
                 shard.all_reduce(m)  # row-parallel down
-            h = h + m
+            h.add_(m)
         return h
 
     def _embed_shard(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -42,6 +42,11 @@ PACKABLE = ("q4_0", "q4_1")  # stored dtype names (Checkpoint.tensor_specs) this
 # what the kernel computes in: bfloat16 is its vectorized path on AVX2 (module doc); float32
 # (its scalar path) gives the file's weights exactly, for tests (test_engine_qlinear.py)
 SCALE_DTYPE = torch.bfloat16
+# the embedding / LM head of a plan that keeps Q4 linears packed, when the file stores it
+# quantized or in float16 (SmolLM2's is Q8_0): float16 halves the 113 MB float32 matrix a
+# step reads, with 8x less rounding than bfloat16 (linear.py: how it is multiplied); float32
+# (the tests) keeps the file's dequantized values exactly
+HEAD_DTYPE = torch.float16
 _OPS: tuple[Any, Any] = (getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None),
                          getattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", None))
 
@@ -129,6 +134,12 @@ class Q4Linear:
 def nbytes(w: Any) -> int:
     """Bytes a weight occupies: a tensor's or a Q4Linear's."""
     return int(w.nbytes) if isinstance(w, Q4Linear) else w.numel() * w.element_size()
+
+
+def head_dtype(stored: str) -> torch.dtype | None:
+    """The dtype a packed plan stores an embedding / LM head in that the file stores as
+    `stored` (a quant type or float16); None: the plan's own dtype."""
+    return HEAD_DTYPE if stored not in ("float32", "bfloat16") else None
 
 
 def keeps_q4(dtype_name: str, device_kind: str) -> bool:

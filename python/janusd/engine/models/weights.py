@@ -10,7 +10,9 @@ A quantized plan (`quantized=True`, engine/models/qlinear.py) keeps each GGUF Q4
 linear in 4 bits: the (fused) matrix NAME gets two slots of its own dtype, `NAME:packed`
 (uint8 nibbles) and `NAME:scales` (bfloat16), and `materialize` hands the forward a
 Q4Linear over them under NAME. `plan.quant` says which HF tensor is packed into which
-matrix at which row, for the loader (load_quantized). Everything else stays `plan.dtype`.
+matrix at which row, for the loader (load_quantized). The embedding and LM head of a
+quantized plan are float16 when the file stores them quantized (qlinear.HEAD_DTYPE).
+Everything else stays `plan.dtype`.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ def expected_shapes(arch: Any) -> dict[str, tuple[int, ...]]:
     return out
 
 
+_HEADS = ("model.embed_tokens.weight", "lm_head.weight")  # a quantized plan may keep them in half (qlinear.HEAD_DTYPE)
 _FUSED = (
     ("self_attn.qkv_proj.weight", ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")),
     ("self_attn.qkv_proj.bias", ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")),
@@ -102,7 +105,7 @@ def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.d
     that is missing, or a shape that disagrees with the architecture, is an EngineError.
     `quantized`: keep the Q4_0/Q4_1 linears packed (module doc); a fused matrix is packed
     only when all its parts are; `q4_dtype`: what they compute in (qlinear.SCALE_DTYPE)."""
-    from janusd.engine.models.qlinear import packable
+    from janusd.engine.models.qlinear import head_dtype, packable
 
     want = expected_shapes(arch)
     for name, shape in want.items():
@@ -149,8 +152,8 @@ def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.d
             offset = _place_q4(plan, offset, name, [name], shape, want, q4_dtype)
             continue
         offset = _align(offset)
-        plan.slots[name] = Slot(offset, shape)
-        offset += math.prod(shape) * elt
+        plan.slots[name] = Slot(offset, shape, dtype=head_dtype(str(specs[name][1])) if quantized and name in _HEADS else None)
+        offset += plan.slots[name].nbytes(dtype)
     plan.total_bytes = _align(offset)
     return plan
 
