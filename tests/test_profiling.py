@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -64,8 +67,9 @@ def test_the_knee_bracket_is_where_attainment_falls_below_high():
 
 def test_profile_writes_points_of_a_real_run(tmp_path):
     out = tmp_path / "p.npz"
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
+    # short: the daemon's admin socket goes under TMPDIR, and AF_UNIX paths stop at 108
+    # bytes (pytest-xdist's tmp_path is deeper than one process's)
+    scratch = Path(tempfile.mkdtemp(prefix="jp-"))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "TMPDIR": str(scratch)}
     proc = subprocess.run(
         [sys.executable, "-m", "janusd.cli", "profile", "demo:llama-tiny", "--budget-s", "40", "--point-s", "2",
@@ -89,6 +93,7 @@ def test_profile_writes_points_of_a_real_run(tmp_path):
     # the steady-state window's settings travel with the points; the per-point results were not kept
     assert pts.header["notes"]["trace"] == "stratified" and pts.header["notes"]["settle_min_s"] == 2.0
     assert not list(scratch.glob("janus-profile-*"))
+    shutil.rmtree(scratch, ignore_errors=True)
     # the host time per step was measured with the peaks and travels with the points
     assert pts.header["device"]["layer_overhead_s"] > 0
     # the engine's own counters per row: it stepped and decoded, and its forward time is part of

@@ -165,7 +165,7 @@ class ControlRoom:
                 (outcome != "ok" and op.scales_out):  # a scale-in ends an extra; a failed scale-out is none
             self._drop_extra(op.model, op.device)
         if outcome == "ok" and op.scales_out:
-            self.burst.scaled_out(op.model, op.device, t0)  # issued at t0: the hold counts from its tick too
+            self.burst.scaled_out(op.model, op.device, now)
         if outcome == "ok" and op.target == "warm":  # a scaled-in replica's Warm time starts now
             self.warm_since[(op.model, op.device)] = now
         if outcome != "ok":
@@ -316,7 +316,7 @@ class ControlRoom:
             self.roles[m.name] = plan
             return ops
         return meet_count(m, max(1, a.count), why, self.in_flight, snap.load_on, self.steady.managed_devices(),
-                          lambda d: snap.others_on(d, m.name))
+                          lambda d: snap.others_on(d, m.name), compressed=a.count < a.debounced)
 
     def _base(self, m: ModelView) -> list[int]:
         """Where a placed model serves outside its own replicas: its steady instance(s)."""
