@@ -181,3 +181,20 @@ def sse_events(resp: Any) -> Any:
         if line.startswith(b"data: "):
             payload = line[6:]
             yield time.monotonic(), ("[DONE]" if payload == b"[DONE]" else json.loads(payload))
+
+
+def kill_mid_stream(d: Daemon, model: str, pid: int) -> tuple[list[tuple[float, Any]], list[tuple[float, Any]]]:
+    """SIGKILL `pid` once a long stream of `model` has sent its first token: (the events
+    after the kill, those of them that are errors, each with its seconds after the kill)."""
+    import os
+    import signal
+
+    conn, resp = open_stream(d, model, 1500)
+    events = sse_events(resp)
+    _, first = next(events)
+    assert first["choices"][0]["finish_reason"] is None
+    t_kill = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    rest = [(t - t_kill, e) for t, e in events]
+    conn.close()
+    return rest, [(t, e) for t, e in rest if isinstance(e, dict) and "error" in e]
