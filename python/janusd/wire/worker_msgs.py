@@ -138,6 +138,9 @@ class LoadModel(msgspec.Struct, **_OPTS):
     cache_dir: str
     lifecycle: WorkerLifecycle  # host_image / cold_prefetch_image
     tp: TPPlace | None = None  # a shard of a tp > 1 instance (rank 0: the lead, which serves it)
+    # a tp shard's D2D fork: shard `tp.rank` of the source group, read instead of the checkpoint
+    # (the shard falls back to reading its slices when the pull fails: ModelLoaded.fallback)
+    fork: ForkSource | None = None
 
 
 class OpenGroup(msgspec.Struct, **_OPTS):
@@ -266,6 +269,11 @@ class ModelLoaded(msgspec.Struct, **_OPTS):
     # (prompt tokens, prefill seconds) measured on the new instance before it serves: the
     # daemon's prefill estimate starts from the device's real speed, not a guess
     prefill_probe: list[tuple[int, float]] = []
+    # how this shard's weights came (a tp shard's fork: d2d, or checkpoint after a fallback)
+    path: str = "checkpoint"
+    fallback: str = ""  # why a planned D2D fork of this shard was not used
+    nbytes: int = 0  # its weight segment's bytes (a fork's pull)
+    transfer_s: float = 0.0  # seconds its pull (d2d) or read (checkpoint) took
 
 
 class StateSet(msgspec.Struct, **_OPTS):
