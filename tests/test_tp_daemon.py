@@ -154,6 +154,9 @@ def test_fork_of_the_group_to_another_pair_shard_by_shard(daemon):
     assert r["shards"][0]["bytes"] == r["shards"][1]["bytes"] > 0  # llama-tiny's shards are the same size
     assert wait_until(lambda: "tp2" in (pool(daemon, 3).get("models") or []), 5.0), pool(daemon, 3)
     alone(daemon, 2, ref)
+    assert daemon.ctl(am.StateReq("tp2", 2, "warm")).data["state"] == "warm"
+    r = daemon.ctl(am.ForkReq("tp2", 0, 2)).data  # a Warm group comes back from its own host copies
+    assert (r["state"], r["path"]) == ("active", "h2d") and "own host copies" in r["fallback"], r
     for to, said in ((1, "not the lead of an aligned group"), (4, "needs devices 4-5; there are 4"),
                      (2, "is active: cannot go forking")):
         refused = daemon.ctl(am.ForkReq("tp2", 0, to))

@@ -122,6 +122,5 @@ class Loading:
                 return
         me = self.de.register(built.engine)
         eos = [int(t) for t in getattr(me, "eos_token_ids", [])]
-        path, fallback, nbytes, transfer_s = getattr(me, "arrival", ("checkpoint", "", 0, 0.0))  # a tp shard's
         self._send(wm.ModelLoaded(built.msg.seq, me.name, int(me.max_model_len), built.seconds, eos,
-                                  built.probe, path, fallback, nbytes, transfer_s))
+                                  built.probe, getattr(me, "arrival", ("checkpoint", "", 0, 0.0))))  # a tp shard's

@@ -16,6 +16,9 @@ the load on every worker, naming the shard. Then:
   own) and its loader thread becomes the shard's follower thread: it runs the forward of
   every step the lead announces (engine/tp/shard.py Follower) until the lead unloads the
   model. Its worker's main thread stays free for the device's other messages.
+A fork of a group is such a load whose LoadModel names the source shard of the same rank
+(`fork`): the shard pulls its bytes over Mooncake instead of reading its slices, and a shard
+whose pull fails reads its slices alone (engine/worker_fork.py pull_shard, server/tp_fork.py).
 Unload: the lead tells its followers (OP_CALL "unload"); each follower's main thread frees
 its shard and says so (one agreement), then the lead stops them (OP_STOP) and frees its
 own. A follower whose collective fails (its lead died) frees its shard the same way. The
