@@ -3,8 +3,8 @@ oracle's prior (oracle/prior.py) and the simulator's performance model (sim/perf
 charge a tp group's step its collectives as a latency per message hop
 (DeviceSpec.link_latency_s) plus bytes over the link, checked against a recorded `janus
 bench tp` run on this cpu (tests/data/bench_tp_cpu.json: the spec and model spec it ran
-on, the measured steps). Bandwidth alone predicted ~20 us of collectives per decode step
-where gloo over loopback takes ~7 ms."""
+on, the measured steps). Bandwidth alone predicted 7-55 us of collectives per decode step
+where gloo over loopback takes 7-9 ms."""
 
 from __future__ import annotations
 
