@@ -132,7 +132,7 @@ def _ended(life: ForkHost, target: Instance, source: Instance, prev: InstanceSta
            sources: list[wm.ForkSource | None], total: float) -> dict[str, Any]:
     """The target group is Active: record it, count the shards that fell back, the reply."""
     name = target.model
-    shards = []
+    shards: list[dict[str, Any]] = []
     for rank, (r, s) in enumerate(zip(replies, sources, strict=True)):
         path, fallback, nbytes, seconds = r.arrival
         fallback = fallback or ("" if s is not None else "its source shard could not publish its weights")
@@ -145,13 +145,14 @@ def _ended(life: ForkHost, target: Instance, source: Instance, prev: InstanceSta
     lead = replies[0]
     life.core.loaded(target, life.ops.clock(), lead.max_model_len, total, lead.prefill_probe)
     fell = any("fallback" in s for s in shards)
-    transfer = max((s["transfer_s"] for s in shards), default=0.0)
+    transfer = float(max((s["transfer_s"] for s in shards), default=0.0))
     life.observe(name, "fork", {"transfer": transfer}, "fallback" if fell else "ok")
     paths = {s["path"] for s in shards}
-    out = {"model": name, "device": target.device, "state": target.state.value, "from": prev.value,
-           "path": paths.pop() if len(paths) == 1 else "mixed", "source_device": source.device,
-           "devices": [s["device"] for s in shards], "shards": shards, "bytes": sum(s["bytes"] for s in shards),
-           "phases": {"transfer": transfer}, "total_s": round(total, 4)}
+    out: dict[str, Any] = {
+        "model": name, "device": target.device, "state": target.state.value, "from": prev.value,
+        "path": paths.pop() if len(paths) == 1 else "mixed", "source_device": source.device,
+        "devices": [s["device"] for s in shards], "shards": shards, "bytes": sum(s["bytes"] for s in shards),
+        "phases": {"transfer": transfer}, "total_s": round(total, 4)}
     if fell:
         out["fallback"] = "; ".join(f"shard {i}: {s['fallback']}" for i, s in enumerate(shards) if "fallback" in s)
     return out
