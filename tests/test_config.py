@@ -158,7 +158,8 @@ _TP = "[devices]\ncount = 4\n[[models]]\nname = 'a'\ncheckpoint = 'x'\ntp = 2\n"
         ("devices = [4]\n", "models[0].devices: device 4 does not exist"),
         ("devices = [0, 2]\nprefill_devices = [0]\n", "models[0].tp: a tp > 1 instance serves the mixed role only"),
         ("devices = [0]\nwarm_devices = [0]\n", "models[0].warm_devices: a tp > 1 instance cannot start Warm"),
-        ("devices = [0]\n[control]\nmanaged = true\n", "models[0].tp: control.managed cannot run tp > 1 models"),
+        ("[control]\nmanaged = true\nplace_at_start = false\n",
+         "models[0].devices: a tp = 2 model lists the lead device of each of its groups"),
         ("devices = [0, 2]\n[[models]]\nname = 'b'\ncheckpoint = 'y'\ndevices = [1]\n",
          "models[1].devices: device 1 is in the tp = 2 group 0-1 of 'a'; a group's devices are held whole"),
         ("devices = [0]\n[[models]]\nname = 'b'\ncheckpoint = 'y'\n",
@@ -184,3 +185,15 @@ def test_tp_groups_the_daemon_serves_are_accepted(tmp_path):
                  "[[models]]\nname = 'c'\ncheckpoint = 'z'\ndevices = [4]\n")
     cfg = load_config(p)
     assert [(m.name, m.tp, m.devices) for m in cfg.models] == [("a", 2, [0, 2]), ("b", 2, [0]), ("c", 1, [4])]
+
+
+
+def test_tp_models_the_controller_places_are_accepted(tmp_path):
+    """Under control.managed (place_at_start on), a tp 2 model and a tp 1 model need no
+    `devices`: the controller starts the group on a free aligned group and packs the rest
+    around it (server/steady_start.py); pinned groups beside them keep their rules."""
+    p = tmp_path / "tp.toml"
+    p.write_text(_TP + "[control]\nmanaged = true\n[[models]]\nname = 'b'\ncheckpoint = 'y'\n"
+                 "[[models]]\nname = 'c'\ncheckpoint = 'z'\ntp = 2\ndevices = [2]\n")
+    cfg = load_config(p)
+    assert [(m.name, m.tp, m.devices) for m in cfg.models] == [("a", 2, []), ("b", 1, []), ("c", 2, [2])]

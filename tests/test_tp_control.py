@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -27,7 +28,7 @@ from janusd.control.ops import Activate
 from janusd.control.snapshot import ControlSnapshot, InstanceView, ModelView
 from janusd.control.steady_snapshot import placement_snapshot
 from janusd.hw.devices import device_spec
-from janusd.hw.spec import allreduce_s
+from janusd.hw.spec import allreduce_s, tp_comm_s
 from janusd.lifecycle.states import InstanceState
 from janusd.oracle.prior import RooflinePrior
 from janusd.oracle.types import AttainmentEstimate, LoadFeatures, MinInstances, ResourceEstimate
@@ -201,12 +202,17 @@ def test_the_prior_of_a_shard_divides_the_work_and_adds_the_all_reduce():
     v1, v2 = one.capacity("m", z).mean, two.capacity("m", z).mean
     assert v2[0] < v1[0] / 1.9  # a shard holds half the weights and KV
     assert one._comm(100.0) == 0.0
-    assert two._comm(100.0) == allreduce_s(100 * spec.allreduce_bytes_per_token, 2, dev.d2d_bw) > 0.0
-    # the performance model charges the same all-reduce
+    nbytes = 100 * spec.allreduce_bytes_per_token
+    latency = spec.tp_collectives_per_step * 2 * dev.link_latency_s  # a ring of 2 hops per collective at tp 2
+    assert spec.tp_collectives_per_step == 2 * 64 + 3 and latency > 0
+    assert two._comm(100.0) == tp_comm_s(dev, 2, nbytes, spec.tp_collectives_per_step)
+    assert two._comm(100.0) == pytest.approx(latency + allreduce_s(nbytes, 2, dev.d2d_bw), rel=1e-12)
+    # the performance model charges the same collectives
     arch = presets()["qwen3-32b"]
     perf = PerfModel(dev)
-    assert perf.comm_s(arch, 100) == allreduce_s(100 * arch.allreduce_bytes_per_token, 2, dev.d2d_bw)
-    assert arch.allreduce_bytes_per_token == spec.allreduce_bytes_per_token
+    assert perf.comm_s(arch, 100) == two._comm(100.0)
+    assert (arch.allreduce_bytes_per_token, arch.collectives_per_step) == (spec.allreduce_bytes_per_token,
+                                                                          spec.tp_collectives_per_step)
 
 
 def test_a_small_day_with_a_tp_2_model_runs_under_janus_on_whole_groups(monkeypatch):

@@ -322,3 +322,7 @@ def test_bench_tp_reports_both_degrees(tmp_path: Path, capsys: pytest.CaptureFix
         # the bench prints ratios to 3 decimals: a slow gloo step (0.04x on a loaded CI machine) is off by < 5e-4
         assert r[f"decode_speedup_{k}"] == pytest.approx(r["tp1"][k]["decode_step_ms"] / f["decode_step_ms"],
                                                          rel=0.01, abs=6e-4)
+        # the prior beside it (hw/spec.py tp_comm_s): collectives only at tp 2, a hop's latency each
+        assert r["prior"]["tp1"][k]["comm_ms_per_decode_step"] == 0 < r["prior"]["tp2"][k]["comm_ms_per_decode_step"]
+        hops_ms = (2 * r["arch"]["layers"] + 3) * 2 * r["device_spec"]["link_latency_s"] * 1e3
+        assert r["prior"]["tp2"][k]["comm_ms_per_decode_step"] >= hops_ms - 1e-3 and hops_ms > 0

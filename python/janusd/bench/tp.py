@@ -10,7 +10,10 @@ per step; and a bare all-reduce of one step's [batch, hidden] rows (`allreduce_m
 compute between calls: the link's own cost), times the all-reduces per step
 (`allreduce_ms_per_step`: 1 + 2 x layers). `greedy_equal`: tp 2 produced tp 1's greedy
 tokens on the bench's prompt. Each shard and the tp 1 engine run `--threads` intra-op
-threads, so tp 2 uses twice the cores of tp 1.
+threads, so tp 2 uses twice the cores of tp 1. `prior`: the oracle's roofline prior's decode
+step and collectives for the same model, batches and degrees on this cpu's spec (recorded
+with the spec and the model's spec: tests/test_tp_comm_prior.py checks the prior against
+a recorded run).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -34,8 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from pathlib import Path
-
     import torch
 
     from janusd.config import EngineConfig, ModelConfig
@@ -93,9 +95,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "host_cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
         "group_start_s": round(start_s, 2), "tp1": tp1, f"tp{args.tp}": tpn, "greedy_equal": got == ref,
     }
+    out.update(_prior_figures(args, ck, batches, args.prompt_len + args.decode_steps / 2.0))
     for b in batches:
         k = f"b{b}"
         out[f"decode_speedup_{k}"] = round(tp1[k]["decode_step_ms"] / max(1e-9, tpn[k]["decode_step_ms"]), 3)
         out[f"prefill_speedup_{k}"] = round(tp1[k]["prefill_step_ms"] / max(1e-9, tpn[k]["prefill_step_ms"]), 3)
     return out
 
+
+def _prior_figures(args: argparse.Namespace, ck: Any, batches: list[int], context: float) -> dict[str, Any]:
+    """What the oracle's roofline prior predicts beside what was measured: the cpu's spec
+    (hw/devices.py: the measured peaks and host time per step, gloo's link latency), the
+    model's spec, and per degree and batch the prior's decode step and its collectives
+    (at the decode's mean context). tests/test_tp_comm_prior.py holds a recorded run."""
+    import msgspec
+
+    from janusd.engine import step_probe
+    from janusd.hw.devices import device_spec
+    from janusd.hw.model_spec import ModelSpec
+    from janusd.oracle.prior import RooflinePrior
+
+    cache = str(Path(args.cache_dir or "~/.cache/janusd").expanduser())
+    dev = device_spec("cpu", cache_dir=Path(cache), overhead_probe=step_probe.bind(cache))
+    spec = ModelSpec.from_config(msgspec.to_builtins(ck.arch), dtype=args.dtype)
+    prior: dict[str, Any] = {}
+    for tp in (1, args.tp):
+        p = RooflinePrior(spec, dev, 1.0, 1.0, tp=tp)
+        prior[f"tp{tp}"] = {f"b{b}": {"decode_step_ms": round(p.decode_step_s(b, context) * 1e3, 3),
+                                      "comm_ms_per_decode_step": round(p.comm_s(b) * 1e3, 3)} for b in batches}
+    return {"prior": prior, "decode_context": context, "device_spec": msgspec.to_builtins(dev),
+            "model_spec": msgspec.to_builtins(spec)}

@@ -76,9 +76,14 @@ def _check_tp(cfg: JanusConfig, i: int) -> None:
     m = cfg.models[i]
     tp = m.tp
     where = f"models[{i}]"
-    if not m.devices:
+    # the controller places models without `devices` (steady or elastic): a tp one on a free
+    # aligned group at start (server/steady_start.py, control/start.py start_groups), then
+    # its replicas on free groups (control/groups.py, control/extras.py)
+    placed = cfg.control.managed and cfg.control.place_at_start
+    if not m.devices and not placed:
         raise ValueError(f"{where}.devices: a tp = {tp} model lists the lead device of each of its groups "
-                         f"(multiples of {tp}: lead 0 serves devices 0-{tp - 1})")
+                         f"(multiples of {tp}: lead 0 serves devices 0-{tp - 1}), unless the controller places "
+                         "it (control.managed with control.place_at_start)")
     for d in m.devices:
         if d % tp:
             raise ValueError(f"{where}.devices: {d} is not the lead of an aligned group of tp = {tp} devices "
@@ -90,10 +95,6 @@ def _check_tp(cfg: JanusConfig, i: int) -> None:
     if m.prefill_devices or m.role != "mixed":
         raise ValueError(f"{where}.tp: a tp > 1 instance serves the mixed role only (P/D export/import of a "
                          "sharded KV, one piece per shard, is not built)")
-    if cfg.control.managed:
-        raise ValueError(f"{where}.tp: control.managed cannot run tp > 1 models in the daemon yet (its lifecycle "
-                         "moves of a group, Warm restores and D2D forks shard by shard, are not built); "
-                         "serve it unmanaged with `devices`")
     if m.warm_devices:
         raise ValueError(f"{where}.warm_devices: a tp > 1 instance cannot start Warm (host copies shard by shard "
                          "are not built); cold_devices can")
@@ -101,9 +102,10 @@ def _check_tp(cfg: JanusConfig, i: int) -> None:
     for j, o in enumerate(cfg.models):
         if j == i:
             continue
-        if not o.devices:
+        if not o.devices and not placed:
             raise ValueError(f"models[{j}].devices: with tp > 1 models configured, every model lists its devices "
-                             f"(round robin would place {o.name!r} inside a tp group of {m.name!r})")
+                             f"(round robin would place {o.name!r} inside a tp group of {m.name!r}), unless "
+                             "the controller places them (control.managed with control.place_at_start)")
         for lead in o.devices:
             for d in range(lead, lead + o.tp):
                 if d in groups and (o.tp, lead) != groups[d][1:]:

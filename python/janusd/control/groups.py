@@ -23,9 +23,9 @@ out of the co-location packing, its serving groups' devices leave the packing's 
 as demand.replicas_to_fit does for a tp-1 model) and met on free aligned groups. Groups
 never migrate (a move costs N shard transfers and would free nothing for the packing).
 In the elastic pool its replicas are groups of its own (control/extras.py) and the budget
-counts their devices (policy/scaling.py: N per instance). Not built: the daemon's shell
-for these Ops (the daemon serves tp > 1 groups pinned by `devices`, server/tp_groups.py,
-but refuses them under control.managed), repacking tp-1 instances to defragment groups.
+counts their devices (policy/scaling.py: N per instance). Both shells carry these Ops out
+(the daemon's: a group's lifecycle moves, server/tp_lifecycle.py, and its D2D fork shard
+by shard, server/tp_fork.py). Not built: repacking tp-1 instances to defragment groups.
 Pure: no I/O, no clock."""
 
 from __future__ import annotations

@@ -7,8 +7,7 @@ pack them at zero load, around the pinned models; those it cannot size or place 
 round robin over the pool. Both shells start this way: the daemon at start and on a reload that adds models
 (server/steady_start.py, after the oracle read their checkpoints), the simulator at
 time 0 (sim/control_shell.py). A tp > 1 model starts first, on an aligned free group of
-its own (start_groups, control/groups.py; the simulator only: the daemon serves tp > 1
-only pinned by `devices`, config/checks.py)."""
+its own (start_groups, control/groups.py; both shells: server/steady_start.py in the daemon)."""
 
 from __future__ import annotations
 

@@ -69,6 +69,12 @@ def weight_plan(ck: Any, dtype_name: str, device_kind: str) -> WeightPlan:
     return plan_weights(ck.arch, ck.tensor_specs(), torch_dtype(dtype_name), quantized=keeps_q4(dtype_name, device_kind))
 
 
+def shard_plan(ck: Any, shard: Any, dtype_name: str) -> WeightPlan:
+    """A tp shard's weight plan: its own arch and shapes (engine/tp/layout.py), never
+    packed. A fork of shard i reads it byte for byte from the source's shard i."""
+    return plan_weights(shard.layout.local, shard.layout.local_specs(ck.tensor_specs()), torch_dtype(dtype_name))
+
+
 class DeviceEngine:
     def __init__(self, kind: str = "cpu", device_index: int = 0, memory_bytes: int = 2 << 30,
                  page_size: int = 2 << 20, kv_cache_pages: tuple[int, int] | None = None,
@@ -149,8 +155,7 @@ class DeviceEngine:
             plan = weight_plan(ck, model_cfg.dtype, self.kind)
             slices = None
         else:  # the shard's own arch and shapes, never packed; the reader reads only its slices
-            plan = plan_weights(shard.layout.local, shard.layout.local_specs(ck.tensor_specs()),
-                                torch_dtype(model_cfg.dtype))
+            plan = shard_plan(ck, shard, model_cfg.dtype)
             slices = shard.layout.slices(ck.tensor_specs())
 
         def fill(seg: Any) -> dict[str, Any]:

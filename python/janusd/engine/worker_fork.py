@@ -1,6 +1,8 @@
 """D2D fork on the worker, both ends: the source publishes where its weight segment is,
 with sampled-block checksums; the target reads those bytes into a segment of its own over
-Mooncake, verifies sizes and checksums, and builds the model on them.
+Mooncake, verifies sizes and checksums, and builds the model on them. A tp group forks
+shard by shard (`pull_shard`: shard i of the source into shard i of the target, each
+shard's worker pulling its own at once).
 
 A fork copies bytes, not tensors, so both ends must lay the weights out identically
 (`layout_signature`); the checksums catch a source that changed or died mid-read. The
@@ -126,6 +128,41 @@ def pull_model(de: Any, pd: Any, msg: wm.SetState, host: Any, phases: dict[str, 
     phases.update(prepare=marks.get("prepare", 0.0), transfer=marks.get("transfer", 0.0),
                   restore=time.perf_counter() - marks.get("after", t0))
     return me
+
+
+def pull_shard(de: Any, pd: Any, msg: wm.LoadModel, ck: Any, shard: Any) -> Any:
+    """A tp shard's D2D fork (a LoadModel with `fork`): reserve this shard's segment, read
+    shard i of the source (the same rank) into it over Mooncake, verify as pull_model does,
+    build the shard on it (not registered: the group agrees first, engine/worker_tp.py).
+    Raises when the pull fails or does not verify; the caller falls back to the slices."""
+    from janusd.engine.device_engine import shard_plan
+    from janusd.engine.models.weights import materialize
+    from janusd.engine.types import EngineError
+
+    src = msg.fork
+    assert src is not None
+    plan = shard_plan(ck, shard, msg.model.dtype)
+    if layout_signature(plan) != src.layout or plan.total_bytes != src.nbytes:
+        raise EngineError(f"the source shard lays out {src.nbytes} bytes differently from this shard's "
+                          f"{plan.total_bytes} (another dtype, checkpoint or tp?)")
+    pd.ensure()
+    chunk = msg.lifecycle.copy_chunk_mib << 20
+    pace = msg.lifecycle.fork_bandwidth_mib_s * float(1 << 20)
+
+    def fill(seg: Any) -> Any:
+        pull_segment(pd.transport, src, seg, chunk, pace)
+        return materialize(plan, seg.view)
+
+    with de._lock:
+        if name_taken(de, msg.model.name):
+            raise EngineError(f"model {msg.model.name!r} is already loaded on this device")
+        de._building.add(msg.model.name)
+    try:
+        return de._on_device(msg.model, msg.engine, ck, plan, fill, shard)
+    except BaseException:
+        with de._lock:
+            de._building.discard(msg.model.name)
+        raise
 
 
 def pull_segment(transport: Any, src: wm.ForkSource, seg: Any, chunk_bytes: int, max_bytes_per_s: float = 0.0,

@@ -316,7 +316,8 @@ class Lifecycle:
         name = msg.model.name
         if msg.fork is not None or host is None or host.shard is None:
             raise EngineError(f"{name!r} is a tp {msg.model.tp} shard: it comes back only from its own host copy "
-                              "(Warm); D2D forks of a group are not built, and a Cold group is loaded whole")
+                              "(Warm); a Cold group is loaded whole, and a group's D2D fork is a load whose shards "
+                              "pull their source shards (LoadModel.fork)")
         me = self.de.restore_model(host, self.copier, phases, msg.model, msg.engine)
         comm = host.shard.comm
         me.tp_comm = comm

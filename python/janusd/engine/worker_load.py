@@ -123,4 +123,4 @@ class Loading:
         me = self.de.register(built.engine)
         eos = [int(t) for t in getattr(me, "eos_token_ids", [])]
         self._send(wm.ModelLoaded(built.msg.seq, me.name, int(me.max_model_len), built.seconds, eos,
-                                  built.probe))
+                                  built.probe, getattr(me, "arrival", ("checkpoint", "", 0, 0.0))))  # a tp shard's

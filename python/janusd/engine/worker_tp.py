@@ -16,6 +16,9 @@ the load on every worker, naming the shard. Then:
   own) and its loader thread becomes the shard's follower thread: it runs the forward of
   every step the lead announces (engine/tp/shard.py Follower) until the lead unloads the
   model. Its worker's main thread stays free for the device's other messages.
+A fork of a group is such a load whose LoadModel names the source shard of the same rank
+(`fork`): the shard pulls its bytes over Mooncake instead of reading its slices, and a shard
+whose pull fails reads its slices alone (engine/worker_fork.py pull_shard, server/tp_fork.py).
 Unload: the lead tells its followers (OP_CALL "unload"); each follower's main thread frees
 its shard and says so (one agreement), then the lead stops them (OP_STOP) and frees its
 own. A follower whose collective fails (its lead died) frees its shard the same way. The
@@ -28,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +62,7 @@ class TPWorker:
     inbox: Any
     tp_stores: dict[str, Any]
     followers: dict[str, Any]  # shards this worker follows: their Follower (engine/tp/shard.py)
+    pd: Any  # the worker's transfer engine (engine/worker_pd.py PDLink): a fork's pull
 
     if TYPE_CHECKING:
         def _send(self, msg: Any) -> None: ...
@@ -94,7 +99,7 @@ class TPWorker:
         try:
             ck = open_checkpoint(msg.model.checkpoint, Path(msg.cache_dir) if msg.cache_dir else None)
             shard = TPShard(ShardLayout(ck.arch, tp.size, tp.rank), comm)
-            me = self.de.build_model(msg.model, msg.engine, None, checkpoint=ck, shard=shard)
+            me = self._shard_engine(msg, ck, shard)
         except Exception as e:  # every shard learns of it below: none serves half a model
             log(f"building shard {tp.rank} of {msg.model.name} failed:\n" + traceback.format_exc())
             err = str(e) or type(e).__name__
@@ -110,6 +115,33 @@ class TPWorker:
         if tp.rank == 0:
             attach_leader(me, LeaderLink(comm, 0))
         me.tp_comm = comm
+        return me
+
+    def _shard_engine(self, msg: wm.LoadModel, ck: Any, shard: Any) -> Any:
+        """This shard built: pulled from shard `rank` of a source group when the LoadModel
+        names one (a fork), else (or when the pull fails: this shard alone falls back, as a
+        single-device fork does) its slices read from the checkpoint. `me.arrival` says
+        which: (path, fallback, bytes, seconds), for ModelLoaded."""
+        from janusd.engine.worker_fork import pull_shard
+
+        fallback = ""
+        t0 = time.perf_counter()
+        if msg.fork is not None:
+            if self.pd.thread_nice:  # the pull yields to the worker's steps, as a fork's does
+                from janusd.lifecycle.transfer import lower_priority
+
+                lower_priority([threading.get_native_id()], self.pd.thread_nice)
+            try:
+                me = pull_shard(self.de, self.pd, msg, ck, shard)
+                me.arrival = ("d2d", "", int(me.weight_bytes), time.perf_counter() - t0)
+                return me
+            except Exception as e:  # a dead or frozen source shard, a bad checksum: read our slices
+                fallback = f"{type(e).__name__}: {e}"
+                log(f"fork of tp shard {shard.layout.rank} of {msg.model.name} failed, reading its slices "
+                    f"from the checkpoint: {fallback}")
+                t0 = time.perf_counter()
+        me = self.de.build_model(msg.model, msg.engine, None, checkpoint=ck, shard=shard)
+        me.arrival = ("checkpoint", fallback, int(me.weight_bytes), time.perf_counter() - t0)
         return me
 
     # ---- a follower: its thread, its release ----

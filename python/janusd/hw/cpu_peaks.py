@@ -40,6 +40,11 @@ OverheadProbe = Callable[[int, dict[str, float]], dict[str, float]]
 CACHE_VERSION = 2  # 2: mem_bw is a read rate from DRAM (module doc), copy_bw added
 READ_BYTES = 128 * 2**20  # larger than a VM's reported L3 share, as a decode's weights are
 CPU_D2D_BW = 1.2e9  # Mooncake TransferEngine over loopback TCP (DESIGN.md, "Checked to work")
+# a tp group's collectives on cpu devices: gloo over loopback tcp, per message hop (hw/spec.py
+# tp_comm_s). Measured on this VM (2026-12-07, 2 processes, one thread each, load ~3 on 2 cores,
+# medians of 350): an all-reduce of 256 floats 0.61 ms (a ring of 2 hops at tp 2), of 6144
+# floats 0.82 ms, a broadcast of 256 ints 0.27 ms (1 hop): the wake-ups, not the bytes
+CPU_LINK_LATENCY_S = 3.0e-4
 DEFAULT_CACHE_DIR = Path("~/.cache/janusd")
 
 
@@ -152,6 +157,6 @@ def cpu_spec(cache_dir: Path | None, hbm_bytes: float, threads: int = 1,
     p = cached_peaks(cache_dir, threads, overhead_probe)
     over = {k: float(p.get(k, 0.0)) for k in OVERHEAD_FIELDS}
     return DeviceSpec(name="cpu", hbm_bytes=float(hbm_bytes), peak_flops=p["peak_flops"], hbm_bw=p["mem_bw"],
-                      d2d_bw=CPU_D2D_BW, h2d_bw=p.get("copy_bw", p["mem_bw"]),
+                      d2d_bw=CPU_D2D_BW, h2d_bw=p.get("copy_bw", p["mem_bw"]), link_latency_s=CPU_LINK_LATENCY_S,
                       source=f"measured on {machine_identity()['cpu'] or 'this cpu'}, {threads} thread(s)"
                              + ("" if _has_overheads(p) else "; no host time per step measured"), **over)

@@ -14,7 +14,9 @@ Sources of the presets:
   376 TFLOP/s, 64 GB, 1.6 TB/s. Links: the Janus paper's measured 163.6 GB/s D2D per
   device and 59.0 GB/s H2D (PAPER.md §8).
 - cpu: peaks measured on this machine (cpu_peaks.py); the HBM figure is the configured
-  page pool of one virtual device (`devices.memory_mib`), passed in by the caller.
+  page pool of one virtual device (`devices.memory_mib`), passed in by the caller; the link
+  latency is gloo's over loopback tcp, measured here (cpu_peaks.py CPU_LINK_LATENCY_S).
+- link latency of the accelerator presets: estimates (NVLINK_HOP_S, UB_HOP_S below).
 """
 
 from __future__ import annotations
@@ -46,15 +48,28 @@ _TF = 1e12
 ACCEL_OVERHEADS = {"step_overhead_s": 1e-3, "layer_overhead_s": 1.5e-4, "seq_overhead_s": 2e-5,
                    "prefill_token_overhead_s": 0.0}
 
+# Latency per message hop of a collective over the device link (DeviceSpec.link_latency_s,
+# hw/spec.py tp_comm_s): ESTIMATES, not measurements (no accelerator was lent to measure).
+# NVLink 4 through NVSwitch: ~1 us a hop, so a small all-reduce of 8 GPUs (a ring of 14 hops)
+# costs ~14 us, the order small-message NCCL all-reduces are commonly reported at on one
+# 8-GPU H100 node (nccl-tests all_reduce_perf at 8 B; NCCL's tree and NVLS algorithms do
+# better at large counts, which the ring form overstates). Ascend's UB through HCCL: 2 us a
+# hop, twice NVLink's (no published small-message figure found; CloudMatrix384's paper
+# reports bandwidth, not this). A `janus bench tp` on the device measures the real one.
+NVLINK_HOP_S = 1e-6
+UB_HOP_S = 2e-6
+
 PRESETS: dict[str, DeviceSpec] = {
     "h100": DeviceSpec(name="h100", hbm_bytes=80 * _GB, peak_flops=989.5 * _TF, hbm_bw=3350 * _GB,
-                       d2d_bw=450 * _GB, h2d_bw=64 * _GB, source="NVIDIA H100 SXM5 datasheet", **ACCEL_OVERHEADS),
+                       d2d_bw=450 * _GB, h2d_bw=64 * _GB, source="NVIDIA H100 SXM5 datasheet", **ACCEL_OVERHEADS,
+                       link_latency_s=NVLINK_HOP_S),
     "h200": DeviceSpec(name="h200", hbm_bytes=141 * _GB, peak_flops=989.5 * _TF, hbm_bw=4800 * _GB,
-                       d2d_bw=450 * _GB, h2d_bw=64 * _GB, source="NVIDIA H200 SXM datasheet", **ACCEL_OVERHEADS),
+                       d2d_bw=450 * _GB, h2d_bw=64 * _GB, source="NVIDIA H200 SXM datasheet", **ACCEL_OVERHEADS,
+                       link_latency_s=NVLINK_HOP_S),
     "ascend-910c-die": DeviceSpec(name="ascend-910c-die", hbm_bytes=64 * _GB, peak_flops=376 * _TF,
                                   hbm_bw=1600 * _GB, d2d_bw=163.6 * _GB, h2d_bw=59.0 * _GB,
                                   source="CloudMatrix384 paper (per chip / 2); links: Janus paper §8",
-                                  **ACCEL_OVERHEADS),
+                                  **ACCEL_OVERHEADS, link_latency_s=UB_HOP_S),
 }
 DEVICE_NAMES = ("cpu", *PRESETS)
 # The preset a device kind of the engine gets when none is named.

@@ -104,6 +104,14 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, dict=True):
         return 2 * self.layers * self.hidden * self.dtype_bytes
 
     @cached_property
+    def tp_collectives_per_step(self) -> int:
+        """Collectives a tensor-parallel instance's engine step runs (engine/tp/shard.py,
+        `janus bench tp`'s count plus the announcement): the embedding's all-reduce, two per
+        layer, the logits' all-gather and the leader's step announcement (a broadcast).
+        Each pays the link's latency (hw/spec.py tp_comm_s) whatever its bytes."""
+        return 2 * self.layers + 3
+
+    @cached_property
     def _attn_flops_per_ctx(self) -> int:
         return 4 * self.layers * self.heads * self.head_dim
 

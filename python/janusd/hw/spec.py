@@ -4,6 +4,9 @@ engine step, and the ring all-reduce a tensor-parallel group's step pays over it
 (allreduce_s). Its own module because both the presets (devices.py) and the cpu device's
 measurement (cpu_peaks.py) build one: each imports this, neither the other's importer.
 
+Collectives of a tensor-parallel group (tp_comm_s): a latency per message hop
+(`link_latency_s`, alpha) plus bytes over the link (`d2d_bw`), alpha-beta.
+
 Units: bytes and bytes per second (decimal, as vendors quote them), FLOP/s. Peaks are
 dense (no structured sparsity) in the device's serving dtype (bf16; float32 on cpu, which
 is what our CPU engine runs). Link figures are one direction, per device.
@@ -33,14 +36,11 @@ import math
 import msgspec
 
 def allreduce_s(nbytes: float, tp: int, link_bw: float) -> float:
-    """Seconds a tp-device group takes to all-reduce `nbytes` per device over links of
-    `link_bw` bytes/s per direction (DeviceSpec.d2d_bw: the device-to-device link, NVLink
-    or the supernode's UB): a ring all-reduce sends and receives 2 (tp - 1) / tp of the
-    buffer per device (Patarasuk and Yuan 2009), so its time is that over the link.
-    Bandwidth only: the per-collective latency (~10 us a hop) is left out, which at a
-    decode step's few KB per all-reduce underestimates it (`janus bench tp` measures it
-    on cpu). 0.0 exactly at tp 1. The oracle's prior and the simulator's performance
-    model both charge it, in the same form."""
+    """Seconds a tp-device group takes to move `nbytes` per device through a ring
+    all-reduce over links of `link_bw` bytes/s per direction (DeviceSpec.d2d_bw: the
+    device-to-device link, NVLink or the supernode's UB): each device sends and receives
+    2 (tp - 1) / tp of the buffer (Patarasuk and Yuan 2009). The bandwidth term only;
+    tp_comm_s adds the per-message latency. 0.0 exactly at tp 1."""
     if tp <= 1 or nbytes <= 0:
         return 0.0
     return 2.0 * (tp - 1) / tp * nbytes / link_bw
@@ -61,6 +61,9 @@ class DeviceSpec(msgspec.Struct, frozen=True, kw_only=True):
     layer_overhead_s: float = 0.0  # host seconds per decoder layer per step
     seq_overhead_s: float = 0.0  # host seconds per sequence in a step
     prefill_token_overhead_s: float = 0.0  # host seconds per prompt token per decoder layer of a prefill
+    # seconds per message of one hop of a collective over the device link (the alpha of the
+    # alpha-beta model; tp_comm_s): what a small all-reduce costs whatever its bytes
+    link_latency_s: float = 0.0
 
     def check(self) -> None:
         """ValueError naming the field unless every peak is finite and > 0 and every
@@ -69,7 +72,7 @@ class DeviceSpec(msgspec.Struct, frozen=True, kw_only=True):
             v = getattr(self, f)
             if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
                 raise ValueError(f"device spec {self.name!r}: {f} must be a finite number > 0, got {v!r}")
-        for f in OVERHEAD_FIELDS:
+        for f in (*OVERHEAD_FIELDS, "link_latency_s"):
             v = getattr(self, f)
             if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"device spec {self.name!r}: {f} must be a finite number >= 0, got {v!r}")
@@ -90,3 +93,17 @@ class DeviceSpec(msgspec.Struct, frozen=True, kw_only=True):
         """Seconds a prefill of `tokens` prompt tokens (one sequence, one step) costs besides
         its FLOPs and bytes (module doc)."""
         return self.step_time_floor(layers, 1.0) + layers * max(tokens, 0.0) * self.prefill_token_overhead_s
+
+
+def tp_comm_s(device: DeviceSpec, tp: int, nbytes: float, collectives: float) -> float:
+    """Seconds one step of a tp-device group spends in its `collectives` collectives
+    moving `nbytes` per device (alpha-beta: Hockney's model of a message): each collective
+    a ring of 2 (tp - 1) hops paying DeviceSpec.link_latency_s each, plus the bytes over the
+    link (allreduce_s). The latency is most of a decode step's communication: a step
+    all-reduces a few KB per layer (on cpu gloo over loopback a bare all-reduce of one
+    step's rows costs ~0.5-1.3 ms whatever its bytes: `janus bench tp`). 0.0 exactly at
+    tp 1 or with nothing to move. The one formula the oracle's prior (oracle/prior.py) and
+    the simulator's performance model (sim/perfmodel.py) both charge."""
+    if tp <= 1 or nbytes <= 0:
+        return 0.0
+    return collectives * 2.0 * (tp - 1) * device.link_latency_s + allreduce_s(nbytes, tp, device.d2d_bw)

@@ -37,10 +37,11 @@ prior is non-decreasing in m by construction.
 
 Tensor parallelism (`tp` = N devices per instance, [P]): the figures are one shard's, on
 one device of the group: FLOPs, weight and KV bytes divided by N (Megatron-style sharding
-splits every linear layer and the KV heads evenly: engine/tp/), plus the two all-reduces
-per layer a step pays over the device-to-device link (DeviceSpec.d2d_bw; hw/spec.py
-allreduce_s of ModelSpec.allreduce_bytes_per_token per token the step carries), added to
-t_pf, t_step and t_tok. The host time per step is not divided (every shard's host does its
+splits every linear layer and the KV heads evenly: engine/tp/), plus the collectives a
+step pays over the device-to-device link (hw/spec.py tp_comm_s: ModelSpec.
+tp_collectives_per_step messages at DeviceSpec.link_latency_s a hop, and
+ModelSpec.allreduce_bytes_per_token per token the step carries over DeviceSpec.d2d_bw),
+added to t_pf, t_step and t_tok. The host time per step is not divided (every shard's host does its
 own). The capacity vector is one device's (each of the group's N devices carries it: the
 control room places the group whole, control/groups.py); the all-reduce takes link time,
 none of the three dimensions. sim/perfmodel.py charges the same division and the same
@@ -56,7 +57,7 @@ import numpy as np
 
 from janusd.hw.devices import DeviceSpec
 from janusd.hw.model_spec import ModelSpec
-from janusd.hw.spec import allreduce_s
+from janusd.hw.spec import tp_comm_s
 from janusd.oracle.types import AttainmentEstimate, LoadFeatures, ResourceEstimate
 
 STEEPNESS = 10.0
@@ -85,8 +86,9 @@ class RooflinePrior:
         return max(flops / self.tp / self.device.peak_flops, nbytes / self.tp / self.device.hbm_bw)
 
     def _comm(self, tokens: float) -> float:
-        """All-reduce seconds of a step carrying `tokens` tokens (0.0 at tp 1)."""
-        return allreduce_s(tokens * self.model.allreduce_bytes_per_token, self.tp, self.device.d2d_bw)
+        """Collective seconds of a step carrying `tokens` tokens (0.0 at tp 1)."""
+        return tp_comm_s(self.device, self.tp, tokens * self.model.allreduce_bytes_per_token,
+                         self.model.tp_collectives_per_step)
 
     def _floor(self, batch: float) -> float:
         """Host seconds of one step over `batch` sequences (hw/devices.py)."""
@@ -104,10 +106,19 @@ class RooflinePrior:
         return z.input_len_mean + z.output_len_mean / 2.0
 
     def _step(self, batch: float, z: LoadFeatures) -> float:
-        b = max(batch, 1.0)
-        ctx = self._ctx(z)
-        return self._floor(b) + self._roof(self.model.decode_step_flops(b, b * ctx),
-                                           self.model.decode_step_bytes(b, b * ctx)) + self._comm(b)
+        return self.decode_step_s(max(batch, 1.0), self._ctx(z))
+
+    def decode_step_s(self, batch: float, context: float) -> float:
+        """Seconds of one decode step of `batch` sequences holding `context` tokens each:
+        host time, one shard's roofline and the group's collectives (`janus bench tp` sets
+        it beside its measured step: tests/test_tp_comm_prior.py)."""
+        b = batch
+        return self._floor(b) + self._roof(self.model.decode_step_flops(b, b * context),
+                                           self.model.decode_step_bytes(b, b * context)) + self._comm(b)
+
+    def comm_s(self, tokens: float) -> float:
+        """The collectives' seconds of a step carrying `tokens` tokens (0.0 at tp 1)."""
+        return self._comm(tokens)
 
     def _decode(self, rate: float, z: LoadFeatures) -> tuple[float, float]:
         """(B, t_step): mean decoding sequences and step time at that batch (module doc)."""

@@ -115,6 +115,7 @@ class Daemon(RequestFront, WorkerSupervision):
         self.ops.starter = self.life.start
         self.ops.poke = self.poke
         self.ops.tp_timeout_s = cfg.server.worker_step_timeout_s
+        self.ops.reply_timeout_s = cfg.server.worker_heartbeat_timeout_s
         # the decisions carried out with their reasons (`ctl events`, `janus top`): the
         # controller's Ops and the wakes requests start
         self.decisions = DecisionLog(cfg.control.decisions_kept, self.metrics.controller_decision)

@@ -30,6 +30,7 @@ from janusd.server.daemon_clock import clock
 from janusd.server.decisions import DecisionLog
 from janusd.server.drain import drain
 from janusd.server.model_ops import ModelOps
+from janusd.server.tp_fork import WARM_GROUP, check_group_fork, fork_group
 from janusd.server.tp_lifecycle import set_group_state
 from janusd.server.workers import WorkerError
 from janusd.wire import worker_msgs as wm
@@ -106,9 +107,12 @@ class LifecycleOps:
     async def fork(self, name: str, src: int, dst: int) -> dict[str, Any]:
         """`ctl fork NAME --from N --to M`: M pulls N's weights over the transfer engine."""
         source = self._instance(name, src)
-        if (m := self.core.model(name)) is not None and m.cfg.tp > 1:
-            raise ValueError(f"fork: {name} is a tp {m.cfg.tp} model; a D2D fork of a device group (shard i of the "
-                             "source to shard i of the target) is not built in the daemon")
+        if (m := self.core.model(name)) is not None and m.cfg.tp > 1:  # shard by shard (server/tp_fork.py)
+            check_group_fork(self.core, len(self.ops.workers), name, m.cfg.tp, src, dst)
+            if (target := self.core.instance(name, dst)).state is S.WARM:
+                return {**await self.set_state(name, dst, "active", probe=False), "fallback": WARM_GROUP}
+            with self._claim(target):
+                return await fork_group(self, source, target)
         if src == dst:
             raise ValueError("fork: --from and --to are the same device")
         if source.state is not S.ACTIVE:
@@ -223,7 +227,7 @@ class LifecycleOps:
         """SetState of `inst`'s model to `target` (server/tp_lifecycle.py sends it to each shard's worker)."""
         return self._msg(inst, target, None, probe)
 
-    def _fork_pace(self, source_device: int) -> LifecycleConfig:
+    def fork_pace(self, source_device: int) -> LifecycleConfig:
         """The lifecycle settings a fork's target gets: its pull paced only while the source
         device has requests in flight (an idle source has no decode to protect)."""
         if self.cfg.fork_bandwidth_mib_s and not self.core.requests_on(source_device):
@@ -265,7 +269,7 @@ class LifecycleOps:
         self.core.set_state(inst, S.FORKING if source is not None else S.RESTORING, clock())
         t0 = clock()
         try:
-            life = self._fork_pace(peer.device) if source is not None and peer is not None else self.cfg
+            life = self.fork_pace(peer.device) if source is not None and peer is not None else self.cfg
             reply: wm.StateSet = await self._call(inst, self._msg(inst, "active", source, probe, life),
                                                   self.ops.load_timeout_s + (self.cfg.fork_timeout_s if source else 0))
         except (WorkerError, asyncio.TimeoutError) as e:

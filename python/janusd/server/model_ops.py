@@ -71,6 +71,9 @@ class ModelOps:
         self.starter: Callable[[Instance, str], Awaitable[None]] | None = None
         self.poke: Callable[[], None] = lambda: None  # the daemon's: tick now (a drain's bound is a tick's)
         self.tp_timeout_s = 60.0  # a tp group's rendezvous and collectives (server.worker_step_timeout_s)
+        # a reply the worker's main thread gives at once (a tp shard's PublishWeights): one not
+        # given within the heartbeat's bound is a hung worker's (server.worker_heartbeat_timeout_s)
+        self.reply_timeout_s = 5.0
 
     async def start(self, inst: Instance) -> None:
         """Bring a configured instance to its start state (config warm_devices / cold_devices)."""
@@ -134,7 +137,7 @@ class ModelOps:
                                 wm.WorkerLifecycle.of(self.lifecycle), tp)
 
         if len(group) > 1:
-            return await load_group(self.workers, group, make, self.load_timeout_s, self.tp_timeout_s)
+            return (await load_group(self.workers, group, make, self.load_timeout_s, self.tp_timeout_s))[0]
         reply: wm.ModelLoaded = await self.workers[inst.device].call(make, self.load_timeout_s)
         return reply
 

@@ -7,6 +7,8 @@ place are spread round robin over the pool, as policy/pinned.py does without it.
 Models a SIGHUP reload adds (`added_placement`) are placed the same way around what
 serves then: every model with a serving instance counts where it serves, at its load now,
 and is never moved by this (the next slow tick may); only the new ones are packed.
+A tp > 1 model the controller places starts first, on a free aligned group of its own
+(control/start.py start_groups, as in the simulator); the rest are packed around the groups.
 Apart from the executor: it runs once per start or reload, before any move exists."""
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from janusd.config import JanusConfig, ModelConfig
 from janusd.control.observe import pool_devices
-from janusd.control.start import pack_start
+from janusd.control.start import pack_start, start_groups
 from janusd.core import ServingCore
 from janusd.lifecycle.states import COMING_UP, InstanceState
 from janusd.log import log
@@ -60,12 +62,32 @@ def _pack(cfg: JanusConfig, managed: Sequence[ModelConfig], pinned: list[SteadyM
 
 
 def _configured(m: ModelConfig, pinned: list[SteadyModel], elastic_devs: list[int]) -> None:
-    """A pinned model's start devices: steady items there, or elastic devices."""
+    """A pinned model's start devices: steady items there, or elastic devices (a tp group's
+    other devices are taken as elastic ones: nothing is packed inside a group)."""
     up = tuple(d for d in sorted(set(m.devices)) if m.start_state(d) == "active")
     if m.pool == "elastic":
         elastic_devs += up
     elif up:
         pinned.append(SteadyModel(model=m.name, load=NO_LOAD, devices=up))
+    elastic_devs += [x for d in m.devices for x in range(d + 1, d + m.tp)]
+
+
+def _groups(cfg: JanusConfig, managed: Sequence[ModelConfig], taken: Iterable[int], elastic_devs: list[int],
+            out: dict[str, list[int]]) -> list[ModelConfig]:
+    """The tp > 1 models of `managed` on free aligned groups of the pool, one each (control/start.py
+    start_groups: the simulator's rule), their devices taken for the packing of the rest
+    (`elastic_devs`); a model no group is free for starts nowhere (logged). Returns the tp-1 ones."""
+    tps = {m.name: m.tp for m in managed if m.tp > 1}
+    if not tps:
+        return list(managed)
+    pool = pool_devices(cfg.devices.count, cfg.control.pool_devices)
+    leads, lines = start_groups(tps, pool, set(taken) | set(elastic_devs))
+    for line in lines:
+        _log(line, logging.ERROR if "no free" in line else logging.INFO)
+    for name in tps:
+        out[name] = [leads[name]] if name in leads else []
+        elastic_devs += [x for lead in out[name] for x in range(lead, lead + tps[name])]
+    return [m for m in managed if m.tp <= 1]
 
 
 async def first_placement(cfg: JanusConfig, describe: Callable[[Sequence[ModelConfig]], list[asyncio.Task[Any]]],
@@ -84,7 +106,9 @@ async def first_placement(cfg: JanusConfig, describe: Callable[[Sequence[ModelCo
     for m in cfg.models:
         if m.devices and not m.prefill_devices:
             _configured(m, pinned, elastic_devs)
-    _pack(cfg, managed, pinned, elastic_devs, pred, out)
+    managed = _groups(cfg, managed, {d for p in pinned for d in p.devices}, elastic_devs, out)
+    if managed:
+        _pack(cfg, managed, pinned, elastic_devs, pred, out)
     return out
 
 
@@ -107,6 +131,7 @@ async def added_placement(cfg: JanusConfig, added: Sequence[ModelConfig], core: 
         devs = tuple(sorted(d for d, i in m.instances.items() if i.state is S.ACTIVE or i.state in COMING_UP))
         if not devs:
             continue
+        elastic_devs += [x for d in devs for x in range(d + 1, d + m.cfg.tp)]  # a serving group's other devices
         if m.name in hot or m.cfg.pool == "elastic" or m.cfg.prefill_devices:
             elastic_devs += devs
         else:
@@ -115,5 +140,7 @@ async def added_placement(cfg: JanusConfig, added: Sequence[ModelConfig], core: 
     for a in added:
         if a.devices and not a.prefill_devices:
             _configured(a, pinned, elastic_devs)
-    _pack(cfg, managed, pinned, elastic_devs, pred, out, spread=False)
+    managed = _groups(cfg, managed, {d for p in pinned for d in p.devices}, elastic_devs, out)
+    if managed:
+        _pack(cfg, managed, pinned, elastic_devs, pred, out, spread=False)
     return {m.name: out[m.name] for m in added}

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from janusd.core import Instance, ServingCore
-from janusd.lifecycle.states import InstanceState
+from janusd.lifecycle.states import InstanceState, holds_device_memory
 from janusd.server.workers import WorkerError, WorkerHandle
 from janusd.wire import worker_msgs as wm
 
@@ -64,16 +64,33 @@ def waiting_on(core: ServingCore, device: int) -> list[Instance]:
     return out
 
 
+def held_by(core: ServingCore, devices: range, name: str) -> str:
+    """The instances (other than `name`'s led by devices[0]) whose device group holds
+    device memory on any of `devices`, said for an error; "" when they are free (a group's
+    devices are held whole: control/groups.py held_devices, the same rule)."""
+    out = []
+    for m in core.models().values():
+        for inst in m.instances.values():
+            if (m.name, inst.device) == (name, devices[0]) or not holds_device_memory(inst.state):
+                continue
+            g = range(inst.device, inst.device + m.cfg.tp)
+            if set(g) & set(devices):
+                out.append(f"{m.name!r} on device{'s' if len(g) > 1 else ''} {g[0]}"
+                           f"{f'-{g[-1]}' if len(g) > 1 else ''} is {inst.state.value}")
+    return "; ".join(out)
+
+
 def unready(workers: Sequence[WorkerHandle], group: range) -> list[int]:
     return [d for d in group if not workers[d].ready]
 
 
 async def load_group(workers: Sequence[WorkerHandle], group: range, make: Callable[[int, wm.TPPlace | None], Any],
-                     timeout_s: float, step_timeout_s: float) -> wm.ModelLoaded:
+                     timeout_s: float, step_timeout_s: float) -> list[wm.ModelLoaded]:
     """Load one tp instance on its group: the lead's store, then every shard's LoadModel at
-    once (`make(seq, place)` builds one). The lead's ModelLoaded, or WorkerError naming
-    the first shard that failed; a shard that loaded while another failed frees itself
-    (the shards agree before any registers, engine/worker_tp.py)."""
+    once (`make(seq, place)` builds one; a fork's names each shard's source). Every shard's
+    ModelLoaded by rank (the lead's first), or WorkerError naming the first shard that
+    failed; a shard that loaded while another failed frees itself (the shards agree before
+    any registers, engine/worker_tp.py)."""
     lead = workers[group[0]]
     name_probe = make(0, None)
     opened: wm.GroupOpened = await lead.call(lambda seq: wm.OpenGroup(seq, name_probe.model.name), timeout_s)
@@ -93,4 +110,4 @@ async def load_group(workers: Sequence[WorkerHandle], group: range, make: Callab
         rank, first = failed[0]
         where = f"tp group {group[0]}-{group[-1]}" if len(said) == 1 else f"tp shard {rank} (device {group[rank]})"
         raise WorkerError(f"{where}: {next(iter(said))}", getattr(first, "kind", "unavailable"))
-    return results[0]  # type: ignore[return-value]
+    return list(results)  # type: ignore[arg-type]

@@ -11,7 +11,8 @@ server/tp_groups.py says where a group lives, DESIGN.md "Tensor parallelism").
 - Cold -> Active: the group is loaded again whole (server/model_ops.py load_on_workers).
 A move that fails half way leaves the group Cold (the lead unloads what is left), never
 half held. Not built, refused by name: Cold -> Warm (a host copy shard by shard from the
-checkpoint) and a D2D fork of a group (shard i of the source to shard i of the target).
+checkpoint). A D2D fork of a group (shard i of the source to shard i of the target) is
+server/tp_fork.py's.
 """
 
 from __future__ import annotations

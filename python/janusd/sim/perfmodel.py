@@ -13,9 +13,10 @@ Summing over co-located models is the sharing: their kernels interleave on one d
 busy neighbour slows every model on the device. Per model and step: FLOPs = 2 x active
 parameters x (prompt tokens + decoding sequences) + attention over the context; bytes =
 the weights once + the KV read (every context token) and written. An instance of tp
-devices splits both evenly and its step adds the ring all-reduce of its tokens over the
-device link (comm_s: two per layer, hw/spec.py allreduce_s over DeviceSpec.d2d_bw, at the
-link's full rate: no efficiency), the same term the oracle's prior charges (oracle/prior.py).
+devices splits both evenly and its step adds its collectives over the device link (comm_s:
+hw/spec.py tp_comm_s, a latency per message hop, DeviceSpec.link_latency_s, and the ring
+all-reduce of its tokens' rows over DeviceSpec.d2d_bw at the link's full rate: no
+efficiency), the same term the oracle's prior charges (oracle/prior.py).
 The step of a device group is one worker's (sim/cluster.py): the control room keeps a
 group's devices to the instances of that group (control/groups.py).
 
@@ -40,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from janusd.hw.devices import DeviceSpec
-from janusd.hw.spec import allreduce_s
+from janusd.hw.spec import tp_comm_s
 from janusd.sim.specs import SimModel
 
 PAGE_BYTES = 2 * 2**20
@@ -80,7 +81,7 @@ class PerfModel:
         tokens + decoding sequences); 0.0 at tp 1 (module doc)."""
         if m.tp <= 1 or tokens <= 0:
             return 0.0
-        return allreduce_s(tokens * m.allreduce_bytes_per_token, m.tp, self.device.d2d_bw)
+        return tp_comm_s(self.device, m.tp, tokens * m.allreduce_bytes_per_token, m.collectives_per_step)
 
     def step_s(self, flops: float, nbytes: float, seqs: int = 0) -> float:
         """One device step doing `flops` and moving `nbytes` for `seqs` sequences (all its

@@ -58,6 +58,9 @@ class SimModel:
     # bytes a tp group all-reduces per token (2 per layer of one hidden vector: ModelSpec's);
     # perfmodel.comm_s charges them over the device link when tp > 1
     allreduce_bytes_per_token: float = 0.0
+    # collectives per engine step of a tp group (ModelSpec.tp_collectives_per_step: 2 per layer + 3),
+    # each paying the link's latency (hw/spec.py tp_comm_s)
+    collectives_per_step: float = 0.0
 
     @classmethod
     def from_spec(cls, name: str, spec: ModelSpec, tp: int = 1, max_model_len: int = 131072) -> SimModel:
@@ -67,7 +70,8 @@ class SimModel:
                    attn_flops_per_ctx=4.0 * spec.layers * spec.heads * spec.head_dim,
                    kv_bytes_per_token=float(spec.kv_bytes_per_token), tp=tp, ttft_slo_ms=ttft, tpot_slo_ms=tpot,
                    max_model_len=max_model_len, spec=spec,
-                   allreduce_bytes_per_token=float(spec.allreduce_bytes_per_token))
+                   allreduce_bytes_per_token=float(spec.allreduce_bytes_per_token),
+                   collectives_per_step=float(spec.tp_collectives_per_step))
 
 
 def default_slo_ms(params: float) -> tuple[float, float]:
@@ -104,11 +108,12 @@ _DENSE: dict[str, tuple[ModelSpec, int, int]] = {  # name -> (spec, tp, context)
 # in FP8 (1 byte), 37 B active per token; MLA caches kv_lora_rank 512 + rope 64 = 576
 # values per layer per token in bf16 over 61 layers; 128 heads of q/k dim 192 (128 + 64)
 # and v dim 128, so attention is 2 x 128 x (192 + 128) FLOPs per layer per pair. TP 16 as
-# in the paper's §8 fork figures. Its all-reduces: 2 per layer of hidden 7168 in bf16.
+# in the paper's §8 fork figures. Its all-reduces: 2 per layer of hidden 7168 in bf16 (plus the
+# embedding's, the logits' gather and the step announcement: 2 x 61 + 3 collectives a step).
 _DEEPSEEK_V3 = SimModel(name="deepseek-v3", params=671e9, weight_bytes=671e9, matmul_flops_per_token=2 * 37e9,
                         attn_flops_per_ctx=61 * 2 * 128 * (192 + 128), kv_bytes_per_token=61 * 576 * 2, tp=16,
                         ttft_slo_ms=5000.0, tpot_slo_ms=150.0, max_model_len=131072,
-                        allreduce_bytes_per_token=2 * 61 * 7168 * 2)
+                        allreduce_bytes_per_token=2 * 61 * 7168 * 2, collectives_per_step=2 * 61 + 3)
 
 
 def presets() -> dict[str, SimModel]:

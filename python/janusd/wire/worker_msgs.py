@@ -121,8 +121,7 @@ class KVExport(msgspec.Struct, kw_only=True):
 
 
 class TPPlace(msgspec.Struct, array_like=True, gc=False):
-    """A tp instance's shard here: rank of size, joined through the store its lead hosts
-    (OpenGroup); `timeout_s` bounds the rendezvous and every collective."""
+    """A tp shard here: rank of size, joined via its lead's store (OpenGroup); timeout_s bounds every collective."""
 
     rank: int
     size: int
@@ -138,6 +137,7 @@ class LoadModel(msgspec.Struct, **_OPTS):
     cache_dir: str
     lifecycle: WorkerLifecycle  # host_image / cold_prefetch_image
     tp: TPPlace | None = None  # a shard of a tp > 1 instance (rank 0: the lead, which serves it)
+    fork: ForkSource | None = None  # a tp shard's fork: source shard `tp.rank`, pulled (else its slices read)
 
 
 class OpenGroup(msgspec.Struct, **_OPTS):
@@ -203,11 +203,10 @@ class ImportKV(msgspec.Struct, **_OPTS):
 
 
 class ForkSource(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """Where a serving peer's weight segment is (PAPER.md §8 D2D fork): its Mooncake
-    `session`, its global region's `global_base`, the segment's (global offset, length)
-    pieces in segment order, the total `nbytes`, the plan's `layout` signature (the target
-    refuses a source laid out differently) and (segment offset, length, blake2b hex)
-    checksums of sampled blocks, which the target checks after the pull."""
+    """Where a serving peer's weight segment is (PAPER.md §8 D2D fork): its Mooncake `session`, its
+    global region's `global_base`, the segment's (global offset, length) pieces in segment order, the
+    total `nbytes`, the plan's `layout` signature (the target refuses a source laid out differently)
+    and (segment offset, length, blake2b hex) checksums of sampled blocks, checked after the pull."""
 
     session: str
     global_base: int
@@ -266,6 +265,8 @@ class ModelLoaded(msgspec.Struct, **_OPTS):
     # (prompt tokens, prefill seconds) measured on the new instance before it serves: the
     # daemon's prefill estimate starts from the device's real speed, not a guess
     prefill_probe: list[tuple[int, float]] = []
+    # a tp shard's (path: d2d | checkpoint, why a planned fork was not used, bytes, seconds of its pull or read)
+    arrival: tuple[str, str, int, float] = ("checkpoint", "", 0, 0.0)
 
 
 class StateSet(msgspec.Struct, **_OPTS):
