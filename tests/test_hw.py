@@ -36,7 +36,8 @@ def test_flops_match_a_brute_force_count():
     per_ctx = 4 * s.layers * s.heads * s.head_dim
     # prefill of 5 tokens after 3 cached ones: token i (1-based) attends to 3 + i positions;
     # every token goes through the decoder layers, only the last (the one that samples) through the LM head
-    layers = s.layers * s.layer_linear_params
+    h, d = s.hidden, s.head_dim
+    layers = s.layers * (h * s.heads * d * 2 + h * s.kv_heads * d * 2 + 3 * h * s.intermediate)  # q, o; k, v; MLP
     head = s.vocab * s.hidden
     brute = sum(2 * layers + per_ctx * (3 + i) for i in range(1, 6)) + 2 * head
     assert s.prefill_flops(5, context=3) == pytest.approx(brute)

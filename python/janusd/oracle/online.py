@@ -37,7 +37,7 @@ def window_usage(w: ModelWindow, instances: int, spec: ModelSpec, device: Device
                  ) -> tuple[float, float, float]:
     """(hbm, compute, bandwidth) per instance as fractions of the device (module doc)."""
     m = max(1, instances)
-    attn = 4 * spec.layers * spec.heads * spec.head_dim
+    attn = spec.attn_flops_per_ctx
     head = 2.0 * spec.vocab * spec.hidden  # a prefill runs the LM head on its last row only (ModelSpec.prefill_flops)
     pf_tok = 2.0 * spec.matmul_params - head + attn * w.input_len_mean / 2.0
     ctx = w.input_len_mean + w.output_len_mean / 2.0

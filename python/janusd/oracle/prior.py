@@ -98,7 +98,7 @@ class RooflinePrior:
         """(seconds, FLOPs, bytes) of one mean prefill."""
         L, var = z.input_len_mean, z.input_len_var
         s = self.model
-        flops = s.prefill_flops(L) + 4 * s.layers * s.heads * s.head_dim * var / 2.0  # causal pairs at E[L^2]
+        flops = s.prefill_flops(L) + s.attn_flops_per_ctx * var / 2.0  # causal pairs at E[L^2]
         nbytes = s.prefill_bytes(L)
         return self.device.prefill_time_floor(s.layers, L) + self._roof(flops, nbytes) + self._comm(L), flops, nbytes
 
@@ -140,7 +140,7 @@ class RooflinePrior:
         t_pf, pf_flops, pf_bytes = self._prefill(z)
         b, t_step = self._decode(z.request_rate, z)
         ctx = self._ctx(z)
-        dec_flops = z.output_len_mean * (2.0 * s.matmul_params + 4 * s.layers * s.heads * s.head_dim * ctx)
+        dec_flops = z.output_len_mean * (2.0 * s.matmul_params + s.attn_flops_per_ctx * ctx)
         compute = z.request_rate * (pf_flops + dec_flops) / self.tp / d.peak_flops
         steps = (1.0 - math.exp(-b)) / t_step if t_step > 0 else 0.0
         if d.host_is_device:  # the engine's host time runs on the cores that compute (module doc)
@@ -158,7 +158,7 @@ class RooflinePrior:
         t_pf = self._prefill(z)[0]
         b, t_step = self._decode(rate, z)
         s = self.model
-        t_tok = ((2.0 * s.matmul_params + 4 * s.layers * s.heads * s.head_dim * self._ctx(z)) / self.tp
+        t_tok = ((2.0 * s.matmul_params + s.attn_flops_per_ctx * self._ctx(z)) / self.tp
                  / self.device.peak_flops + self.device.seq_overhead_s + self._comm(1.0))
         time_share = rate * (t_pf + z.output_len_mean * t_tok)
         slo_share = max(t_pf / self.ttft_slo_s, t_step / self.tpot_slo_s)

@@ -26,8 +26,9 @@ def build_oracle(served: list[Served], cluster: Cluster) -> Oracle:
     17.5 ms with the 5 ms overhead, so without it the prior saw 40% more decode capacity
     than the simulator gives). A model of tp N devices gets the prior of one shard (tp=N:
     a shard's FLOPs and bytes, the all-reduce over the device link, oracle/prior.py), its
-    per-step derating at the shard's own weight read; a mixture of experts (no dense
-    spec) is refused."""
+    per-step derating at the shard's own weight read. A mixture of experts is counted by its
+    ModelSpec like any other (hw/model_spec.py); a model given only as figures (no spec)
+    is refused."""
     perf = cluster.perf
     dev: DeviceSpec = msgspec.structs.replace(perf.device, peak_flops=perf.device.peak_flops * perf.compute_eff,
                                               hbm_bw=perf.device.hbm_bw * perf.bandwidth_eff,
@@ -38,7 +39,7 @@ def build_oracle(served: list[Served], cluster: Cluster) -> Oracle:
     for s in served:
         if s.arch.spec is None:
             raise ControllerError(f"model {s.name} ({s.arch.name}, tp {s.arch.tp}): the controller's oracle prior "
-                                  "needs a dense model (a mixture of experts has no roofline spec)")
+                                  "needs the model's shape (a ModelSpec), not only its figures")
         weights_s = s.arch.weight_bytes / s.arch.tp / dev.hbm_bw
         step_dev = msgspec.structs.replace(dev, hbm_bw=dev.hbm_bw * weights_s / (weights_s + perf.overhead_s))
         o.set_prior(s.name, RooflinePrior(s.arch.spec, step_dev, s.ttft_slo_ms / 1000, s.tpot_slo_ms / 1000,

@@ -4,8 +4,8 @@ A trace names a model per request; the simulator resolves the name to a `SimMode
 costs the performance model needs (weight bytes, FLOPs per token, KV bytes per token),
 a tensor-parallel degree and SLOs. Dense presets are HF config.json figures turned into
 hw/model_spec.py's ModelSpec (the same counting rules the oracle's roofline prior uses);
-deepseek-v3 is a mixture of experts, which ModelSpec does not count, so its figures are
-written out here (every expert is stored, only the routed ones are multiplied by).
+deepseek-v3's figures come the same way from its config (ModelSpec counts multi-head latent
+attention and its experts: every expert is stored, only the routed ones are multiplied by).
 
 Default SLOs by size (a trace's per-request SLO columns win over them):
   <= 4 B parameters: TTFT 1000 ms, TPOT 50 ms   (qwen3-1.7b)
@@ -32,6 +32,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from janusd.hw.model_spec import ModelSpec
 
 
@@ -54,7 +56,7 @@ class SimModel:
     ttft_slo_ms: float = 1000.0
     tpot_slo_ms: float = 50.0
     max_model_len: int = 131072
-    spec: ModelSpec | None = None  # the dense spec the oracle's roofline prior reads (None: MoE)
+    spec: ModelSpec | None = None  # the shape the oracle's roofline prior reads (None: figures only)
     # bytes a tp group all-reduces per token (2 per layer of one hidden vector: ModelSpec's);
     # perfmodel.comm_s charges them over the device link when tp > 1
     allreduce_bytes_per_token: float = 0.0
@@ -67,7 +69,7 @@ class SimModel:
         ttft, tpot = default_slo_ms(spec.params)
         return cls(name=name, params=float(spec.params), weight_bytes=float(spec.weight_bytes),
                    matmul_flops_per_token=2.0 * spec.matmul_params,
-                   attn_flops_per_ctx=4.0 * spec.layers * spec.heads * spec.head_dim,
+                   attn_flops_per_ctx=float(spec.attn_flops_per_ctx),
                    kv_bytes_per_token=float(spec.kv_bytes_per_token), tp=tp, ttft_slo_ms=ttft, tpot_slo_ms=tpot,
                    max_model_len=max_model_len, spec=spec,
                    allreduce_bytes_per_token=float(spec.allreduce_bytes_per_token),
@@ -104,16 +106,22 @@ _DENSE: dict[str, tuple[ModelSpec, int, int]] = {  # name -> (spec, tp, context)
     "llama3-70b": (_dense(8192, 80, 64, 8, 28672, 128256, False), 4, 8192),
 }
 
-# DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json, tech report): 671 B parameters stored
-# in FP8 (1 byte), 37 B active per token; MLA caches kv_lora_rank 512 + rope 64 = 576
-# values per layer per token in bf16 over 61 layers; 128 heads of q/k dim 192 (128 + 64)
-# and v dim 128, so attention is 2 x 128 x (192 + 128) FLOPs per layer per pair. TP 16 as
-# in the paper's §8 fork figures. Its all-reduces: 2 per layer of hidden 7168 in bf16 (plus the
-# embedding's, the logits' gather and the step announcement: 2 x 61 + 3 collectives a step).
-_DEEPSEEK_V3 = SimModel(name="deepseek-v3", params=671e9, weight_bytes=671e9, matmul_flops_per_token=2 * 37e9,
-                        attn_flops_per_ctx=61 * 2 * 128 * (192 + 128), kv_bytes_per_token=61 * 576 * 2, tp=16,
-                        ttft_slo_ms=5000.0, tpot_slo_ms=150.0, max_model_len=131072,
-                        allreduce_bytes_per_token=2 * 61 * 7168 * 2, collectives_per_step=2 * 61 + 3)
+# DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json): 61 layers of hidden 7168, MLA (q_lora_rank
+# 1536, kv_lora_rank 512, q/k dim 128 + 64 rope, v dim 128, 128 heads), the first 3 layers
+# dense (intermediate 18432), the other 58 of 256 routed experts (8 per token) plus 1 shared
+# (intermediate 2048 each); weights stored in float8, activations and the latent KV in
+# bfloat16. ModelSpec counts 671 B stored and 37 B multiplied per token from these, as the
+# tech report gives. TP 16 as in the paper's §8 fork figures.
+_DEEPSEEK_V3_CONFIG: dict[str, Any] = {
+    "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+    "intermediate_size": 18432, "vocab_size": 129280, "tie_word_embeddings": False,
+    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "n_routed_experts": 256, "num_experts_per_tok": 8, "n_shared_experts": 1, "moe_intermediate_size": 2048,
+    "first_k_dense_replace": 3,
+}  # fmt: skip
+_DEEPSEEK_V3 = SimModel.from_spec(
+    "deepseek-v3", msgspec.structs.replace(ModelSpec.from_config(_DEEPSEEK_V3_CONFIG, dtype="float8"), activation_bytes=2),
+    tp=16, max_model_len=131072)
 
 
 def presets() -> dict[str, SimModel]:
