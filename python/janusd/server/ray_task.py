@@ -18,10 +18,26 @@ import sys
 from janusd.wire.hello import TOKEN_ENV
 
 
+# how often the task looks whether its node's raylet (its parent) is still there
+RAYLET_CHECK_S = 0.05
+
+
 def run_worker(worker_args: list[str], token: str) -> int:
     """Start the worker with the daemon's token in its environment (not on its command
-    line, where any user of the node could read it); its exit code."""
+    line, where any user of the node could read it); its exit code.
+
+    A node taken down kills its raylet first; Ray's worker process notices that only at
+    its own death check (`raylet_death_check_interval_milliseconds`, 1 s by default), so
+    the task watches its parent itself and kills the worker the moment the raylet is
+    gone: the daemon sees the stream's EOF well inside the 1 s a client may wait."""
+    raylet = os.getppid()
     env = {**os.environ, TOKEN_ENV: token}
     proc = subprocess.Popen([sys.executable, "-m", "janusd.engine.worker", *worker_args],
                             env=env, stdin=subprocess.DEVNULL)
-    return proc.wait()
+    while True:
+        try:
+            return proc.wait(RAYLET_CHECK_S)
+        except subprocess.TimeoutExpired:
+            if os.getppid() != raylet:
+                proc.kill()
+                return proc.wait()
