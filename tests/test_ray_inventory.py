@@ -1,6 +1,6 @@
 """The ray launcher apart from a running cluster: the device inventory read from Ray's
 node table (pure), the local launcher never importing Ray, and a daemon pointed at a
-Ray address where nothing answers giving up within `ray.call_timeout_s` with a clear
+Ray address where nothing answers giving up within `ray.start_timeout_s` with a clear
 error instead of hanging."""
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ def test_a_ray_address_where_nothing_answers_fails_the_start_within_the_call_tim
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     text = (server_section(Path("@RUN@")) + "[devices]\ncount = 1\nmemory_mib = 16\nlauncher = \"ray\"\n\n"
-            + f'[ray]\naddress = "127.0.0.1:{port}"\ncall_timeout_s = 2.0\n')
+            + f'[ray]\naddress = "127.0.0.1:{port}"\nstart_timeout_s = 2.0\n')
     t0 = time.monotonic()
     with pytest.raises(RuntimeError) as exc:
         start_daemon(text, timeout_s=60.0)
     took = time.monotonic() - t0
-    assert "exited with 1" in str(exc.value) and "Ray did not answer connect within 2 s" in str(exc.value)
+    assert "exited with 1" in str(exc.value) and "Ray did not answer connect within 2 s (ray.start_timeout_s)" in str(exc.value)
     assert took < 15.0, f"the daemon took {took:.1f} s to give up on Ray"

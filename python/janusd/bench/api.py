@@ -11,6 +11,9 @@
    The baseline is that open-loop point, not phase 1: open-loop requests open their own
    connections, which phase 1's sequential requests on one kept-alive connection do not
    pay, so only the same method at a low rate is "unloaded" for this comparison.
+`--launcher ray` runs the daemon's worker through the ray launcher (a local Ray head the
+daemon starts, the worker connecting back over TCP): phase 1's overhead then includes
+the TCP hop instead of the socketpair's, the figure [R] compares with the local launcher.
 Both phases run on the same machine, one after the other, so ratios are meaningful even
 on a noisy box; absolute numbers are for orientation only.
 """
@@ -37,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration-s", type=float, default=4.0, help="seconds of load per rate")
     p.add_argument("--cache-dir", default=None, help="checkpoint cache dir (default: the config default)")
     p.add_argument("--torch-threads", type=int, default=1, help="torch threads of the worker and the engine")
+    p.add_argument("--launcher", choices=("local", "ray"), default="local",
+                   help="where the daemon's worker runs (devices.launcher; ray: a local Ray head of the daemon's)")
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -49,7 +54,7 @@ def _pct(xs: list[float], q: float) -> float:
 def _config(args: argparse.Namespace, cache: str, run_dir: Path) -> str:
     return (
         f'[server]\nport = 0\nadmin_socket = "{run_dir / "admin.sock"}"\ncache_dir = "{cache}"\nqueue_limit = 100000\n'
-        f'[devices]\ncount = 1\nmemory_mib = 512\n'
+        f'[devices]\ncount = 1\nmemory_mib = 512\nlauncher = "{args.launcher}"\n'
         f'[[models]]\nname = "bench"\ncheckpoint = "{args.checkpoint}"\nkv_cache_mib = 128\nttft_slo_ms = 60000.0\n'
     )
 
@@ -166,6 +171,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "bench": "api",
         "model": args.checkpoint,
+        "launcher": args.launcher,
         "requests": len(api),
         "api_ttft_p50_ms": ms(_pct(api, 0.5)),
         "api_ttft_p99_ms": ms(_pct(api, 0.99)),

@@ -126,8 +126,10 @@ class RayConfig(Section):
     # the custom resource each node declares, one unit per device it owns
     # (`ray start --resources '{"janus_device": N}'`); devices are numbered by node name
     device_resource: str = "janus_device"
-    # every Ray call the daemon makes (connect, inventory, submit, cancel) is bounded by this
+    # every Ray call the daemon makes (inventory, submit, cancel) is bounded by this; reaching
+    # the cluster (or starting a local head: several seconds on a small host) by start_timeout_s
     call_timeout_s: PositiveFloat = 10.0
+    start_timeout_s: PositiveFloat = 60.0
     # a connecting worker's Hello (its token) must arrive within this, or it is closed
     hello_timeout_s: PositiveFloat = 5.0
     # a local head only: its cpus for Ray's own bookkeeping, its object store (Ray moves no

@@ -146,14 +146,14 @@ class RayLauncher:
         self._remote: Any = None
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="janusd-ray")
 
-    async def call(self, fn: Callable[[], T], what: str) -> T:
-        """`fn` on the Ray thread pool, bounded by ray.call_timeout_s (a WorkerError past it)."""
+    async def call(self, fn: Callable[[], T], what: str, key: str = "call_timeout_s") -> T:
+        """`fn` on the Ray thread pool, bounded by ray.`key` (a WorkerError past it)."""
         fut = asyncio.get_running_loop().run_in_executor(self._pool, fn)
+        bound = getattr(self.cfg, key)
         try:
-            return await asyncio.wait_for(fut, self.cfg.call_timeout_s)
+            return await asyncio.wait_for(fut, bound)
         except asyncio.TimeoutError:
-            raise WorkerError(f"Ray did not answer {what} within {self.cfg.call_timeout_s:g} s "
-                              "(ray.call_timeout_s)", "unavailable") from None
+            raise WorkerError(f"Ray did not answer {what} within {bound:g} s (ray.{key})", "unavailable") from None
 
     def fire(self, fn: Callable[[], Any]) -> None:
         """`fn` on the Ray thread pool, not awaited (a kill must not wait on Ray)."""
@@ -166,7 +166,7 @@ class RayLauncher:
 
     async def open(self) -> None:
         """Connect to the cluster (or start a local head), take the inventory, listen."""
-        self.ray = await self.call(self._connect, "connect")
+        self.ray = await self.call(self._connect, "connect", "start_timeout_s")
         self._remote = self.ray.remote(run_worker)
         await self.listener.start()
         deadline = asyncio.get_running_loop().time() + self.cfg.call_timeout_s
