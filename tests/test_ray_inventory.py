@@ -57,3 +57,38 @@ def test_a_ray_address_where_nothing_answers_fails_the_start_within_the_call_tim
     took = time.monotonic() - t0
     assert "exited with 1" in str(exc.value) and "Ray did not answer connect within 2 s (ray.start_timeout_s)" in str(exc.value)
     assert took < 15.0, f"the daemon took {took:.1f} s to give up on Ray"
+
+
+class _StallingRay:
+    """Ray's client at the edge: `nodes()` answers, or stalls past the call timeout."""
+
+    def __init__(self) -> None:
+        self.stall = False
+
+    def nodes(self) -> list[dict]:
+        if self.stall:
+            time.sleep(0.5)
+        return [_node("host-00", "aa", 1)]
+
+
+def test_a_head_that_stops_answering_is_reported_and_its_return_too():
+    import asyncio
+
+    from janusd.config import RayConfig
+    from janusd.server.ray_launcher import RayLauncher
+
+    async def go() -> list[str]:
+        launcher = RayLauncher(RayConfig(call_timeout_s=0.1), 1)
+        launcher.ray = fake = _StallingRay()
+        watch = asyncio.create_task(launcher.watch(period_s=0.05))
+        seen = []
+        for stall in (False, True, False):
+            fake.stall = stall
+            await asyncio.sleep(0.4 if stall else 0.6)  # a stalled call ends at the timeout; a stale one drains
+            seen.append(launcher.trouble)
+        watch.cancel()
+        return seen
+
+    ok, stalled, back = asyncio.run(go())
+    assert ok == "" and back == ""
+    assert stalled == "Ray did not answer nodes within 0.1 s (ray.call_timeout_s)"

@@ -94,9 +94,9 @@ class ConnectBack:
             hello = hello_decoder().decode(body) if body is not None else None
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, FrameError, msgspec.DecodeError):
             hello = None
-        fut = self._waiting.get(hello.launch) if hello is not None else None
         ok = hello is not None and hmac.compare_digest(hello.token.encode(), self._token.encode())
-        if not ok or fut is None or fut.done():
+        fut = self._waiting.get(hello.launch) if hello is not None and ok else None
+        if hello is None or fut is None or fut.done():
             self.refused += 1
             why = "no hello" if hello is None else "a wrong token" if not ok else "a launch nobody waits for"
             log.warning(f"worker listener: refused a connection from {peer}: {why}")

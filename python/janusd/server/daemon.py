@@ -210,6 +210,7 @@ class Daemon(RequestFront, WorkerSupervision):
             await self._stop_workers()
             raise
         self._spawn(self._poll_stats(), "stats")
+        self._spawn(self.launcher.watch(), "launcher")
         self._spawn(self.oracle.run(self), "oracle")
         if self.controller is not None:
             self._spawn(self.controller.run(), "controller")
@@ -345,7 +346,8 @@ class Daemon(RequestFront, WorkerSupervision):
 
     # ---- views ----
     def health(self) -> dict[str, Any]:
-        ok = self.state is DaemonState.RUNNING and all(w.ready for w in self.workers)
+        trouble = self.launcher.trouble  # the ray launcher's cluster not answering
+        ok = self.state is DaemonState.RUNNING and all(w.ready for w in self.workers) and not trouble
         return {
             "status": "ok" if ok else ("draining" if self.state is DaemonState.DRAINING else "degraded"),
             "state": self.state,
@@ -354,6 +356,7 @@ class Daemon(RequestFront, WorkerSupervision):
             "degraded_devices": {str(w.device_index): (w.hung and f"hung: {w.hung}") or w.state
                                  for w in self.workers if not w.ready},
             "models": {n: len(m.active) for n, m in self.core.models().items()},
+            **({"launcher": trouble} if trouble else {}),
         }
 
     def snapshot(self) -> dict[str, Any]:

@@ -75,6 +75,15 @@ class Launcher(Protocol):
         the cluster for good, "unavailable" otherwise) when it cannot be started."""
         ...
 
+    async def watch(self) -> None:
+        """Run while the daemon serves: keep `trouble` current (bounded calls, never raises)."""
+        ...
+
+    @property
+    def trouble(self) -> str:
+        """Why the cluster behind the launcher is not answering now ("" when it is): /health."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -130,6 +139,13 @@ class LocalLauncher:
         finally:
             child.close()
         return LocalProcess(proc, parent)
+
+    async def watch(self) -> None:
+        return None
+
+    @property
+    def trouble(self) -> str:
+        return ""
 
     async def close(self) -> None:
         return None

@@ -145,6 +145,31 @@ class RayLauncher:
         self.ray: Any = None
         self._remote: Any = None
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="janusd-ray")
+        self._trouble = ""
+
+    @property
+    def trouble(self) -> str:
+        return self._trouble
+
+    async def watch(self, period_s: float = 2.0) -> None:
+        """Ask Ray for its nodes every `period_s`: a head that stops answering is reported
+        (log once, /health) and its return too. Workers already connected keep serving
+        meanwhile: their frames never pass through Ray (but Ray's raylets give up on a lost
+        GCS after its reconnect timeout, gcs_rpc_server_reconnect_timeout_s, and their
+        workers end with them)."""
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                await self.call(self.ray.nodes, "nodes")
+                why = ""
+            except Exception as e:  # WorkerError (timeout) or Ray's own error: both mean no answer
+                why = str(e) or type(e).__name__
+            if why and not self._trouble:
+                log.warning(f"ray launcher: the Ray cluster is not answering ({why}); connected workers keep "
+                            "serving, new workers cannot be placed")
+            elif self._trouble and not why:
+                log.info("ray launcher: the Ray cluster answers again")
+            self._trouble = why
 
     async def call(self, fn: Callable[[], T], what: str, key: str = "call_timeout_s") -> T:
         """`fn` on the Ray thread pool, bounded by ray.`key` (a WorkerError past it)."""
