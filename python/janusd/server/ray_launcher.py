@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -264,10 +265,13 @@ class RayLauncher:
         return RayProcess(self, d, ref, launch, conn)
 
     async def close(self) -> None:
+        """Stop listening and leave the cluster; a local head of ours is stopped with it,
+        also one whose start ran past ray.start_timeout_s (its processes would outlive us)."""
         await self.listener.close()
-        if self.ray is not None:
+        ray = self.ray if self.ray is not None else (sys.modules.get("ray") if not self.cfg.address else None)
+        if ray is not None:
             try:
-                await self.call(self.ray.shutdown, "shutdown")
-            except WorkerError as e:
-                log.warning(f"ray launcher: {e}")
+                await self.call(ray.shutdown, "shutdown")
+            except Exception as e:  # bounded and best effort: the daemon is exiting
+                log.warning(f"ray launcher: leaving the cluster: {e}")
         self._pool.shutdown(wait=False, cancel_futures=True)
