@@ -92,3 +92,42 @@ def test_a_head_that_stops_answering_is_reported_and_its_return_too():
     ok, stalled, back = asyncio.run(go())
     assert ok == "" and back == ""
     assert stalled == "Ray did not answer nodes within 0.1 s (ray.call_timeout_s)"
+
+
+class _SilentRef:
+    """A task Ray never reports the end of (its node unreachable): its future never resolves."""
+
+    def __init__(self) -> None:
+        import concurrent.futures
+
+        self._fut: concurrent.futures.Future = concurrent.futures.Future()
+        self.cancelled = 0
+
+    def future(self):
+        return self._fut
+
+
+def test_a_killed_worker_whose_end_ray_never_reports_is_taken_as_gone_within_the_call_timeout():
+    import asyncio
+
+    from janusd.config import RayConfig
+    from janusd.server.ray_launcher import RayLauncher, RayProcess
+
+    async def go() -> tuple[int, float, int]:
+        launcher = RayLauncher(RayConfig(call_timeout_s=0.2), 1)
+
+        class _Ray:
+            def cancel(self, ref, force: bool) -> None:
+                ref.cancelled += 1  # asked, and nothing ever comes of it
+
+        launcher.ray = _Ray()
+        ref = _SilentRef()
+        launch, conn = launcher.listener.new_launch(0)
+        proc = RayProcess(launcher, NodeDevice("aa", "host-00", "10.0.0.1"), ref, launch, conn)
+        proc.kill()
+        t0 = time.monotonic()
+        code = await proc.wait()
+        return code, time.monotonic() - t0, ref.cancelled
+
+    code, took, cancels = asyncio.run(go())
+    assert code == -9 and 0.15 < took < 1.0 and cancels == 1

@@ -83,6 +83,7 @@ class RayProcess:
         self._pid: int | None = None
         self._code: int | None = None
         self.lost: str = ""  # why the task ended without an exit code (its node died, ...)
+        self._killed = False
         self._done = asyncio.ensure_future(asyncio.wrap_future(ref.future()))
         self._done.add_done_callback(self._ended)
 
@@ -111,13 +112,17 @@ class RayProcess:
         """Until the task ended; a task whose end Ray does not report within the call
         timeout after a kill counts as ended (its node is unreachable: nothing to wait for)."""
         if self._code is None:
-            await asyncio.wait({self._done})
-        return self._code if self._code is not None else -9
+            await asyncio.wait({self._done}, timeout=self._launcher.cfg.call_timeout_s if self._killed else None)
+        if self._code is None:  # killed, and Ray has not said the task ended: take it as gone
+            self._code = -9
+            self.lost = "no end reported after the kill"
+        return self._code
 
     def kill(self) -> None:
         """Cancel the task by force: Ray kills its process, and the worker dies with it
         (engine/worker_env.py die_with_parent)."""
         if self._code is None:
+            self._killed = True
             self._launcher.fire(lambda: self._launcher.ray.cancel(self.ref, force=True))
             self._launcher.listener.forget(self.launch)
 
