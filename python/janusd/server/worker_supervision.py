@@ -82,9 +82,11 @@ class WorkerSupervision:
 
     def _device_gone(self, w: WorkerHandle, why: str) -> None:
         """The device's node left the cluster (the ray launcher): the device is failed at
-        once, and each model it served that serves nowhere else now is loaded on the ready
-        device holding the fewest instances (the others' nodes are not disturbed)."""
-        lost = sorted({i.model for i in self._placed_on(w.device_index)})
+        once, and each model it served (Active when it died) that has no instance serving or
+        resting elsewhere is loaded on the ready device holding the fewest instances (the
+        other nodes' instances are not moved)."""
+        # those it served: its death sent them Loading (a Warm one went Cold: left to rest)
+        lost = sorted({i.model for i in self._placed_on(w.device_index) if i.state.value == "loading"})
         self._give_up(w, why)
         for model in lost:
             m = self.core.model(model)
