@@ -44,7 +44,7 @@ def test_the_local_launcher_never_imports_ray():
     assert r.returncode == 0, r.stderr[-2000:]
 
 
-def test_a_ray_address_where_nothing_answers_fails_the_start_within_the_call_timeout():
+def test_a_ray_address_where_nothing_answers_fails_the_start_within_the_start_timeout():
     pytest.importorskip("ray", reason="the ray extra is not installed")
     with socket.socket() as s:  # a loopback port nobody listens on
         s.bind(("127.0.0.1", 0))
