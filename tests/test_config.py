@@ -100,6 +100,14 @@ def test_embedded_default_is_etc_janusd_toml():
         ("[devices]\ncpu_cores = [[0], []]\n", "devices.cpu_cores[1]: empty"),
         ("[devices]\ncpu_cores = [[0], [-1]]\n", "devices.cpu_cores[1][0]: Expected `int` >= 0"),
         ("[devices]\nkind = 'cuda'\ncpu_cores = [[0], [1]]\n", "devices.cpu_cores: pins cpu devices"),
+        ("[devices]\nlauncher = 'k8s'\n", "devices.launcher: Invalid enum value 'k8s'"),
+        ("[devices]\nlauncher = 'ray'\n[ray]\naddress = '10.0.0.1'\n", "ray.address: '10.0.0.1' is not 'host:port'"),
+        ("[devices]\nlauncher = 'ray'\n[ray]\naddress = 'h:99999'\n", "ray.address: 'h:99999' is not 'host:port'"),
+        ("[devices]\nlauncher = 'ray'\n[ray]\nlisten_host = ' '\n", "ray.listen_host: empty"),
+        ("[ray]\nhead_object_store_mib = 10\n", "ray.head_object_store_mib: Expected `int` >= 78"),
+        ("[ray]\nport = 1\n", "ray.port: unknown key"),
+        ("[devices]\nlauncher = 'ray'\n[[models]]\nname = 'm'\ncheckpoint = 'demo:llama-tiny'\ntp = 2\ndevices = [0]\n",
+         "models[0].tp: 2 under devices.launcher = \"ray\""),
     ],
 )
 def test_bad_files_name_file_and_key(tmp_path, text, needle):

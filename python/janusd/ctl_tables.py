@@ -21,8 +21,8 @@ ESSENTIAL: dict[str, tuple[str, ...]] = {
     "janusd": ("state", "pid", "uptime_s", "http", "models", "in_flight"),
     "dispatch": ("submitted", "completed", "rejected", "relaxed", "pending", "in_flight"),
     "models": ("name", "pool", "active", "rate_rps", "held", "ttft_p99_ms", "tpot_p99_ms", "attainment_1m"),
-    "instances": ("model", "device", "state", "role", "served", "error"),
-    "pools": ("device", "state", "models", "num_pages", "weight_pages", "kv_pages", "cached_pages", "free_pages"),
+    "instances": ("model", "device", "node", "state", "role", "served", "error"),
+    "pools": ("device", "node", "state", "models", "num_pages", "weight_pages", "kv_pages", "cached_pages", "free_pages"),
     "oracle": ("model", "source", "points", "last_fit_age_s", "busy", "error"),
     "steady devices": ("device", "phi", "items"),
     "steady moves (last plan)": ("kind", "model", "src", "dst", "reason"),
@@ -105,7 +105,7 @@ def event_line(e: dict[str, Any]) -> str:
 def tables_of(action: str, data: dict[str, Any], wide: bool = False) -> Iterable[Any]:
     """The renderables `janus ctl ACTION` prints for its reply."""
     if action == "pools":
-        keep = ("device", "state", "models", "running", "engine_requests", "num_pages", "free_pages",
+        keep = ("device", "host", "node", "state", "models", "running", "engine_requests", "num_pages", "free_pages",
                 "weight_pages", "kv_pages", "cached_pages", "fragmentation_pct")
         yield table("pools", [{k: r[k] for k in keep if k in r} for r in data["pools"]], wide)
         return

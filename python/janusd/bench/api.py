@@ -11,6 +11,12 @@
    The baseline is that open-loop point, not phase 1: open-loop requests open their own
    connections, which phase 1's sequential requests on one kept-alive connection do not
    pay, so only the same method at a low rate is "unloaded" for this comparison.
+`--launcher ray` runs the daemon's worker through the ray launcher (a local Ray head the
+daemon starts, the worker connecting back over TCP): phase 1's overhead then includes
+the TCP hop instead of the socketpair's, the figure [R] compares with the local launcher.
+`--launcher both` runs a daemon of each at once and alternates phase 1's requests between
+them (local, ray, local, ...): a paired comparison, so a loaded machine's drift falls on
+both alike; it reports their TTFTs and the difference, nothing else.
 Both phases run on the same machine, one after the other, so ratios are meaningful even
 on a noisy box; absolute numbers are for orientation only.
 """
@@ -37,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration-s", type=float, default=4.0, help="seconds of load per rate")
     p.add_argument("--cache-dir", default=None, help="checkpoint cache dir (default: the config default)")
     p.add_argument("--torch-threads", type=int, default=1, help="torch threads of the worker and the engine")
+    p.add_argument("--launcher", choices=("local", "ray", "both"), default="local",
+                   help="where the daemon's worker runs (devices.launcher; ray: a local Ray head of the daemon's; "
+                        "both: a daemon of each at once, phase 1 only, their requests alternating)")
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -49,7 +58,7 @@ def _pct(xs: list[float], q: float) -> float:
 def _config(args: argparse.Namespace, cache: str, run_dir: Path) -> str:
     return (
         f'[server]\nport = 0\nadmin_socket = "{run_dir / "admin.sock"}"\ncache_dir = "{cache}"\nqueue_limit = 100000\n'
-        f'[devices]\ncount = 1\nmemory_mib = 512\n'
+        f'[devices]\ncount = 1\nmemory_mib = 512\nlauncher = "{args.launcher}"\n'
         f'[[models]]\nname = "bench"\ncheckpoint = "{args.checkpoint}"\nkv_cache_mib = 128\nttft_slo_ms = 60000.0\n'
     )
 
@@ -86,6 +95,42 @@ async def _overhead_api(port: int, prompts: list[str]) -> list[float]:
             if t is not None:
                 out.append(t)
     return out
+
+
+async def _paired(ports: dict[str, int], prompts: list[str]) -> dict[str, list[float]]:
+    """Phase 1 against several daemons, each prompt sent to each in turn."""
+    import aiohttp
+
+    out: dict[str, list[float]] = {k: [] for k in ports}
+    async with aiohttp.ClientSession() as s:
+        for i, p in enumerate(prompts[:3] + prompts):
+            for name, port in ports.items():
+                t = await _api_ttft(s, f"http://127.0.0.1:{port}/v1/completions", p)
+                if t is not None and i >= 3:  # the first three are the warm-up
+                    out[name].append(t)
+    return out
+
+
+def _run_both(args: argparse.Namespace, cache: str, prompts: list[str]) -> dict[str, Any]:
+    procs: dict[str, Any] = {}
+    ports: dict[str, int] = {}
+    try:
+        for launcher in ("local", "ray"):
+            run_dir = Path(tempfile.mkdtemp(prefix=f"janus-bench-api-{launcher}-"))
+            one = argparse.Namespace(**{**vars(args), "launcher": launcher})
+            procs[launcher], ports[launcher] = daemon_proc.start(_config(one, cache, run_dir), run_dir,
+                                                                 args.torch_threads, {"bench": 1})
+        ttft = asyncio.run(_paired(ports, prompts))
+    finally:
+        exits = {k: daemon_proc.stop(p) for k, p in procs.items()}
+    ms = lambda x: round(x * 1e3, 3)  # noqa: E731
+    out: dict[str, Any] = {"bench": "api", "model": args.checkpoint, "launcher": "both",
+                           "requests": min(len(v) for v in ttft.values())}
+    for k, v in ttft.items():
+        out[f"{k}_ttft_p50_ms"], out[f"{k}_ttft_p99_ms"] = ms(_pct(v, 0.5)), ms(_pct(v, 0.99))
+    out["ray_minus_local_p50_ms"] = round(out["ray_ttft_p50_ms"] - out["local_ttft_p50_ms"], 3)
+    out["ray_minus_local_p99_ms"] = round(out["ray_ttft_p99_ms"] - out["local_ttft_p99_ms"], 3)
+    return {**out, "daemon_exit": exits}
 
 
 def _overhead_engine(args: argparse.Namespace, cache: str, prompts: list[str]) -> list[float]:
@@ -144,6 +189,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     words = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "light"]
     rng = random.Random(0)
     prompts = [" ".join(rng.choice(words) for _ in range(args.prompt_words)) for _ in range(args.requests)]
+    if args.launcher == "both":
+        return _run_both(args, cache, prompts)
     run_dir = Path(tempfile.mkdtemp(prefix="janus-bench-api-"))
     proc, port = daemon_proc.start(_config(args, cache, run_dir), run_dir, args.torch_threads, {"bench": 1})
     try:
@@ -166,6 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "bench": "api",
         "model": args.checkpoint,
+        "launcher": args.launcher,
         "requests": len(api),
         "api_ttft_p50_ms": ms(_pct(api, 0.5)),
         "api_ttft_p99_ms": ms(_pct(api, 0.99)),

@@ -27,6 +27,7 @@ from janusd.config.sections import (
     EngineConfig,
     LifecycleConfig,
     OracleConfig,
+    RayConfig,
     ServerConfig,
 )
 from janusd.config.types import (
@@ -48,7 +49,7 @@ __all__ = [
     "DEFAULT_CONFIG_TOML", "AdmissionPolicy", "ConfigError", "ControlConfig", "DType", "DeviceKind",
     "DevicesConfig", "DispatchConfig", "DispatchObjective", "DispatchPlan", "DispatchPolicy", "EngineConfig",
     "JanusConfig", "LifecycleConfig", "ModelConfig", "Name", "NonNegInt", "OracleConfig", "Port",
-    "PositiveFloat", "PositiveInt", "RequeuePolicy", "Role", "ServerConfig", "cache_dir", "check_config",
+    "PositiveFloat", "PositiveInt", "RayConfig", "RequeuePolicy", "Role", "ServerConfig", "cache_dir", "check_config",
     "dump_config", "load_config", "parse_config",
 ]
 

@@ -55,6 +55,8 @@ def check_config(cfg: JanusConfig) -> None:
         raise ValueError("dispatch.requeue: 'keep' (serve late, never drop) is for the round_robin and least_load "
                          "baselines; lst_imh never selects a late request, so it would wait forever")
     _check_cpu_cores(cfg)
+    if cfg.devices.launcher == "ray":
+        _check_ray(cfg)
     if cfg.devices.kind == "cpu" and cfg.devices.transfer_protocol not in ("auto", "tcp"):
         raise ValueError(f"devices.transfer_protocol: {cfg.devices.transfer_protocol!r} moves device memory; cpu "
                          "devices use tcp (auto)")
@@ -133,3 +135,21 @@ def _check_cpu_cores(cfg: JanusConfig) -> None:
             if c in seen and seen[c] != d:
                 raise ValueError(f"devices.cpu_cores[{d}]: core {c} is also device {seen[c]}'s")
             seen[c] = d
+
+
+def _check_ray(cfg: JanusConfig) -> None:
+    """The ray launcher's settings (server/ray_launcher.py)."""
+    r = cfg.ray
+    if r.address:
+        host, _, port = r.address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"ray.address: {r.address!r} is not 'host:port' (the GCS address `ray start --head` "
+                             "prints), or \"\" to start a local head")
+    for key in ("node_ip_address", "listen_host", "device_resource"):
+        if not getattr(r, key).strip():
+            raise ValueError(f"ray.{key}: empty")
+    for i, m in enumerate(cfg.models):
+        if m.tp > 1:
+            raise ValueError(f"models[{i}].tp: {m.tp} under devices.launcher = \"ray\": a tp group's collectives "
+                             "assume its shards on one host (gloo over loopback); serve tp models with the local "
+                             "launcher")

@@ -14,6 +14,7 @@ from janusd.config.sections import (
     EngineConfig,
     LifecycleConfig,
     OracleConfig,
+    RayConfig,
     ServerConfig,
 )
 from janusd.config.types import DType, Name, Role
@@ -69,6 +70,7 @@ class ModelConfig(Section):
 class JanusConfig(Section):
     server: ServerConfig = ServerConfig()
     devices: DevicesConfig = DevicesConfig()
+    ray: RayConfig = RayConfig()
     engine: EngineConfig = EngineConfig()
     control: ControlConfig = ControlConfig()
     dispatch: DispatchConfig = DispatchConfig()

@@ -73,6 +73,9 @@ class DevicesConfig(Section):
 
     kind: DeviceKind = "cpu"
     count: PositiveInt = 2
+    # where the workers run (server/launcher.py): "local" = child processes of the daemon on
+    # this host; "ray" = one Ray task per device on the node that declares it ([ray])
+    launcher: Literal["local", "ray"] = "local"
     memory_mib: PositiveInt = 2048
     page_size_mib: PositiveInt = 2
     # cpu devices: the top resident_mib of each pool (where weight segments go first) is
@@ -105,6 +108,35 @@ class DevicesConfig(Section):
         if self.cpu_cores:
             return max(1, min(len(c) for c in self.cpu_cores))
         return max(1, (os.cpu_count() or 1) // self.count)
+
+
+class RayConfig(Section):
+    """The ray launcher (devices.launcher = "ray", server/ray_launcher.py): the cluster the
+    daemon places its workers on, and the listener they connect back to."""
+
+    # a running cluster's GCS "host:port" (`ray start --head` prints it); "" = start a
+    # local head of this daemon's own, bound to node_ip_address
+    address: str = ""
+    # the daemon's address as a Ray node (and a local head's); loopback keeps Ray on this host
+    node_ip_address: str = "127.0.0.1"
+    # the worker listener (server/connect_back.py): workers on other hosts need an address
+    # they can reach; listen_port 0 = any free port
+    listen_host: str = "127.0.0.1"
+    listen_port: Port = 0
+    # the custom resource each node declares, one unit per device it owns
+    # (`ray start --resources '{"janus_device": N}'`); devices are numbered by node name
+    device_resource: str = "janus_device"
+    # every Ray call the daemon makes (inventory, submit, cancel) is bounded by this; reaching
+    # the cluster (or starting a local head: several seconds on a small host) by start_timeout_s
+    call_timeout_s: PositiveFloat = 10.0
+    start_timeout_s: PositiveFloat = 60.0
+    # a connecting worker's Hello (its token) must arrive within this, or it is closed
+    hello_timeout_s: PositiveFloat = 5.0
+    # a local head only: its cpus for Ray's own bookkeeping, its object store (Ray moves no
+    # janus data: worker frames go over the listener), and the devices it declares
+    head_num_cpus: NonNegInt = 1
+    head_object_store_mib: Annotated[int, Meta(ge=78)] = 80
+    head_devices: NonNegInt = 0  # 0 = devices.count
 
 
 class EngineConfig(Section):

@@ -51,8 +51,9 @@ class Parked(msgspec.Struct):
 
 class PDLink:
     def __init__(self, pool: Any, kind: str, inbox: queue.Queue[Any], protocol: str = "auto",
-                 thread_nice: int = 0) -> None:
+                 thread_nice: int = 0, host: str = "127.0.0.1") -> None:
         self.pool = pool
+        self.host = host  # the address peers reach our transfer engine at (the node's, under Ray)
         self.kind = kind
         self.protocol = protocol
         self.thread_nice = thread_nice  # of the transfer engine's threads (devices.transfer_nice)
@@ -74,7 +75,7 @@ class PDLink:
         from janusd.lifecycle.transfer import GlobalRegionTransport
 
         self.transport = GlobalRegionTransport(self.pool.global_base, self.pool.global_nbytes, kind=self.kind,
-                                               protocol=self.protocol, thread_nice=self.thread_nice)
+                                               host=self.host, protocol=self.protocol, thread_nice=self.thread_nice)
         self._thread = threading.Thread(target=self._run, name="janusd-kv-transfer", daemon=True)
         self._thread.start()
 

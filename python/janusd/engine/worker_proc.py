@@ -36,7 +36,7 @@ from janusd.wire.framing import BlockingFramedSocket, FrameError
 
 class WorkerProc(Loading, TPWorker):
     def __init__(self, conn: BlockingFramedSocket, engine: Any, device_index: int, kind: str,
-                 transfer_protocol: str = "auto", transfer_nice: int = 0) -> None:
+                 transfer_protocol: str = "auto", transfer_nice: int = 0, transfer_host: str = "127.0.0.1") -> None:
         self.conn = conn
         self.de = engine
         self.device_index = device_index
@@ -46,7 +46,7 @@ class WorkerProc(Loading, TPWorker):
         self.running = True
         self.busy_since: float | None = None  # the main thread is in a step or command since (monotonic)
         self.caught = Caught()  # errors served past, reported in Stats.errors
-        self.pd = PDLink(engine.pool, kind, self.inbox, transfer_protocol, transfer_nice)
+        self.pd = PDLink(engine.pool, kind, self.inbox, transfer_protocol, transfer_nice, transfer_host)
         self.life = Lifecycle(engine, self.inbox, self.pd, self._send, self._drop_requests)
         self.tp_stores: dict[str, Any] = {}  # tp instances this worker leads: their rendezvous stores
         self.followers: dict[str, Any] = {}

@@ -142,13 +142,19 @@ def _fit(core: ServingCore, model: str, device: int) -> dict[str, Any]:
             "prefill_samples": est.n}
 
 
-def _instances(core: ServingCore, now: float) -> list[dict[str, Any]]:
+def _where(daemon: AdminBackend) -> dict[int, dict[str, str]]:
+    """Each device's host (its transfer address) and node (server/launcher.py Placement)."""
+    return {w.device_index: {"host": w.placement.host, "node": w.placement.node} for w in daemon.workers}
+
+
+def _instances(core: ServingCore, now: float, where: dict[int, dict[str, str]]) -> list[dict[str, Any]]:
     rows = []
     for m in core.models().values():
         for i in m.instances.values():
             epdt = core.epdt(i, now) if i.dispatched and i.active else None
             rows.append({
-                "instance": i.instance_id, "model": i.model, "device": i.device, "state": i.state.value,
+                "instance": i.instance_id, "model": i.model, "device": i.device, **where.get(i.device, {}),
+                "state": i.state.value,
                 "role": i.role if m.cfg.prefill_devices else m.cfg.role, "error": i.error,
                 "load_s": round(i.load_s, 3), "served": i.served,
                 "decoding": len(i.decoding),  # P/D decode backlog (sequences)
@@ -167,8 +173,8 @@ async def handle(daemon: AdminBackend, req: Any) -> dict[str, Any]:
             "pid": os.getpid(),
             "uptime_s": round(now - daemon.started_loop, 3),
             "http": f"{daemon.cfg.server.host}:{daemon.http_port}",
-            "workers": [{"device": w.device_index, "state": w.state, "pid": w.pid, "restarts": w.restarts}
-                        for w in daemon.workers],
+            "workers": [{"device": w.device_index, "state": w.state, "pid": w.pid, "restarts": w.restarts,
+                         "host": w.placement.host, "node": w.placement.node} for w in daemon.workers],
             "models": len(core.models()),
             "in_flight": core.in_flight(),
             "dispatch": core.dispatch_stats(),
@@ -176,7 +182,7 @@ async def handle(daemon: AdminBackend, req: Any) -> dict[str, Any]:
     if isinstance(req, am.ModelsReq):
         return {"models": _models(daemon, now)}
     if isinstance(req, am.InstancesReq):
-        return {"instances": _instances(core, now)}
+        return {"instances": _instances(core, now, _where(daemon))}
     if isinstance(req, am.EventsReq):
         return daemon.decisions.view(req.after, req.limit or None)
     if isinstance(req, am.PoolsReq):
@@ -241,7 +247,8 @@ def _pools(daemon: AdminBackend) -> list[dict[str, Any]]:
     """`ctl pools`: each worker's last Stats (models, running, pool pages)."""
     rows = []
     for w in daemon.workers:
-        row: dict[str, Any] = {"device": w.device_index, "state": w.state}
+        row: dict[str, Any] = {"device": w.device_index, "host": w.placement.host, "node": w.placement.node,
+                               "state": w.state}
         if w.last_stats is not None:
             row["models"] = w.last_stats.models
             row["running"] = w.last_stats.running

@@ -48,6 +48,7 @@ from janusd.server.restart_policy import RestartBudget
 from janusd.server.steady_start import added_placement, first_placement
 from janusd.server.tick_backoff import TickBackoff
 from janusd.server.worker_supervision import WorkerSupervision
+from janusd.server.launchers import make_launcher
 from janusd.server.workers import Liveness, WorkerError, WorkerHandle
 from janusd.telemetry import Telemetry
 from janusd.wire import worker_msgs as wm
@@ -93,9 +94,11 @@ class Daemon(RequestFront, WorkerSupervision):
         self._idle.set()
         sv = cfg.server
         live = Liveness(sv.worker_heartbeat_s, sv.worker_heartbeat_timeout_s, sv.worker_step_timeout_s)
+        self.launcher = make_launcher(cfg.devices, cfg.ray)  # where workers run (server/launcher.py)
         self.workers = [
             WorkerHandle(i, cfg.devices, self._on_batch, self._on_failed, self._on_death, self._on_kv, live,
-                         lambda w, where, n: self.metrics.worker_error(w.device_index, where, n), self._on_tokens)
+                         lambda w, where, n: self.metrics.worker_error(w.device_index, where, n), self._on_tokens,
+                         self.launcher)
             for i in range(cfg.devices.count)
         ]
         self.restarts = {w.device_index: RestartBudget(sv.worker_restart_budget, sv.worker_restart_window_s)
@@ -171,15 +174,23 @@ class Daemon(RequestFront, WorkerSupervision):
         loop.add_signal_handler(signal.SIGHUP, self.request_reload)
         timeout = self.cfg.server.worker_ready_timeout_s
         sdnotify.notify(f"STATUS=starting {len(self.workers)} workers")
+        try:
+            await self.launcher.open()
+        except (WorkerError, OSError) as e:
+            _log(f"start-up failed: {e}", logging.ERROR)
+            await self.launcher.close()
+            return 1
         results = await asyncio.gather(*(w.start(timeout) for w in self.workers), return_exceptions=True)
         bad = [r for r in results if isinstance(r, BaseException)]
         if bad:
             for err in bad:
                 _log(f"start-up failed: {err}", logging.ERROR)
             await asyncio.gather(*(w.stop() for w in self.workers))
+            await self.launcher.close()
             return 1
-        _log(f"{len(self.workers)} workers ready: " + ", ".join(f"device {w.device_index} pid {w.pid}"
-                                                                 for w in self.workers))
+        _log(f"{len(self.workers)} workers ready: " + ", ".join(
+            f"device {w.device_index} pid {w.pid}" + ("" if w.placement.node == "local" else f" on {w.placement.node}")
+            for w in self.workers))
         measured = [w.memcpy_bps for w in self.workers if w.memcpy_bps > 0]
         if measured:  # the restore path estimates start from this machine's copy bandwidth
             self.life.bw.memcpy = min(measured)
@@ -200,6 +211,7 @@ class Daemon(RequestFront, WorkerSupervision):
             await self._stop_workers()
             raise
         self._spawn(self._poll_stats(), "stats")
+        self._spawn(self.launcher.watch(), "launcher")
         self._spawn(self.oracle.run(self), "oracle")
         if self.controller is not None:
             self._spawn(self.controller.run(), "controller")
@@ -248,6 +260,7 @@ class Daemon(RequestFront, WorkerSupervision):
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
+        await self.launcher.close()
 
     async def _watchdog(self, interval: float) -> None:
         while True:
@@ -334,7 +347,8 @@ class Daemon(RequestFront, WorkerSupervision):
 
     # ---- views ----
     def health(self) -> dict[str, Any]:
-        ok = self.state is DaemonState.RUNNING and all(w.ready for w in self.workers)
+        trouble = self.launcher.trouble  # the ray launcher's cluster not answering
+        ok = self.state is DaemonState.RUNNING and all(w.ready for w in self.workers) and not trouble
         return {
             "status": "ok" if ok else ("draining" if self.state is DaemonState.DRAINING else "degraded"),
             "state": self.state,
@@ -343,6 +357,7 @@ class Daemon(RequestFront, WorkerSupervision):
             "degraded_devices": {str(w.device_index): (w.hung and f"hung: {w.hung}") or w.state
                                  for w in self.workers if not w.ready},
             "models": {n: len(m.active) for n, m in self.core.models().items()},
+            **({"launcher": trouble} if trouble else {}),
         }
 
     def snapshot(self) -> dict[str, Any]:

@@ -124,6 +124,14 @@ class LifecycleOps:
         with self._claim(target):
             return await self._activate(target, fork_from=source)
 
+    async def replace(self, name: str, device: int) -> dict[str, Any]:
+        """Load `name` on `device` because the device it served on is lost for good (its node
+        left the cluster): a pinned model's `devices` name where the operator wanted it,
+        not a device that no longer exists, so the pin does not hold it back here."""
+        inst = self._instance(name, device)
+        with self._claim(inst):
+            return await self._activate(inst)
+
     async def start(self, inst: Instance, state: str) -> None:
         """Bring a configured instance to its start state (config warm_devices / cold_devices)."""
         if state == "cold":

@@ -73,6 +73,45 @@ class WorkerSupervision:
         if self.state in (DaemonState.RUNNING, DaemonState.STARTING):
             self._spawn(self._restart(w), f"restart{dev}")
 
+    def _give_up(self, w: WorkerHandle, why: str) -> None:
+        w.fail()
+        _log(f"device {w.device_index} failed: {why}")
+        self.core.on_device_failed(w.device_index, clock())
+        for inst in waiting_on(self.core, w.device_index):  # tp groups it was in cannot load either
+            self.core.load_failed(inst, clock(), f"device {w.device_index} of its tp group failed")
+
+    def _device_gone(self, w: WorkerHandle, why: str) -> None:
+        """The device's node left the cluster (the ray launcher): the device is failed at
+        once, and each model it served (Active when it died) that has no instance serving or
+        resting elsewhere is loaded on the ready device holding the fewest instances (the
+        other nodes' instances are not moved)."""
+        # those it served: its death sent them Loading (a Warm one went Cold: left to rest)
+        lost = sorted({i.model for i in self._placed_on(w.device_index) if i.state.value == "loading"})
+        self._give_up(w, why)
+        for model in lost:
+            m = self.core.model(model)
+            if m is None or any(i.state.value not in ("unloaded", "cold") for i in m.instances.values()):
+                continue
+            ready = [x.device_index for x in self.workers if x.ready]
+            if not ready:
+                _log(f"{model}: no ready device left to serve it on", logging.WARNING)
+                continue
+            dst = min(ready, key=lambda d: (len(self._placed_on(d)), d))
+            _log(f"{model} served on lost device {w.device_index}: loading it on device {dst}")
+            self._spawn(self._replace(model, dst), f"replace-{model}")
+
+    def _placed_on(self, device: int) -> list[Any]:
+        """The instances on `device` that hold or are getting weights (not Unloaded)."""
+        return [i for m in self.core.models().values() for i in m.instances.values()
+                if i.device == device and i.state.value != "unloaded"]
+
+    async def _replace(self, model: str, device: int) -> None:
+        try:
+            await self.life.replace(model, device)
+        except (ValueError, WorkerError) as e:
+            _log(f"{model}: re-placing it on device {device} failed: {e}", logging.WARNING)
+        self.poke()
+
     async def _restart(self, w: WorkerHandle) -> None:
         """Restart a dead worker after its back-off; give the device up (failed) once its
         restart budget is spent (server/restart_policy.py)."""
@@ -80,17 +119,16 @@ class WorkerSupervision:
         while self.state in (DaemonState.RUNNING, DaemonState.STARTING):
             delay = budget.on_death(clock())
             if delay is None:
-                w.fail()
-                _log(f"device {w.device_index} failed: its worker died {budget.budget + 1} times within "
-                     f"{budget.window_s:g} s; not restarting it (see the worker log above)")
-                self.core.on_device_failed(w.device_index, clock())
-                for inst in waiting_on(self.core, w.device_index):  # tp groups it was in cannot load either
-                    self.core.load_failed(inst, clock(), f"device {w.device_index} of its tp group failed")
+                self._give_up(w, f"its worker died {budget.budget + 1} times within {budget.window_s:g} s; "
+                                 "not restarting it (see the worker log above)")
                 return
             await asyncio.sleep(delay)
             try:
                 await w.start(self.cfg.server.worker_ready_timeout_s)
             except (WorkerError, OSError) as e:
+                if isinstance(e, WorkerError) and e.kind == "gone":  # its node left: no restart can help
+                    self._device_gone(w, str(e))
+                    return
                 _log(f"restarting worker {w.device_index} failed: {e}", logging.WARNING)
                 continue
             w.restarts += 1

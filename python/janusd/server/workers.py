@@ -1,8 +1,10 @@
 """Device worker processes seen from the daemon: spawn, handshake, talk, notice death.
 
-A worker is started by exec of `python -m janusd.engine.worker` (never a fork of this
-process) with one end of a socketpair passed as an inherited fd. The daemon serves a
-worker only after its Ready frame arrived within `worker_ready_timeout_s`.
+A worker is started by its launcher (server/launcher.py: by default an exec of
+`python -m janusd.engine.worker` with one end of a socketpair passed as an inherited fd;
+with `devices.launcher = "ray"` a Ray task on the device's node that connects back over
+TCP). The daemon serves a worker only after its Ready frame arrived within
+`worker_ready_timeout_s`.
 
 Death is noticed two ways: EOF on the socket (the kernel closes the worker's end the
 moment the process dies, so kill -9 is seen within milliseconds) and the process
@@ -33,11 +35,8 @@ This file knows processes and frames, nothing about requests.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
-import socket
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +46,7 @@ import msgspec
 from janusd.config import DevicesConfig
 from janusd.log import log
 from janusd.server.daemon_clock import clock
+from janusd.server.launcher import Launcher, LocalLauncher, Placement, WorkerProcess
 from janusd.server.process_states import WORKER_MOVES, WorkerState, moved
 from janusd.wire import worker_msgs as wm
 from janusd.wire.framing import FrameError, encode_frame, read_frame
@@ -92,10 +92,13 @@ class WorkerHandle:
         liveness: Liveness | None = None,
         on_error: Callable[[WorkerHandle, str, int], None] | None = None,
         on_tokens: Callable[[WorkerHandle, wm.Tokenized], None] | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
         """`on_error(handle, where, n)`: n more errors caught on this worker's request path;
-        `on_tokens`: a request's prompt tokenized (the core asked with Tokenize)."""
+        `on_tokens`: a request's prompt tokenized (the core asked with Tokenize); `launcher`:
+        where and how the process runs (server/launcher.py; local when None)."""
         self.device_index = device_index
+        self.launcher: Launcher = launcher or LocalLauncher()
         self.devices = devices
         self._on_batch = on_batch
         self._on_failed = on_failed
@@ -107,7 +110,7 @@ class WorkerHandle:
         self.state = WorkerState.STOPPED  # server/process_states.py: its table of moves
         self.pid: int | None = None
         self.restarts = 0
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: WorkerProcess | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._wait_task: asyncio.Task[None] | None = None
@@ -124,6 +127,11 @@ class WorkerHandle:
         self._beat_task: asyncio.Task[None] | None = None
 
     @property
+    def placement(self) -> Placement:
+        """Where this device's worker runs (its node's host for transfers; its node's name)."""
+        return self.launcher.placement(self.device_index)
+
+    @property
     def ready(self) -> bool:
         return self.state is W.READY
 
@@ -134,55 +142,57 @@ class WorkerHandle:
     def _to(self, target: WorkerState) -> None:
         self.state = moved(self.state, target, WORKER_MOVES, f"worker for device {self.device_index}")
 
+    def worker_args(self) -> list[str]:
+        """The worker's own arguments; how it reaches the daemon is the launcher's to add."""
+        d = self.devices
+        args = [
+            "--device-index", str(self.device_index),
+            "--kind", d.kind,
+            "--memory-bytes", str(d.memory_mib << 20),
+            "--page-size", str(d.page_size_mib << 20),
+            "--resident-bytes", str(d.resident_mib << 20),
+            "--transfer-protocol", d.transfer_protocol,
+            "--transfer-nice", str(d.transfer_nice),
+            "--transfer-host", self.placement.host,
+            "--torch-threads", os.environ.get("JANUSD_WORKER_TORCH_THREADS") or str(d.worker_torch_threads()),
+        ]
+        if d.cpu_cores:
+            args += ["--cpu-cores", ",".join(map(str, d.cpu_cores[self.device_index]))]
+        return args
+
     async def start(self, timeout_s: float) -> None:
-        """Spawn the worker and wait for its Ready frame; raise WorkerError on failure."""
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        """Launch the worker and wait for its Ready frame; raise WorkerError on failure."""
         # forget the previous process first: a signal about it that arrives while this
         # start awaits (its EOF and its exit are seen separately) must find it stale
         self.proc = None
         self.pid = None
         self.hung = None
+        self._writer = None
         self._worker_errors = {}
         self._to(W.STARTING)
-        cmd = [
-            sys.executable, "-m", "janusd.engine.worker",
-            "--fd", str(child.fileno()),
-            "--device-index", str(self.device_index),
-            "--kind", self.devices.kind,
-            "--memory-bytes", str(self.devices.memory_mib << 20),
-            "--page-size", str(self.devices.page_size_mib << 20),
-            "--resident-bytes", str(self.devices.resident_mib << 20),
-            "--transfer-protocol", self.devices.transfer_protocol,
-            "--transfer-nice", str(self.devices.transfer_nice),
-            "--torch-threads",
-            os.environ.get("JANUSD_WORKER_TORCH_THREADS") or str(self.devices.worker_torch_threads()),
-        ]
-        if self.devices.cpu_cores:
-            cmd += ["--cpu-cores", ",".join(map(str, self.devices.cpu_cores[self.device_index]))]
         try:
-            self.proc = proc = await asyncio.create_subprocess_exec(
-                *cmd, pass_fds=(child.fileno(),), stdin=asyncio.subprocess.DEVNULL
-            )
-        finally:
-            child.close()
+            self.proc = proc = await self.launcher.spawn(self.device_index, self.worker_args())
+        except BaseException:
+            self._to(W.DEAD)
+            raise
         self.pid = proc.pid
-        reader, self._writer = await asyncio.open_unix_connection(sock=parent)
+        name = f"worker for device {self.device_index}"
         try:
-            body = await asyncio.wait_for(read_frame(reader), timeout_s)
-            first = self._dec.decode(body) if body is not None else None
+            reader, first = await asyncio.wait_for(self._handshake(proc), timeout_s)
         except asyncio.TimeoutError:
             await self._kill()
-            raise WorkerError(f"worker for device {self.device_index} not ready within {timeout_s:g} s",
-                              "unavailable") from None
-        except (asyncio.IncompleteReadError, ConnectionError, FrameError, msgspec.DecodeError) as e:
-            first = None
+            raise WorkerError(f"{name} not ready within {timeout_s:g} s", "unavailable") from None
+        except WorkerError:
             await self._kill()
-            raise WorkerError(f"worker for device {self.device_index} failed during start-up: {e}",
-                              "unavailable") from None
+            raise
+        except (asyncio.IncompleteReadError, ConnectionError, FrameError, msgspec.DecodeError) as e:
+            await self._kill()
+            raise WorkerError(f"{name} failed during start-up: {e}", "unavailable") from None
         if not isinstance(first, wm.Ready):
             why = first.message if isinstance(first, wm.ErrorReply) else "it exited before the handshake"
             await self._kill()
-            raise WorkerError(f"worker for device {self.device_index} failed to start: {why}", "unavailable")
+            raise WorkerError(f"{name} failed to start: {why}", "unavailable")
+        self.pid = proc.pid  # a remote worker's pid is known once it connected
         self._to(W.READY)
         self.memcpy_bps = first.memcpy_bps
         self._reader_task = asyncio.create_task(self._read_loop(reader, proc), name=f"worker{self.device_index}-reader")
@@ -192,7 +202,13 @@ class WorkerHandle:
         if self.liveness.heartbeat_s > 0:
             self._beat_task = asyncio.create_task(self._heartbeat(proc), name=f"worker{self.device_index}-beat")
 
-    async def _heartbeat(self, proc: asyncio.subprocess.Process) -> None:
+    async def _handshake(self, proc: WorkerProcess) -> tuple[asyncio.StreamReader, Any]:
+        """The worker's stream and its first message (None: it closed before one)."""
+        reader, self._writer = await proc.connected()
+        body = await read_frame(reader)
+        return reader, (self._dec.decode(body) if body is not None else None)
+
+    async def _heartbeat(self, proc: WorkerProcess) -> None:
         """Ping the worker until it is gone; declare it hung when it stops answering or a
         step never ends (see the module docs)."""
         lv = self.liveness
@@ -213,14 +229,13 @@ class WorkerHandle:
                                          f"(worker_step_timeout_s = {lv.step_timeout_s:g})")
                 return
 
-    def _declare_hung(self, proc: asyncio.subprocess.Process, why: str) -> None:
+    def _declare_hung(self, proc: WorkerProcess, why: str) -> None:
         if proc is not self.proc or self.state is not W.READY:
             return
         self.hung = why
         self.hangs += 1
         log.warning(f"worker for device {self.device_index} (pid {proc.pid}) is hung: {why}; killing it")
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()  # SIGKILL ends a stopped process too; its exit takes the usual death path
+        proc.kill()  # SIGKILL ends a stopped process too; its exit takes the usual death path
 
     def kill(self, why: str) -> None:
         """End the current process now (SIGKILL) for `why`; its death takes the usual path."""
@@ -228,10 +243,9 @@ class WorkerHandle:
         if proc is None or self.state is not W.READY:
             return
         log.warning(f"worker for device {self.device_index} (pid {proc.pid}): killing it: {why}")
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
+        proc.kill()
 
-    async def _read_loop(self, reader: asyncio.StreamReader, proc: asyncio.subprocess.Process) -> None:
+    async def _read_loop(self, reader: asyncio.StreamReader, proc: WorkerProcess) -> None:
         try:
             while True:
                 body = await read_frame(reader)
@@ -296,7 +310,7 @@ class WorkerHandle:
         if self._on_error is not None:
             self._on_error(self, where, n)
 
-    async def _wait_exit(self, proc: asyncio.subprocess.Process, reader_task: asyncio.Task[None]) -> None:
+    async def _wait_exit(self, proc: WorkerProcess, reader_task: asyncio.Task[None]) -> None:
         await proc.wait()
         if not reader_task.done():
             # let the reader deliver what the worker wrote before it died; its EOF then
@@ -304,7 +318,7 @@ class WorkerHandle:
             await asyncio.wait({reader_task}, timeout=READER_DRAIN_S)
         self._died(proc)
 
-    def _died(self, proc: asyncio.subprocess.Process | None) -> None:
+    def _died(self, proc: WorkerProcess | None) -> None:
         """The process `proc` is gone; acts once per process, and only for the current one."""
         if proc is not self.proc or self.state in (W.DEAD, W.STOPPED):
             return
@@ -364,7 +378,6 @@ class WorkerHandle:
         if self._writer is not None:
             self._writer.close()  # a failed start must not leak its socket
         if self.proc is not None and self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
+            self.proc.kill()
             await self.proc.wait()
         self._to(W.DEAD)
