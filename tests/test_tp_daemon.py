@@ -10,7 +10,7 @@ group give the same tokens after; what is not built (Cold -> Warm) is refused by
 D2D fork of the group to devices 2-3 moves shard i to shard i over Mooncake and each of
 the two instances alone answers as tp 1 does; with the source's follower frozen (SIGSTOP)
 its shard cannot publish, that target shard alone reads the checkpoint and the group
-still answers the same; kill -9 of the follower's worker fails the in-flight request
+still answers the same; kill -9 of either shard's worker (the follower, then the lead) fails the in-flight request
 within a second, restarts the group whole (both workers, new pids), leaves the other
 workers alone, and the group then answers as before (last: it restarts workers)."""
 
@@ -184,10 +184,11 @@ def test_a_frozen_source_shard_falls_back_for_its_shard_only(daemon):
     assert daemon.ctl(am.StateReq("tp1", 2, "active")).data["state"] == "active"
 
 
-def test_kill9_of_the_follower_fails_in_flight_fast_and_restarts_the_group_whole(daemon):
+@pytest.mark.parametrize("shard", [1, 0], ids=["follower", "lead"])
+def test_kill9_of_either_shard_fails_in_flight_fast_and_restarts_the_group_whole(daemon, shard):
     ref = complete(daemon, "tp2", PROMPTS[2])
     pids = daemon.worker_pids()
-    rest, errors = kill_mid_stream(daemon, "tp2", pids[1])
+    rest, errors = kill_mid_stream(daemon, "tp2", pids[shard])
     assert len(errors) == 1, rest[-3:]
     assert errors[0][0] < 1.0, errors[0][0]
     assert errors[0][1]["error"]["code"] == "worker_died"
