@@ -97,9 +97,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plans", default=DEFAULT_PLAN,
                    help="comma-separated dispatch.plan values for lst_imh (global|window); a plan other than "
                         "global is written into [dispatch], the default writes no plan key")
-    p.add_argument("--objectives", default=DEFAULT_OBJECTIVE,
-                   help="comma-separated dispatch.objective values for lst_imh (requests|tokens); one other than "
-                        "requests is written into [dispatch], the default writes no objective key")
     p.add_argument("--runs", type=int, default=3, help="runs per load and policy (interleaved, fresh daemon each)")
     p.add_argument("--capacity-rps", type=float, default=None, help="skip the capacity phase and use this rate")
     p.add_argument("--warmup-requests", type=int, default=8, help="sequential warm-up requests before each replay")

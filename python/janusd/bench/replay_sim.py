@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from janusd.bench.replay_setup import (DEFAULT_OBJECTIVE, DEFAULT_PLAN, POLICIES, BASELINES, RELAXED_SLO_MS,
+from janusd.bench.replay_setup import (DEFAULT_OBJECTIVE, DEFAULT_PLAN, OBJECTIVES, POLICIES, BASELINES, RELAXED_SLO_MS,
                                        capacity_rps, daemon_config, parse_list, parse_loads, scenario_models,
                                        variants)
 from janusd.bench.replay_trace import scenario_trace, synth_kw
@@ -180,6 +180,7 @@ def _adopt(args: argparse.Namespace, real: dict[str, Any]) -> None:
     args.loads = ",".join(real["results"])
     args.policies = ",".join(real.get("policies") or POLICIES)
     args.baselines = ",".join(real.get("baselines") or BASELINES)
+    args.objectives = ",".join(real.get("objectives") or [DEFAULT_OBJECTIVE])
     cap = real.get("capacity") or {}
     if cap.get("method") == "closed_loop":
         args.capacity_concurrency, args.capacity_s, args.capacity_warmup_s = (
@@ -202,7 +203,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.bench_json:
         real = json.loads(Path(args.bench_json).read_text().strip().splitlines()[-1])
         _adopt(args, real)
-    vs = variants(parse_list(args.policies, POLICIES, "policy"), [DEFAULT_PLAN], [DEFAULT_OBJECTIVE],
+    vs = variants(parse_list(args.policies, POLICIES, "policy"), [DEFAULT_PLAN],
+                  parse_list(args.objectives, OBJECTIVES, "objective"),
                   parse_list(args.baselines, BASELINES, "baseline kind"))
     loads = parse_loads(args.loads)
     results: dict[str, Any] = {}

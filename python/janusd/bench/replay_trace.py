@@ -138,13 +138,16 @@ def add_scenario_arguments(p: Any, scenario_default: str | None = "one") -> None
     phase: `janus bench dispatch-replay` and `janus sim --scenario` register these same
     flags (one owner of their names and defaults; the simulator's --scenario defaults to
     None: it replays --trace unless a scenario is named)."""
-    from janusd.bench.replay_setup import BASELINES, POLICIES, SCENARIOS
+    from janusd.bench.replay_setup import BASELINES, DEFAULT_OBJECTIVE, POLICIES, SCENARIOS
 
     p.add_argument("--scenario", default=scenario_default, choices=SCENARIOS,
                    help="one: one model, one SLO class (--ttft-slo-ms, --tpot-slo-ms), the synthesized app mix; "
                         "mixed: chat (300 ms TTFT), batch (2 s) and rag (long prompts, 1 s) co-located on both "
                         "devices with overlapping bursts (replay_setup.MIXED; --apps and the synthesizer flags unused)")
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated dispatch.policy values")
+    p.add_argument("--objectives", default=DEFAULT_OBJECTIVE,
+                   help="comma-separated dispatch.objective values for lst_imh (requests|tokens); one other than "
+                        "requests is written into [dispatch], the default writes no objective key")
     p.add_argument("--baselines", default=",".join(BASELINES),
                    help="comma-separated kinds of round_robin / least_load run: peer (no deadlines: serve late, "
                         "no guard) | guarded (the daemon's deadline machinery around the baseline's choice)")
