@@ -218,6 +218,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             trace = scenario_trace(args.scenario, load * cap, args.duration_s, ttft_slo_ms=args.ttft_slo_ms,
                                    tpot_slo_ms=args.tpot_slo_ms, synth=synth_kw(args))
             results[str(load)] = {str(v["label"]): sim_run(args, trace, v, perf, work) for v in vs}
+    real_cap = ((real or {}).get("capacity") or {}).get("capacity_rps")
+    print(f"capacity: simulated {capacity['capacity_rps']} req/s"
+          + (f", real {real_cap} req/s" if real_cap is not None else ""), file=sys.stderr)
     for line in table(results, real):
         print(line, file=sys.stderr)
     return {"bench": "dispatch-replay", "source": "sim", "scenario": args.scenario, "seed": args.seed,
