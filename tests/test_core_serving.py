@@ -316,11 +316,14 @@ def test_the_decode_guard_keeps_new_prefills_off_a_device_decoding_slower_than_t
 
 
 def test_the_decode_guard_follows_a_retuned_tpot_slo_with_nothing_else_changing():
-    """Only devices marked changed are re-evaluated: a new TPOT SLO must mark its model's."""
+    """Only devices marked changed are re-evaluated: a new TPOT SLO must mark its model's.
+    (A tighter one: a sequence decoding keeps the SLO it was admitted with and bounds its
+    device by it, tests/test_core_guard_classes.py, so loosening the model's SLO does not
+    free a device that sequence still needs.)"""
     import msgspec
 
     rig = Rig(devices=1)
-    rig.model("m", [0], tpot_slo_ms=50.0)
+    rig.model("m", [0], tpot_slo_ms=500.0)
     rig.activate("m", 0)
     r1 = rig.submit("m", max_tokens=100)
     rig.tick()
@@ -329,10 +332,10 @@ def test_the_decode_guard_follows_a_retuned_tpot_slo_with_nothing_else_changing(
         rig.now += 0.08
         rig.token(0, r1)
     rig.tick()
-    assert rig.core.instance("m", 0).saturated
-    rig.core.retune(msgspec.structs.replace(rig.core.registry.models["m"].cfg, tpot_slo_ms=500.0))
-    rig.tick()
     assert not rig.core.instance("m", 0).saturated
+    rig.core.retune(msgspec.structs.replace(rig.core.registry.models["m"].cfg, tpot_slo_ms=50.0))
+    rig.tick()
+    assert rig.core.instance("m", 0).saturated
 
 
 def test_without_the_decode_guard_a_slow_device_still_takes_work():

@@ -12,6 +12,10 @@ peaks measured on this machine) is for the side by side with a real `janus repla
 of the model (sim/calibrate.py), `--calibrate-tpot-ms` then scales its host figures to a
 real replay's median TPOT on the same trace, `--perf FILE` sets its figures and the
 engine's limits directly (the fitted ones are in the summary's "perf").
+
+`--scenario one|mixed` runs `janus bench dispatch-replay`'s scenario instead (same trace
+generator, seed, models, SLO classes and daemon configs; loads relative to the simulated
+capacity) and, with `--bench-json`, prints a real run's figures beside (bench/replay_sim.py).
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from janusd.sim.policies import POLICIES
     from janusd.hw.devices import DEVICE_NAMES
 
-    parser.add_argument("--trace", required=True, help="canonical trace (csv or jsonl, optionally .gz)")
-    parser.add_argument("--devices", type=int, required=True, help="devices in the pool")
-    parser.add_argument("--policy", required=True, choices=sorted(POLICIES), help="the system to simulate")
+    parser.add_argument("--trace", default=None, help="canonical trace (csv or jsonl, optionally .gz); required "
+                        "unless --scenario")
+    parser.add_argument("--devices", type=int, default=None, help="devices in the pool (required unless --scenario)")
+    parser.add_argument("--policy", default=None, choices=sorted(POLICIES),
+                        help="the system to simulate (required unless --scenario)")
     parser.add_argument("--models", default=None,
                         help="TOML: trace model name -> preset or config.json, tp, SLOs (default: the presets)")
     parser.add_argument("--device", default="ascend-910c-die", choices=list(DEVICE_NAMES),
@@ -62,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the trace's model names are the config's")
     parser.add_argument("--out", default=None, help="run directory: results.jsonl, devices.csv, summary.json")
     parser.add_argument("--json", action="store_true", help="print only the summary JSON")
+    from janusd.bench.replay_sim import add_arguments as add_scenario
+
+    add_scenario(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,6 +86,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"janus sim: error: {msg}", file=sys.stderr)
         return 2
 
+    if getattr(args, "scenario", None):
+        return _scenario(args, fail)
+    missing = [f"--{k}" for k in ("trace", "devices", "policy") if getattr(args, k) is None]
+    if missing:
+        return fail(f"{', '.join(missing)} required (or --scenario one|mixed)")
     if args.devices < 1:
         return fail(f"--devices must be >= 1, got {args.devices}")
     if args.device_memory_mib is not None and args.device_memory_mib < 1:
@@ -131,6 +145,19 @@ def run(args: argparse.Namespace) -> int:
             v = summ[k]
             print(f"{k:>26}: {v:.4g}" if isinstance(v, float) else f"{k:>26}: {v}", file=sys.stderr)
     print(json.dumps(jsonable(summ)))
+    return 0
+
+
+def _scenario(args: argparse.Namespace, fail) -> int:  # type: ignore[no-untyped-def]
+    """`--scenario`: the dispatch-replay scenario simulated (bench/replay_sim.py)."""
+    from janusd.bench.replay_sim import run as run_scenario
+    from janusd.trace.results import jsonable
+
+    try:
+        out = run_scenario(args)
+    except (ValueError, OSError, KeyError) as e:
+        return fail(f"--scenario: {e}")
+    print(json.dumps(jsonable(out)))
     return 0
 
 

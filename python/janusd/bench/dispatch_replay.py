@@ -85,47 +85,20 @@ from typing import Any
 
 from janusd.bench.replay_figures import _fmt, _table, aggregate, rounded, verdicts
 from janusd.bench.replay_runs import log, measure_capacity, one_run, warm_triples
-from janusd.bench.replay_setup import (BASELINES, DEFAULT_OBJECTIVE, DEFAULT_PLAN, MIXED, MODEL_NAME, OBJECTIVES,
-                                       PLANS, POLICIES, SCENARIOS, parse_list, parse_loads, schedule, scenario_models,
-                                       variants)
-from janusd.bench.replay_trace import make_mixed_trace, make_trace, peak_to_mean
+from janusd.bench.replay_setup import (BASELINES, DEFAULT_OBJECTIVE, DEFAULT_PLAN, OBJECTIVES, PLANS, POLICIES,
+                                       parse_list, parse_loads, schedule, scenario_models, variants)
+from janusd.bench.replay_trace import add_scenario_arguments, peak_to_mean, scenario_trace, synth_kw
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="demo:llama-small",
                    help="checkpoint spec of the one model, or of each mixed model (default demo:llama-small)")
-    p.add_argument("--scenario", default="one", choices=SCENARIOS,
-                   help="one: one model, one SLO class (--ttft-slo-ms, --tpot-slo-ms), the synthesized app mix; "
-                        "mixed: chat (300 ms TTFT), batch (2 s) and rag (long prompts, 1 s) co-located on both "
-                        "devices with overlapping bursts (replay_setup.MIXED; --apps and the synthesizer flags unused)")
-    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated dispatch.policy values")
+    add_scenario_arguments(p)
     p.add_argument("--plans", default=DEFAULT_PLAN,
                    help="comma-separated dispatch.plan values for lst_imh (global|window); a plan other than "
                         "global is written into [dispatch], the default writes no plan key")
-    p.add_argument("--objectives", default=DEFAULT_OBJECTIVE,
-                   help="comma-separated dispatch.objective values for lst_imh (requests|tokens); one other than "
-                        "requests is written into [dispatch], the default writes no objective key")
-    p.add_argument("--baselines", default=",".join(BASELINES),
-                   help="comma-separated kinds of round_robin / least_load run: peer (no deadlines: serve late, "
-                        "no guard) | guarded (the daemon's deadline machinery around the baseline's choice)")
-    p.add_argument("--loads", default="0.7,1.5", help="comma-separated loads as multiples of the measured capacity")
     p.add_argument("--runs", type=int, default=3, help="runs per load and policy (interleaved, fresh daemon each)")
-    p.add_argument("--duration-s", type=float, default=25.0, help="trace span per run in seconds")
-    p.add_argument("--ttft-slo-ms", type=float, default=500.0)
-    p.add_argument("--tpot-slo-ms", type=float, default=50.0)
-    p.add_argument("--seed", type=int, default=0, help="trace seed (the same trace for every policy and run)")
-    p.add_argument("--apps", type=int, default=8, help="synthesized apps, all mapped onto the one model")
-    p.add_argument("--bursts-per-app", type=float, default=1.0,
-                   help="expected bursts per app over the synthesized span")
-    p.add_argument("--compress", type=float, default=4.0,
-                   help="synthesize this many times the duration, then compress the time axis by it")
-    p.add_argument("--base-length", type=float, default=600.0, help="synthesizer: mean tokens of the top app")
-    p.add_argument("--max-input", type=int, default=1024, help="cap on input tokens")
-    p.add_argument("--max-output", type=int, default=256, help="cap on output tokens")
     p.add_argument("--capacity-rps", type=float, default=None, help="skip the capacity phase and use this rate")
-    p.add_argument("--capacity-s", type=float, default=25.0, help="closed-loop capacity phase length")
-    p.add_argument("--capacity-warmup-s", type=float, default=8.0, help="first seconds of the phase not counted")
-    p.add_argument("--capacity-concurrency", type=int, default=32, help="closed-loop clients in the capacity phase")
     p.add_argument("--warmup-requests", type=int, default=8, help="sequential warm-up requests before each replay")
     p.add_argument("--max-lag-ms", type=float, default=100.0, help="replayer lag bound; beyond it a run is invalid")
     p.add_argument("--memory-mib", type=int, default=1024, help="page pool per device")
@@ -153,10 +126,8 @@ def _traces(args: argparse.Namespace, loads: list[float], cap: float, out: Path,
     for load in loads:
         from janusd.trace.formats import write_trace
 
-        if getattr(args, "scenario", "one") == "mixed":
-            t = make_mixed_trace(load * cap, args.duration_s, MIXED, seed=args.seed)
-        else:
-            t = make_trace(load * cap, args.duration_s, MODEL_NAME, args.ttft_slo_ms, args.tpot_slo_ms, **kw)
+        t = scenario_trace(getattr(args, "scenario", "one"), load * cap, args.duration_s,
+                           ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms, synth=kw)
         traces[load] = t
         write_trace(t, out / f"trace-{load}.csv")
         trace_info[str(load)] = {"rate_rps": round(load * cap, 3), "requests": len(t),
@@ -205,8 +176,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cache = args.cache_dir or str(cache_dir(ServerConfig()))
     out = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="janus-bench-dispatch-replay-"))
     out.mkdir(parents=True, exist_ok=True)
-    kw = dict(apps=args.apps, seed=args.seed, compress=args.compress, bursts_per_app=args.bursts_per_app,
-              base_length=args.base_length, max_input=args.max_input, max_output=args.max_output)
+    kw = synth_kw(args)
     t_start = time.monotonic()
 
     capacity = _capacity(args, cache, out, kw)
@@ -241,6 +211,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "runs": args.runs,
         "duration_s": args.duration_s,
         "seed": args.seed,
+        "synth": kw,
         "capacity": capacity,
         "traces": trace_info,
         "results": agg,

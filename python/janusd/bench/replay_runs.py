@@ -16,9 +16,11 @@ from typing import Any
 from janusd.bench import daemon_proc
 from janusd.bench.closed_loop import closed_loop, warmup
 from janusd.bench.replay_figures import metrics_delta, metrics_figures, run_figures
-from janusd.bench.replay_setup import (MIXED, MODEL_NAME, RELAXED_SLO_MS, capacity_rps, daemon_config,
-                                       scenario_models, warmup_lengths)
-from janusd.bench.replay_trace import make_mixed_trace, make_trace
+from janusd.bench.replay_setup import (MODEL_NAME, RELAXED_SLO_MS, capacity_rps, daemon_config, scenario_models,
+                                       warmup_lengths)
+from janusd.bench.replay_trace import scenario_trace
+
+MIX_RATE_RPS, MIX_SPAN_S = 20.0, 300.0  # the capacity mix: another rate and span of the scenario's trace
 
 
 def _arun(coro: Any) -> Any:
@@ -52,12 +54,10 @@ def mix_triples(args: argparse.Namespace, kw: dict[str, Any]) -> tuple[Any, list
     per-class distributions), and the trace they come from."""
     import numpy as np
 
-    if _scenario(args) == "mixed":
-        mix_trace = make_mixed_trace(20.0, 300.0, MIXED, seed=kw["seed"])
-    else:
-        # the same seed: the synthesizer's app profiles (kinds, length means) come from it, so
-        # another seed would be another length mix; the other span and rate give other draws
-        mix_trace = make_trace(20.0, 300.0, MODEL_NAME, RELAXED_SLO_MS, RELAXED_SLO_MS, **kw)
+    # the same seed: the synthesizer's app profiles (kinds, length means) come from it, so
+    # another seed would be another length mix; the other span and rate give other draws
+    mix_trace = scenario_trace(_scenario(args), MIX_RATE_RPS, MIX_SPAN_S, ttft_slo_ms=RELAXED_SLO_MS,
+                               tpot_slo_ms=RELAXED_SLO_MS, synth=kw)
     order = np.random.default_rng(kw["seed"]).permutation(len(mix_trace))
     names = mix_trace.models
     return mix_trace, [(names[int(mix_trace.model_id[i])], int(mix_trace.input_tokens[i]),

@@ -107,3 +107,64 @@ def make_mixed_trace(rate_rps: float, duration_s: float, classes: Sequence[Any],
     names = tuple(c.name for c in classes)
     return Trace(a, app_id, app_id.copy(), np.concatenate(ins)[order].astype(np.int64),
                  np.concatenate(outs)[order].astype(np.int64), ttft, tpot, names, names)
+
+
+def synth_kw(args: Any) -> dict[str, Any]:
+    """The synthesizer's settings of the one-model scenario from the scenario flags
+    (add_scenario_arguments): make_trace's keyword arguments."""
+    return dict(apps=args.apps, seed=args.seed, compress=args.compress, bursts_per_app=args.bursts_per_app,
+                base_length=args.base_length, max_input=args.max_input, max_output=args.max_output)
+
+
+def scenario_trace(scenario: str, rate_rps: float, duration_s: float, *, ttft_slo_ms: float, tpot_slo_ms: float,
+                   synth: dict[str, Any]) -> Trace:
+    """The trace a dispatch-replay scenario replays at `rate_rps` for `duration_s`: the one
+    definition `janus bench dispatch-replay` (a real daemon) and `janus sim --scenario`
+    (bench/replay_sim.py) both replay, and whose other draws (another rate and span) are
+    the capacity phase's length mix. "mixed": replay_setup.MIXED's classes with their own
+    SLOs (the SLO arguments unused); "one": the synthesized apps on the one model with
+    the given SLO. `synth`: synth_kw's settings (the seed among them)."""
+    from janusd.bench.replay_setup import MIXED, MODEL_NAME, SCENARIOS
+
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario!r}; choose from {list(SCENARIOS)}")
+    if scenario == "mixed":
+        return make_mixed_trace(rate_rps, duration_s, MIXED, seed=int(synth["seed"]))
+    return make_trace(rate_rps, duration_s, MODEL_NAME, ttft_slo_ms, tpot_slo_ms, **synth)
+
+
+def add_scenario_arguments(p: Any, scenario_default: str | None = "one") -> None:
+    """The flags that define a dispatch-replay scenario, its loads and its capacity
+    phase: `janus bench dispatch-replay` and `janus sim --scenario` register these same
+    flags (one owner of their names and defaults; the simulator's --scenario defaults to
+    None: it replays --trace unless a scenario is named)."""
+    from janusd.bench.replay_setup import BASELINES, DEFAULT_OBJECTIVE, POLICIES, SCENARIOS
+
+    p.add_argument("--scenario", default=scenario_default, choices=SCENARIOS,
+                   help="one: one model, one SLO class (--ttft-slo-ms, --tpot-slo-ms), the synthesized app mix; "
+                        "mixed: chat (300 ms TTFT), batch (2 s) and rag (long prompts, 1 s) co-located on both "
+                        "devices with overlapping bursts (replay_setup.MIXED; --apps and the synthesizer flags unused)")
+    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated dispatch.policy values")
+    p.add_argument("--objectives", default=DEFAULT_OBJECTIVE,
+                   help="comma-separated dispatch.objective values for lst_imh (requests|tokens); one other than "
+                        "requests is written into [dispatch], the default writes no objective key")
+    p.add_argument("--baselines", default=",".join(BASELINES),
+                   help="comma-separated kinds of round_robin / least_load run: peer (no deadlines: serve late, "
+                        "no guard) | guarded (the daemon's deadline machinery around the baseline's choice)")
+    p.add_argument("--loads", default="0.7,1.5", help="comma-separated loads as multiples of the measured capacity")
+    p.add_argument("--duration-s", type=float, default=25.0, help="trace span per run in seconds")
+    p.add_argument("--ttft-slo-ms", type=float, default=500.0)
+    p.add_argument("--tpot-slo-ms", type=float, default=50.0)
+    p.add_argument("--seed", type=int, default=0, help="trace seed (the same trace for every policy and run)")
+    p.add_argument("--apps", type=int, default=8, help="synthesized apps, all mapped onto the one model")
+    p.add_argument("--bursts-per-app", type=float, default=1.0,
+                   help="expected bursts per app over the synthesized span")
+    p.add_argument("--compress", type=float, default=4.0,
+                   help="synthesize this many times the duration, then compress the time axis by it")
+    p.add_argument("--base-length", type=float, default=600.0, help="synthesizer: mean tokens of the top app")
+    p.add_argument("--max-input", type=int, default=1024, help="cap on input tokens")
+    p.add_argument("--max-output", type=int, default=256, help="cap on output tokens")
+    p.add_argument("--capacity-s", type=float, default=25.0, help="closed-loop capacity phase length")
+    p.add_argument("--capacity-warmup-s", type=float, default=8.0, help="first seconds of the phase not counted")
+    p.add_argument("--capacity-concurrency", type=int, default=32, help="closed-loop clients in the capacity phase")
+

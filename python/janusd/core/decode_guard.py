@@ -4,7 +4,8 @@ Per-token attainment under overload is decided by TPOT, not TTFT (bench/RESULTS.
 dispatch-replay): a prefill admitted onto a device already decoding near the model's
 TPOT SLO makes every sequence there late. So an Active instance takes new prefill work
 only while its device, with one more sequence decoding, is estimated to stay within the
-model's TPOT SLO; an instance with nothing decoding always may (every request is served
+model's TPOT SLO and that of every sequence decoding there (co-located models of other
+SLO classes share the device's pace); an instance with nothing decoding always may (every request is served
 eventually). The estimate is an online fit of the device's observed inter-token gaps by
 the number of sequences decoding (oracle/decode_estimate.py).
 
@@ -41,6 +42,8 @@ class DecodeGuard:
         self.registry = registry
         self.dispatch = dispatch
         self.decoding: dict[int, int] = {}  # device -> requests past their first token there
+        # device -> {TPOT SLO (s): how many of those decoding there have it}: the tightest bounds the device
+        self.tpots: dict[int, dict[float, int]] = {}
         self.fit: dict[int, DecodeStepEstimator] = {}  # device -> seconds per token by sequences
         self._dirty: set[int] | None = None
 
@@ -58,10 +61,16 @@ class DecodeGuard:
         """Every device may have changed (e.g. a model's SLO was retuned)."""
         self._dirty = None
 
-    def count(self, device: int, delta: int) -> None:
-        """A sequence started (+1) or stopped (-1) decoding on `device`."""
+    def count(self, device: int, delta: int, tpot_s: float = float("inf")) -> None:
+        """A sequence with TPOT SLO `tpot_s` started (+1) or stopped (-1) decoding on `device`."""
         n = max(0, self.decoding.get(device, 0) + delta)
         self.decoding[device] = n
+        per = self.tpots.setdefault(device, {})
+        k = per.get(tpot_s, 0) + delta
+        if k > 0:
+            per[tpot_s] = k
+        else:
+            per.pop(tpot_s, None)
         self.mark(device)
         self.dispatch.set_decode_load(device, n)
 
@@ -84,11 +93,21 @@ class DecodeGuard:
             n = self.decoding.get(inst.device, 0)
             fit = self.fit.get(inst.device)
             m = self.registry.models.get(inst.model)
-            tpot = m.cfg.tpot_slo_ms / 1000.0 if m is not None else float("inf")
+            tpot = min(m.cfg.tpot_slo_ms / 1000.0 if m is not None else float("inf"), self.tightest(inst.device))
             full = n > 0 and fit is not None and fit.step_s(n + 1) > tpot
             if full != inst.saturated:
                 inst.saturated = full
                 self.dispatch.set_ready(inst, not full and inst.paired)
+
+    def tightest(self, device: int) -> float:
+        """The tightest TPOT SLO among the sequences decoding on `device` (inf: none): a new
+        sequence there slows every one of them, so theirs bounds it too, not only its own
+        model's. (Until 2026-12-07 only its own: on a device shared by a 100 ms TPOT batch
+        model and 50 ms chat and RAG models the batch model took prefills while the device
+        decoded at 50-100 ms a token, so chat and RAG decoded late and their instances, held
+        at 50 ms, refused their requests: bench/RESULTS.md, [Q] session 4.)"""
+        per = self.tpots.get(device)
+        return min(per) if per else float("inf")
 
     def yield_to_late(self, queued: Callable[[str], list[Request]], decoding: Callable[[int], list[Request]],
                       now: float, lead_s: float) -> float | None:

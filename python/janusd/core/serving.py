@@ -124,7 +124,7 @@ class ServingCore(InstanceMoves, Intake, Queueing, Draining, WorkerEvents):
         req.ended_at = now
         self.handoff.on_finished(req)
         if req.decode_device is not None:
-            self.guard.count(req.decode_device, -1)
+            self.guard.count(req.decode_device, -1, req.tpot_slo_s)
             req.decode_device = None
         if req.held_since is not None:
             self.held.drop(req)

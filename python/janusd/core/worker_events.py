@@ -26,7 +26,7 @@ class WorkerEvents(CoreState):
                 req.prefill_seen = True
                 if req.device is not None:
                     req.decode_device = req.device
-                    self.guard.count(req.device, +1)
+                    self.guard.count(req.device, +1, req.tpot_slo_s)
                 self.telemetry.on_first_token(req.rid, now)
                 if req.instance is not None:
                     self.dispatch.prefill_done(req.rid, req.instance, now, len(req.prompt_ids), d.prefill_s,
@@ -58,6 +58,6 @@ class WorkerEvents(CoreState):
                 and req.device != req.decode_device:
             # handed off: it decodes on the decode instance's device from now on (the decode
             # guard's count and gap samples, and the controller's per-token decode cost)
-            self.guard.count(req.decode_device, -1)
-            self.guard.count(req.device, +1)
+            self.guard.count(req.decode_device, -1, req.tpot_slo_s)
+            self.guard.count(req.device, +1, req.tpot_slo_s)
             req.decode_device = req.device

@@ -114,6 +114,7 @@ class Cluster:
         self._held_now = 0  # devices holding some instance (kept by set_state)
         self._insts_now = 0  # instances holding device memory
         self.on_arrival: Callable[[int, float], None] | None = None  # (trace row, now): the controller's counts
+        self.on_done: Callable[[int, float], None] | None = None  # (trace row, now) of each ok end: a closed loop
         self.figures: Callable[[], dict[str, int]] | None = None  # the controller's own counts, for the summary
         self._cols = TraceColumns(trace, [self.req_model[k] for k in request_model.tolist()])
 
@@ -311,6 +312,11 @@ class Cluster:
         else:  # rejected at admission (reject_early): _finished has run without an index
             self._record_failure(i, req, "rejected")
 
+    def release(self, row: int, t: float) -> None:
+        """Row `row` arrives at `t` instead of its trace time: a closed loop's next request
+        (bench/replay_sim.py); rows must be released in order, each no earlier than the last."""
+        self._cols.arrival[row] = t
+
     # --------------------------------------------------------------- results
     def _finished(self, req, outcome: str) -> None:  # type: ignore[no-untyped-def]
         self.outcome_counts[outcome] = self.outcome_counts.get(outcome, 0) + 1
@@ -320,6 +326,8 @@ class Cluster:
         if outcome != "ok":
             self._record_failure(i, req, outcome)
             return
+        if self.on_done is not None:
+            self.on_done(i, self.now)
         w = self.workers.get(req.device) if req.device is not None else None
         o = w.outcomes.pop(req.rid, None) if w is not None else None
         r = self._res

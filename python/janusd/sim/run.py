@@ -59,6 +59,14 @@ def simulate(trace: Trace, archs: dict[str, SimModel], devices: int, policy: str
     return cluster, out
 
 
+def configured_cluster(trace: Trace, archs: dict[str, SimModel], devices: int, policy: str, perf: PerfModel,
+                       engine: EngineLimits, config: JanusConfig, keep_times: bool = False) -> Cluster:
+    """A daemon configuration's cluster, set up and not yet run (simulate() with `config`
+    runs it): for drivers that watch the run, as bench/replay_sim.py's closed loop does."""
+    served, req_model = served_models(trace, archs)
+    return _configured(config, policy, trace, served, req_model, perf, devices, engine, keep_times, 0.0, 0)
+
+
 def _configured(cfg: JanusConfig, policy: str, trace: Trace, served: list, req_model: np.ndarray, perf: PerfModel,
                 devices: int, engine: EngineLimits, keep_times: bool, oracle_error: float,
                 oracle_seed: int) -> Cluster:
