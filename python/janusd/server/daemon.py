@@ -133,7 +133,7 @@ class Daemon(RequestFront, WorkerSupervision, NodeJoins):
         if cfg.control.managed:
             self.controller = Controller(self, clock, self.metrics.controller_op, self.metrics.controller_elastic,
                                          self.metrics.controller_move, self.metrics.controller_figure,
-                                         self.decisions)
+                                         self.decisions, absent=self._absent_devices)
         if self.controller is not None:
             self.controller.room.on_undone = self.metrics.controller_undone
         self.http_port: int | None = None
@@ -352,6 +352,10 @@ class Daemon(RequestFront, WorkerSupervision, NodeJoins):
         out = await self.life.fork(name, src, dst)
         self.poke()
         return out
+
+    def _absent_devices(self) -> list[int]:
+        """Device slots no node offers now (server/node_joins.py): not the controller's to place on."""
+        return [w.device_index for w in self.workers if w.state is WorkerState.ABSENT]
 
     # ---- views ----
     def health(self) -> dict[str, Any]:
