@@ -194,8 +194,14 @@ def test_adopt_gives_absent_slots_the_devices_of_joined_nodes_and_a_silent_ray_n
         seen.append(await launcher.adopt([1, 2]))
         seen.append([launcher.placement(i) for i in range(3)])
         seen.append(await launcher.adopt([]))
+        launcher.devices[2] = None
+        # slot 0 absent (its worker did not start): the unit it held on a, alive, is its again
+        seen.append(await launcher.adopt([0]))
+        # slots 1 and 2 absent (slot 2 emptied): host-c's two units, one of them slot 1's, go to them
+        seen.append(await launcher.adopt([1, 2]))
         return seen
 
-    none, silent, adopted, where, again = asyncio.run(go())
-    assert none == [] and silent == [] and adopted == [1, 2] and again == []
+    none, silent, adopted, where, again, held, retried = asyncio.run(go())
+    assert none == [] and silent == [] and adopted == [1, 2] and again == [] and retried == [1, 2]
+    assert held == [0]  # an absent slot holds nothing
     assert [(p.node, p.host) for p in where] == [("host-a", "10.0.0.1"), ("host-c", "10.0.0.3"), ("host-c", "10.0.0.3")]

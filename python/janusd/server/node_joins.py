@@ -24,7 +24,9 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from janusd.log import log
+from janusd.server.daemon_clock import clock
 from janusd.server.process_states import DaemonState, WorkerState
+from janusd.server.restart_policy import RestartBudget
 from janusd.server.workers import WorkerError, WorkerHandle
 
 if TYPE_CHECKING:
@@ -48,6 +50,7 @@ class NodeJoins:
     life: LifecycleOps
     launcher: Launcher
     workers: list[WorkerHandle]
+    restarts: dict[int, RestartBudget]
     homeless: set[str]  # models a node loss left with nothing placed and no ready device
 
     if TYPE_CHECKING:
@@ -62,6 +65,8 @@ class NodeJoins:
 
         async def _replace(self, model: str, device: int) -> None: ...
 
+        def _give_up(self, w: WorkerHandle, why: str, absent: bool = False) -> None: ...
+
     async def _watch_joins(self) -> None:
         """Every ray.join_check_s while the daemon serves: adopt joined nodes' devices."""
         while self.state in (DaemonState.RUNNING, DaemonState.STARTING):
@@ -74,14 +79,21 @@ class NodeJoins:
 
     async def _start_joined(self, w: WorkerHandle) -> None:
         """Start the worker of a slot a joined node now offers, then place what waited for it.
-        A start that fails leaves the slot absent (the device stays the node's: logged)."""
+        A start that fails leaves the slot absent, tried again at a later check, until the
+        device's restart budget is spent (then failed, as a worker that keeps dying)."""
         node = w.placement.node
         try:
             await w.start(self.cfg.server.worker_ready_timeout_s)
         except (WorkerError, OSError) as e:
-            if w.state is WorkerState.DEAD:
-                w.absent()
             _log(f"device {w.device_index} on joined node {node}: its worker did not start: {e}", logging.WARNING)
+            if w.state is not WorkerState.DEAD:  # shutdown meanwhile
+                return
+            budget = self.restarts[w.device_index]
+            if budget.on_death(clock()) is None:
+                self._give_up(w, f"its worker on joined node {node} did not start {budget.budget + 1} times "
+                                 f"within {budget.window_s:g} s")
+            else:
+                w.absent()
             return
         _log(f"device {w.device_index} on joined node {node} is ready (pid {w.pid})")
         await self.ops.reload_device(w.device_index)  # instances configured on it while it was absent

@@ -248,7 +248,10 @@ class RayLauncher:
         except Exception as e:  # WorkerError (timeout) or Ray's own: try again next check
             log.debug(f"ray launcher: looking for joined nodes: {e}")
             return []
-        taken = free_devices(inventory(nodes, self.cfg.device_resource), self.devices)
+        # an absent slot holds nothing (its node left, or its worker did not start: the
+        # same unit may be offered to it again)
+        held = [None if i in free else d for i, d in enumerate(self.devices)]
+        taken = free_devices(inventory(nodes, self.cfg.device_resource), held)
         out = []
         for slot, dev in zip(sorted(free), taken):
             self.devices[slot] = dev
