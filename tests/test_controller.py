@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from janusd.config import ControlConfig, JanusConfig
+from janusd.config import ControlConfig, DevicesConfig, JanusConfig
 from janusd.lifecycle.states import InstanceState
 from janusd.oracle.types import AttainmentEstimate, LoadFeatures, MinInstances, ResourceEstimate
 from janusd.policy.policy_config import KeepAliveConfig, ScalingConfig
@@ -246,3 +246,20 @@ def test_an_auto_model_goes_elastic_on_a_burst_and_is_scaled_only_then():
     assert [(o.device, o.target) for o in ops] == [(1, "active"), (2, "active"), (3, "active")]
     assert "burst: 40.0 req/s" in ops[0].reason
     assert ctl.view(rig.now)["pools"][0]["pool"] == "elastic"
+
+
+def test_absent_device_slots_are_left_out_of_the_pool_the_room_places_on():
+    """A slot no Ray node offers (server/node_joins.py) has no worker: the room must not
+    place there; it comes back into the pool once its node joined."""
+    rig = Rig(devices=4)
+    host = Host(rig, ControlConfig(managed=True))
+    host._cfg = JanusConfig(control=ControlConfig(managed=True), devices=DevicesConfig(count=4))
+    absent: list[int] = [1, 3]
+    ctl = Controller(host, clock=lambda: rig.now, absent=lambda: absent)
+    assert ctl.snapshot(rig.now).pool == (0, 2)
+    absent[:] = [3]
+    assert ctl.snapshot(rig.now).pool == (0, 1, 2)
+    host._cfg = JanusConfig(control=ControlConfig(managed=True, pool_devices=[1, 2]), devices=DevicesConfig(count=4))
+    assert ctl.snapshot(rig.now).pool == (1, 2)  # the configured pool less the absent ones
+    absent[:] = []
+    assert ctl.snapshot(rig.now).pool == (1, 2)

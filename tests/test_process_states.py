@@ -18,7 +18,8 @@ def test_every_state_has_its_row_and_moves_stay_inside_the_enum():
 
 def test_the_words_are_the_old_ones():
     assert [s.value for s in DaemonState] == ["starting", "running", "draining", "stopped"]
-    assert [s.value for s in WorkerState] == ["stopped", "starting", "ready", "stopping", "dead", "failed"]
+    assert [s.value for s in WorkerState] == ["stopped", "starting", "ready", "stopping", "dead", "failed",
+                                             "absent"]
     assert WorkerState.READY == "ready" and f"{DaemonState.RUNNING}" == "running"
 
 
@@ -34,6 +35,17 @@ def test_a_worker_goes_through_its_life_and_nothing_else():
     with pytest.raises(ProcessMoveError, match="is failed: cannot go starting"):
         moved(W.FAILED, W.STARTING, WORKER_MOVES, "worker for device 0")  # a given-up device stays given up
     assert moved(W.READY, W.READY, WORKER_MOVES, "w") is W.READY  # no move
+
+
+def test_a_slot_without_a_node_waits_absent_and_starts_when_a_node_joins():
+    W = WorkerState
+    s = W.STOPPED
+    # no node at start; one joins; it leaves (the restart finds it gone); another joins
+    for t in [W.ABSENT, W.STARTING, W.READY, W.DEAD, W.STARTING, W.DEAD, W.ABSENT, W.STARTING, W.READY]:
+        s = moved(s, t, WORKER_MOVES, "worker for device 1")
+    assert s is W.READY
+    with pytest.raises(ProcessMoveError, match="is absent: cannot go ready"):
+        moved(W.ABSENT, W.READY, WORKER_MOVES, "worker for device 1")  # only through a start
 
 
 def test_the_daemon_never_serves_again_after_it_drained():

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from daemon_harness import ROOT, server_section, start_daemon
 from janusd.server.ray_launcher import NodeDevice, inventory
@@ -131,3 +133,75 @@ def test_a_killed_worker_whose_end_ray_never_reports_is_taken_as_gone_within_the
 
     code, took, cancels = asyncio.run(go())
     assert code == -9 and 0.15 < took < 1.0 and cancels == 1
+
+
+def test_free_devices_are_the_alive_nodes_units_no_slot_holds():
+    from janusd.server.ray_launcher import free_devices
+
+    a, b, b2 = NodeDevice("aa", "host-a", "10.0.0.1"), NodeDevice("bb", "host-b", "10.0.0.2"), \
+        NodeDevice("b2", "host-b2", "10.0.0.3")
+    offered = [a, a, b2]  # node b left; b2 joined; a declares two units
+    # slot 0 on a, slot 1 on b (gone), slot 2 absent from the start
+    assert free_devices(offered, [a, b, None]) == [a, b2]
+    assert free_devices(offered, [a, a, None]) == [b2]  # a slot whose node is alive keeps its unit
+    assert free_devices(offered, [None, None]) == offered
+    assert free_devices([], [a, None]) == []
+
+
+@given(st.lists(st.sampled_from("abcd"), max_size=8), st.lists(st.sampled_from("abcde-"), max_size=8))
+def test_free_devices_never_hands_out_a_held_unit_nor_keeps_a_free_one(offered_ids, held_ids):
+    from collections import Counter
+
+    from janusd.server.ray_launcher import free_devices
+
+    dev = {n: NodeDevice(n, f"host-{n}", "10.0.0.1") for n in "abcde"}
+    offered = [dev[n] for n in sorted(offered_ids)]
+    held = [dev[n] if n != "-" else None for n in held_ids]
+    free = Counter(d.node_id for d in free_devices(offered, held))
+    units, holding = Counter(offered_ids), Counter(n for n in held_ids if n != "-")
+    # per node: its units less the slots on it, never below zero; nodes that left hold nothing
+    assert free == Counter({n: units[n] - holding[n] for n in units if units[n] > holding[n]})
+
+
+class _JoiningRay:
+    """Ray's client at the edge: the node table as the test sets it; or no answer."""
+
+    def __init__(self, nodes: list[dict]) -> None:
+        self.rows = nodes
+        self.stall = False
+
+    def nodes(self) -> list[dict]:
+        if self.stall:
+            time.sleep(0.5)
+        return self.rows
+
+
+def test_adopt_gives_absent_slots_the_devices_of_joined_nodes_and_a_silent_ray_nothing():
+    import asyncio
+
+    from janusd.config import RayConfig
+    from janusd.server.ray_launcher import RayLauncher
+
+    async def go() -> list:
+        launcher = RayLauncher(RayConfig(call_timeout_s=0.1), 3)
+        launcher.ray = fake = _JoiningRay([_node("host-a", "aa", 1, ip="10.0.0.1")])
+        launcher.devices = [NodeDevice("aa", "host-a", "10.0.0.1"), NodeDevice("bb", "host-b", "10.0.0.2"), None]
+        seen = [await launcher.adopt([1, 2])]  # b left, nobody joined: nothing
+        fake.rows = [*fake.rows, _node("host-b", "bb", 1, alive=False), _node("host-c", "cc", 2, ip="10.0.0.3")]
+        fake.stall = True
+        seen.append(await launcher.adopt([1, 2]))  # Ray silent: nothing this time
+        fake.stall = False
+        seen.append(await launcher.adopt([1, 2]))
+        seen.append([launcher.placement(i) for i in range(3)])
+        seen.append(await launcher.adopt([]))
+        launcher.devices[2] = None
+        # slot 0 absent (its worker did not start): the unit it held on a, alive, is its again
+        seen.append(await launcher.adopt([0]))
+        # slots 1 and 2 absent (slot 2 emptied): host-c's two units, one of them slot 1's, go to them
+        seen.append(await launcher.adopt([1, 2]))
+        return seen
+
+    none, silent, adopted, where, again, held, retried = asyncio.run(go())
+    assert none == [] and silent == [] and adopted == [1, 2] and again == [] and retried == [1, 2]
+    assert held == [0]  # an absent slot holds nothing
+    assert [(p.node, p.host) for p in where] == [("host-a", "10.0.0.1"), ("host-c", "10.0.0.3"), ("host-c", "10.0.0.3")]

@@ -2,12 +2,16 @@
 and the daemon on 127.0.0.1), one `janus_device` per node, a real daemon placing one
 worker on each through Ray and serving the OpenAI API from both.
 
-Checked: each device's worker runs where Ray put it (not a child of the daemon) and ctl
+Checked: a daemon of two device slots started while only node A is up serves from A,
+device 1 absent (its model waits); node B joining fills device 1 within seconds (its
+model loads there, server/node_joins.py); each device's worker runs where Ray put it (not a child of the daemon) and ctl
 shows its node; a D2D fork from node A's device to node B's over Mooncake tcp (the
 source's session carries its node's host) generates identically; node B leaving
 mid-stream fails its client's stream within 1 s while node A's stream finishes whole,
-and B's model comes back on A. Ray starts once for the module (its start is most of the
-module's time). Tests run in file order: the last one removes node B."""
+and B's model comes back on A; a node B' joining after it takes device 1 over, and a model
+placed there serves. Ray starts once for the module (its start is most of the module's
+time). Tests run in file order: node B joins in the first, leaves and is replaced in the
+last ones."""
 
 from __future__ import annotations
 
@@ -48,10 +52,11 @@ devices = [1]
 
 @pytest.fixture(scope="module")
 def cluster():
+    """The cluster and its nodes by role ("b": node B once the first test added it)."""
     c = Cluster(initialize_head=True, head_node_args=dict(
         NODE, node_name="janus-a", include_dashboard=False, _system_config=FAST_HEALTH))
-    node_b = c.add_node(**NODE, node_name="janus-b")
-    yield c, node_b
+    nodes: dict = {}
+    yield c, nodes
     c.shutdown()
 
 
@@ -60,7 +65,8 @@ def daemon(cluster):
     c, _ = cluster
     text = (server_section(Path("@RUN@"), model_wait_timeout_s=20.0)
             + "[devices]\ncount = 2\nmemory_mib = 16\nlauncher = \"ray\"\n\n"
-            + f'[ray]\naddress = "{c.address}"\ncall_timeout_s = 10.0\n' + MODELS)
+            + f'[ray]\naddress = "{c.address}"\ncall_timeout_s = 10.0\ndevice_wait_s = 0.5\n'
+            + "join_check_s = 0.3\n" + MODELS)
     d = start_daemon(text)
     yield d
     d.stop()
@@ -83,6 +89,39 @@ def _ppid(pid: int) -> int:
         if line.startswith("PPid:"):
             return int(line.split()[1])
     raise AssertionError(f"no PPid for {pid}")
+
+
+def _workers(d) -> list[tuple]:
+    return [(w["device"], w["node"], w["state"]) for w in ctl_ok(d, am.StatusReq())["workers"]]
+
+
+def _instance_state(d, model: str, device: int) -> str | None:
+    rows = ctl_ok(d, am.InstancesReq())["instances"]
+    return next((i["state"] for i in rows if i["model"] == model and i["device"] == device), None)
+
+
+def _join(d, c, name: str) -> tuple:
+    """Add a node of one device; wait for device 1 to be ready on it; (node, seconds). The
+    seconds are mostly process starts on the new node (Ray's worker there, then janusd's
+    worker importing torch): ~4-6 s on this 2-core host; the join check itself is 0.3 s."""
+    node = c.add_node(**NODE, node_name=name)
+    t0 = time.monotonic()
+    assert wait_until(lambda: _workers(d)[1] == (1, name, "ready"), 30.0), _workers(d)
+    return node, time.monotonic() - t0
+
+
+def test_started_with_node_a_only_then_node_b_joins_and_fills_device_1(daemon, cluster):
+    c, nodes = cluster
+    assert _workers(daemon) == [(0, "janus-a", "ready"), (1, "absent", "absent")]
+    assert complete(daemon, "demo-llama")[0] == 200  # served on node A meanwhile
+    assert _instance_state(daemon, "demo-qwen2", 1) == "loading"  # configured on device 1: waits for it
+    assert "devices 1-1 absent until a node joins" in daemon.log_text()
+    nodes["b"], took = _join(daemon, c, "janus-b")
+    assert took < 15.0, f"device 1 took {took:.1f} s to come up on the joined node"
+    pools = ctl_ok(daemon, am.PoolsReq(refresh=True))["pools"]
+    assert {p["device"]: (p["node"], p["state"]) for p in pools} == {0: ("janus-a", "ready"), 1: ("janus-b", "ready")}
+    assert wait_until(lambda: _instance_state(daemon, "demo-qwen2", 1) == "active", 30.0)
+    assert "device 1 on joined node janus-b is ready" in daemon.log_text()
 
 
 def test_each_device_is_served_from_its_node(daemon):
@@ -142,7 +181,8 @@ def _read(resp, out: dict) -> None:
 
 
 def test_node_b_leaving_fails_its_stream_fast_keeps_node_a_and_brings_its_model_to_a(daemon, cluster):
-    c, node_b = cluster
+    c, nodes = cluster
+    node_b = nodes["b"]
     conn_a, resp_a = open_stream(daemon, "demo-llama", 800)
     conn_b, resp_b = open_stream(daemon, "demo-qwen2", 1500)
     ev_b = sse_events(resp_b)
@@ -175,5 +215,17 @@ def test_node_b_leaving_fails_its_stream_fast_keeps_node_a_and_brings_its_model_
     assert wait_until(on_a, 30.0), ctl_ok(daemon, am.InstancesReq())["instances"]
     assert complete(daemon, "demo-qwen2")[0] == 200
     workers = {w["device"]: w["state"] for w in ctl_ok(daemon, am.StatusReq())["workers"]}
-    assert workers == {0: "ready", 1: "failed"}
-    assert "device 1 failed" in daemon.log_text() and "left the Ray cluster" in daemon.log_text()
+    assert workers == {0: "ready", 1: "absent"}  # waits for a node: a node that joins takes it
+    assert "device 1 absent" in daemon.log_text() and "left the Ray cluster" in daemon.log_text()
+
+
+def test_a_node_joining_after_node_b_left_takes_device_1_over_and_serves(daemon, cluster):
+    c, _ = cluster
+    _, took = _join(daemon, c, "janus-b2")
+    assert took < 15.0, f"device 1 took {took:.1f} s to come up on the joined node"
+    assert {p["device"]: p["node"] for p in ctl_ok(daemon, am.PoolsReq())["pools"]} == {0: "janus-a", 1: "janus-b2"}
+    ctl_ok(daemon, am.StateReq("demo-qwen2", 1, "active"))  # loaded on node B2
+    ctl_ok(daemon, am.StateReq("demo-qwen2", 0, "cold"))  # so only node B2's copy serves
+    assert complete(daemon, "demo-qwen2")[0] == 200
+    pools = {p["device"]: p for p in ctl_ok(daemon, am.PoolsReq(refresh=True))["pools"]}
+    assert "demo-qwen2" in pools[1]["models"] and "demo-qwen2" not in pools[0]["models"]

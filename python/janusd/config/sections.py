@@ -137,6 +137,14 @@ class RayConfig(Section):
     head_num_cpus: NonNegInt = 1
     head_object_store_mib: Annotated[int, Meta(ge=78)] = 80
     head_devices: NonNegInt = 0  # 0 = devices.count
+    # device slots and nodes that join (server/node_joins.py): start waits up to
+    # device_wait_s for devices.count devices, then starts with the ones found when there
+    # are at least min_devices (else refuses); the other slots are absent until a node with
+    # free `device_resource` units joins, looked for every join_check_s (also the slots of a
+    # node that left: a node that replaces it takes them over)
+    min_devices: PositiveInt = 1
+    device_wait_s: Annotated[float, Meta(ge=0)] = 10.0
+    join_check_s: PositiveFloat = 2.0
 
 
 class EngineConfig(Section):

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from janusd.config import JanusConfig
-from janusd.control.observe import observe
+from janusd.control.observe import observe, pool_devices
 from janusd.control.ops import Activate, Op, Reassign, Rest
 from janusd.control.room import ControlRoom
 from janusd.control.snapshot import ControlSnapshot, Predictor
@@ -64,11 +64,14 @@ class Controller:
                  lambda model, demand, count, split: None,
                  on_move: Callable[[str, str], None] = lambda kind, outcome: None,
                  on_figure: Callable[[str, float], None] = lambda figure, value: None,
-                 decisions: DecisionLog | None = None) -> None:
+                 decisions: DecisionLog | None = None,
+                 absent: Callable[[], Iterable[int]] = lambda: ()) -> None:
         """The hooks are the room's (control/room.py ControlRoom): metrics. `decisions`:
         where each Op carried is recorded (server/decisions.py; the daemon's, shared with
-        the wakes)."""
+        the wakes). `absent`: the device slots no node offers now (the ray launcher,
+        server/node_joins.py), left out of the pool the room places on."""
         self.host = host
+        self.absent = absent
         self.clock = clock
         self.decisions = decisions if decisions is not None else DecisionLog(host.cfg.control.decisions_kept)
         self.room = ControlRoom(host.cfg.control, on_op=on_op, on_elastic=on_elastic, on_move=on_move,
@@ -78,8 +81,11 @@ class Controller:
 
     def snapshot(self, now: float) -> ControlSnapshot:
         cfg = self.host.cfg
-        return observe(self.host.core, now, cfg.devices.count, self.host.predictor(), cfg.control.managed,
-                       cfg.control.pool_devices)
+        gone = set(self.absent())
+        pool = cfg.control.pool_devices
+        if gone:  # the configured pool (every device when none is) less the absent slots
+            pool = [d for d in pool_devices(cfg.devices.count, pool) if d not in gone] or pool
+        return observe(self.host.core, now, cfg.devices.count, self.host.predictor(), cfg.control.managed, pool)
 
     # the room's plans, on the core as it is now (tests call these with a fake clock)
     def plan_fast(self, now: float) -> list[Op]:

@@ -42,6 +42,7 @@ from janusd.server.decisions import DecisionLog
 from janusd.server.lifecycle_ops import LifecycleOps
 from janusd.server.metrics import Metrics
 from janusd.server.model_ops import ConfigHolder, ModelOps
+from janusd.server.node_joins import NodeJoins
 from janusd.server.oracle_refit import OracleRefit
 from janusd.server.process_states import DAEMON_MOVES, DaemonState, WorkerState, moved
 from janusd.server.restart_policy import RestartBudget
@@ -75,7 +76,7 @@ def _log(msg: str, level: int = logging.INFO) -> None:
     log.log(level, msg)
 
 
-class Daemon(RequestFront, WorkerSupervision):
+class Daemon(RequestFront, WorkerSupervision, NodeJoins):
     """The whole daemon: its life cycle here; its request side (daemon_requests.py) and
     its workers' events (worker_supervision.py) are its parts."""
 
@@ -101,6 +102,7 @@ class Daemon(RequestFront, WorkerSupervision):
                          self.launcher)
             for i in range(cfg.devices.count)
         ]
+        self.homeless: set[str] = set()  # models waiting for a node to join (server/node_joins.py)
         self.restarts = {w.device_index: RestartBudget(sv.worker_restart_budget, sv.worker_restart_window_s)
                          for w in self.workers}
         self.metrics = Metrics(self.snapshot)
@@ -131,7 +133,7 @@ class Daemon(RequestFront, WorkerSupervision):
         if cfg.control.managed:
             self.controller = Controller(self, clock, self.metrics.controller_op, self.metrics.controller_elastic,
                                          self.metrics.controller_move, self.metrics.controller_figure,
-                                         self.decisions)
+                                         self.decisions, absent=self._absent_devices)
         if self.controller is not None:
             self.controller.room.on_undone = self.metrics.controller_undone
         self.http_port: int | None = None
@@ -180,7 +182,11 @@ class Daemon(RequestFront, WorkerSupervision):
             _log(f"start-up failed: {e}", logging.ERROR)
             await self.launcher.close()
             return 1
-        results = await asyncio.gather(*(w.start(timeout) for w in self.workers), return_exceptions=True)
+        for w in self.workers:
+            if not self.launcher.present(w.device_index):
+                w.absent()  # no node offers it yet (server/node_joins.py)
+        present = [w for w in self.workers if w.state is not WorkerState.ABSENT]
+        results = await asyncio.gather(*(w.start(timeout) for w in present), return_exceptions=True)
         bad = [r for r in results if isinstance(r, BaseException)]
         if bad:
             for err in bad:
@@ -188,9 +194,9 @@ class Daemon(RequestFront, WorkerSupervision):
             await asyncio.gather(*(w.stop() for w in self.workers))
             await self.launcher.close()
             return 1
-        _log(f"{len(self.workers)} workers ready: " + ", ".join(
+        _log(f"{len(present)} workers ready: " + ", ".join(
             f"device {w.device_index} pid {w.pid}" + ("" if w.placement.node == "local" else f" on {w.placement.node}")
-            for w in self.workers))
+            for w in present) + "".join(f"; device {w.device_index} absent" for w in self.workers if not w.ready))
         measured = [w.memcpy_bps for w in self.workers if w.memcpy_bps > 0]
         if measured:  # the restore path estimates start from this machine's copy bandwidth
             self.life.bw.memcpy = min(measured)
@@ -212,6 +218,8 @@ class Daemon(RequestFront, WorkerSupervision):
             raise
         self._spawn(self._poll_stats(), "stats")
         self._spawn(self.launcher.watch(), "launcher")
+        if self.cfg.devices.launcher == "ray":
+            self._spawn(self._watch_joins(), "joins")
         self._spawn(self.oracle.run(self), "oracle")
         if self.controller is not None:
             self._spawn(self.controller.run(), "controller")
@@ -344,6 +352,10 @@ class Daemon(RequestFront, WorkerSupervision):
         out = await self.life.fork(name, src, dst)
         self.poke()
         return out
+
+    def _absent_devices(self) -> list[int]:
+        """Device slots no node offers now (server/node_joins.py): not the controller's to place on."""
+        return [w.device_index for w in self.workers if w.state is WorkerState.ABSENT]
 
     # ---- views ----
     def health(self) -> dict[str, Any]:

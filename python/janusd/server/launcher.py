@@ -65,6 +65,15 @@ class Launcher(Protocol):
 
     def placement(self, device_index: int) -> Placement: ...
 
+    def present(self, device_index: int) -> bool:
+        """Whether a node offers the device slot now (False: absent, no worker to start)."""
+        ...
+
+    async def adopt(self, free: list[int]) -> list[int]:
+        """Give the slots in `free` (absent ones) the devices of nodes that joined since;
+        the slots now present (server/node_joins.py starts their workers). Bounded."""
+        ...
+
     async def open(self) -> None:
         """Before the first spawn: reach the cluster, learn where each device is (raises
         WorkerError with what is wrong; bounded)."""
@@ -123,6 +132,12 @@ class LocalLauncher:
 
     def placement(self, device_index: int) -> Placement:
         return Placement()
+
+    def present(self, device_index: int) -> bool:
+        return True  # every slot is a device of this host
+
+    async def adopt(self, free: list[int]) -> list[int]:
+        return []  # no node ever joins: this host is the inventory
 
     async def open(self) -> None:
         return None

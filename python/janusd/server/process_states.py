@@ -16,7 +16,12 @@ Worker process (server/workers.py WorkerHandle), why each move exists:
   (then Stopped once the stop ends).
 - Dead -> Starting: the restart after its back-off; Dead -> Failed: its restart budget
   is spent (the device is given up); Dead -> Stopped / Stopping: shutdown.
-- Failed -> Stopping / Stopped: shutdown."""
+- Failed -> Stopping / Stopped: shutdown (a given-up device stays given up).
+- Absent, a device slot no node offers (the ray launcher, server/node_joins.py): Stopped
+  -> Absent: the cluster had fewer devices than devices.count at start; Dead -> Absent:
+  its node left the cluster (no restart can help); Absent -> Starting: a node joined
+  with a free device (a new one, or one that replaces the lost node); Absent -> Stopping
+  / Stopped: shutdown."""
 
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ class WorkerState(enum.StrEnum):
     STOPPING = "stopping"
     DEAD = "dead"
     FAILED = "failed"
+    ABSENT = "absent"  # a device slot no node offers yet (server/node_joins.py)
 
 
 D, W = DaemonState, WorkerState
@@ -51,12 +57,13 @@ DAEMON_MOVES: dict[DaemonState, frozenset[DaemonState]] = {
     D.STOPPED: frozenset(),
 }
 WORKER_MOVES: dict[WorkerState, frozenset[WorkerState]] = {
-    W.STOPPED: frozenset({W.STARTING}),
+    W.STOPPED: frozenset({W.STARTING, W.ABSENT}),
     W.STARTING: frozenset({W.READY, W.DEAD, W.STOPPING}),
     W.READY: frozenset({W.DEAD, W.STOPPING}),
     W.STOPPING: frozenset({W.STOPPED, W.DEAD}),
-    W.DEAD: frozenset({W.STARTING, W.FAILED, W.STOPPING, W.STOPPED}),
+    W.DEAD: frozenset({W.STARTING, W.FAILED, W.ABSENT, W.STOPPING, W.STOPPED}),
     W.FAILED: frozenset({W.STOPPING, W.STOPPED}),
+    W.ABSENT: frozenset({W.STARTING, W.STOPPING, W.STOPPED}),
 }
 
 

@@ -9,8 +9,12 @@ listener's address and the per-start token, server/ray_task.py) and an exit code
 The inventory is the cluster's: each alive node declares `ray.device_resource` units (one
 per device, `ray start --resources '{"janus_device": N}'`); devices are numbered by node
 name, then node id, so a cluster whose nodes are named host-00, host-01, ... numbers
-them as an operator reads them. The first `devices.count` of them are the daemon's; a
-cluster with fewer is refused at start with what it offers.
+them as an operator reads them. `devices.count` is the number of device slots (the core,
+the controller and the pools number devices 0..count-1); the first devices found fill the
+first slots. A cluster with fewer than `ray.min_devices` after `ray.device_wait_s` is
+refused at start with what it offers; with fewer than count, the other slots are absent
+until a node joins: `adopt` (every `ray.join_check_s`, server/node_joins.py) gives each
+absent slot a device no slot holds on an alive node, a node that replaced a lost one too.
 
 The daemon never hangs on Ray: every call runs on a small thread pool of its own and is
 awaited at most `ray.call_timeout_s` (a call past it is reported and left to finish on its
@@ -60,6 +64,23 @@ def inventory(nodes: list[dict[str, Any]], resource: str) -> list[NodeDevice]:
     for n in sorted(alive, key=lambda n: (n.get("NodeName", ""), n["NodeID"])):
         dev = NodeDevice(n["NodeID"], n.get("NodeName") or n["NodeManagerAddress"], n["NodeManagerAddress"])
         out += [dev] * int(n["Resources"][resource])
+    return out
+
+
+def free_devices(offered: list[NodeDevice], held: list[NodeDevice | None]) -> list[NodeDevice]:
+    """The devices in `offered` (alive nodes, inventory()'s order) that no slot in `held`
+    holds: a node's units less the slots on it, so a slot whose node is alive keeps its
+    unit (even while its worker restarts) and a slot of a node that left holds none. Pure."""
+    holding: dict[str, int] = {}
+    for d in held:
+        if d is not None:
+            holding[d.node_id] = holding.get(d.node_id, 0) + 1
+    out = []
+    for d in offered:
+        if holding.get(d.node_id, 0) > 0:
+            holding[d.node_id] -= 1
+        else:
+            out.append(d)
     return out
 
 
@@ -147,7 +168,7 @@ class RayLauncher:
         self.cfg = cfg
         self.count = count
         self.listener = ConnectBack(cfg.listen_host, cfg.listen_port, cfg.hello_timeout_s)
-        self.devices: list[NodeDevice] = []
+        self.devices: list[NodeDevice | None] = [None] * count  # by slot; None: absent
         self.ray: Any = None
         self._remote: Any = None
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="janusd-ray")
@@ -200,21 +221,44 @@ class RayLauncher:
         self.ray = await self.call(self._connect, "connect", "start_timeout_s")
         self._remote = self.ray.remote(run_worker)
         await self.listener.start()
-        deadline = asyncio.get_running_loop().time() + self.cfg.call_timeout_s
+        deadline = asyncio.get_running_loop().time() + self.cfg.device_wait_s
         while True:
             found = inventory(await self.call(self.ray.nodes, "nodes"), self.cfg.device_resource)
             if len(found) >= self.count or asyncio.get_running_loop().time() > deadline:
                 break
             await asyncio.sleep(0.2)  # nodes may still be joining
-        if len(found) < self.count:
+        need = min(self.cfg.min_devices, self.count)
+        if len(found) < need:
             names = sorted({d.node_name for d in found})
             raise WorkerError(f"the Ray cluster offers {len(found)} {self.cfg.device_resource} device(s) "
-                              f"(nodes {names}), devices.count = {self.count}: start nodes with "
-                              f"--resources '{{\"{self.cfg.device_resource}\": N}}'", "unavailable")
-        self.devices = found[: self.count]
+                              f"(nodes {names}) after {self.cfg.device_wait_s:g} s, ray.min_devices = {need}: "
+                              f"start nodes with --resources '{{\"{self.cfg.device_resource}\": N}}'", "unavailable")
+        found = found[: self.count]
+        self.devices = [*found, *[None] * (self.count - len(found))]
+        absent = f"; devices {len(found)}-{self.count - 1} absent until a node joins" if len(found) < self.count else ""
         log.info("ray launcher: " + ", ".join(f"device {i} on {d.node_name} ({d.host}, node {d.node_id[:8]})"
-                                              for i, d in enumerate(self.devices))
-                 + f"; workers connect back to {self.listener.host}:{self.listener.port}")
+                                              for i, d in enumerate(found))
+                 + f"{absent}; workers connect back to {self.listener.host}:{self.listener.port}")
+
+    async def adopt(self, free: list[int]) -> list[int]:
+        """Server/launcher.py's Launcher.adopt: one Ray call (bounded); a Ray that does not
+        answer adopts nothing this time (watch reports it)."""
+        try:
+            nodes = await self.call(self.ray.nodes, "nodes")
+        except Exception as e:  # WorkerError (timeout) or Ray's own: try again next check
+            log.debug(f"ray launcher: looking for joined nodes: {e}")
+            return []
+        # an absent slot holds nothing (its node left, or its worker did not start: the
+        # same unit may be offered to it again)
+        held = [None if i in free else d for i, d in enumerate(self.devices)]
+        taken = free_devices(inventory(nodes, self.cfg.device_resource), held)
+        out = []
+        for slot, dev in zip(sorted(free), taken):
+            self.devices[slot] = dev
+            out.append(slot)
+            log.info(f"ray launcher: device {slot} on {dev.node_name} ({dev.host}, node {dev.node_id[:8]}), "
+                     "a node that joined")
+        return out
 
     def _connect(self) -> Any:
         """ray.init on a thread (blocking). On loopback, Ray's own switch keeps 127.0.0.1:
@@ -237,10 +281,13 @@ class RayLauncher:
         return ray
 
     def placement(self, device_index: int) -> Placement:
-        if device_index >= len(self.devices):
-            return Placement(host="?", node="?")
-        d = self.devices[device_index]
+        d = self.devices[device_index] if device_index < len(self.devices) else None
+        if d is None:
+            return Placement(host="", node="absent")
         return Placement(host=d.host, node=d.node_name)
+
+    def present(self, device_index: int) -> bool:
+        return device_index < len(self.devices) and self.devices[device_index] is not None
 
     def _dial_host(self) -> str:
         h = self.listener.host
@@ -248,6 +295,8 @@ class RayLauncher:
 
     async def spawn(self, device_index: int, worker_args: list[str]) -> RayProcess:
         d = self.devices[device_index]
+        if d is None:
+            raise WorkerError(f"device {device_index}: no Ray node offers it (absent)", "gone")
         nodes = await self.call(self.ray.nodes, "nodes")
         if not any(n["NodeID"] == d.node_id and n.get("Alive") for n in nodes):
             raise WorkerError(f"device {device_index}: its node {d.node_name} ({d.node_id[:8]}) has left the "

@@ -38,6 +38,7 @@ class WorkerSupervision:
     restarts: dict[int, RestartBudget]
     life: LifecycleOps
     workers: list[WorkerHandle]
+    homeless: set[str]  # models a node loss left with no ready device (server/node_joins.py)
 
     if TYPE_CHECKING:
         @property
@@ -73,28 +74,35 @@ class WorkerSupervision:
         if self.state in (DaemonState.RUNNING, DaemonState.STARTING):
             self._spawn(self._restart(w), f"restart{dev}")
 
-    def _give_up(self, w: WorkerHandle, why: str) -> None:
-        w.fail()
-        _log(f"device {w.device_index} failed: {why}")
+    def _give_up(self, w: WorkerHandle, why: str, absent: bool = False) -> None:
+        """The device serves nothing: failed (its restart budget is spent), or absent (its
+        node left; a node that joins may take the slot, server/node_joins.py)."""
+        if absent:
+            w.absent()
+        else:
+            w.fail()
+        _log(f"device {w.device_index} {'absent' if absent else 'failed'}: {why}")
         self.core.on_device_failed(w.device_index, clock())
         for inst in waiting_on(self.core, w.device_index):  # tp groups it was in cannot load either
-            self.core.load_failed(inst, clock(), f"device {w.device_index} of its tp group failed")
+            self.core.load_failed(inst, clock(), f"device {w.device_index} of its tp group is {w.state}")
 
     def _device_gone(self, w: WorkerHandle, why: str) -> None:
-        """The device's node left the cluster (the ray launcher): the device is failed at
-        once, and each model it served (Active when it died) that has no instance serving or
+        """The device's node left the cluster (the ray launcher): the slot is absent at once,
+        and each model it served (Active when it died) that has no instance serving or
         resting elsewhere is loaded on the ready device holding the fewest instances (the
-        other nodes' instances are not moved)."""
+        other nodes' instances are not moved); with no ready device it waits for a node
+        that joins (`homeless`)."""
         # those it served: its death sent them Loading (a Warm one went Cold: left to rest)
         lost = sorted({i.model for i in self._placed_on(w.device_index) if i.state.value == "loading"})
-        self._give_up(w, why)
+        self._give_up(w, why, absent=True)
         for model in lost:
             m = self.core.model(model)
             if m is None or any(i.state.value not in ("unloaded", "cold") for i in m.instances.values()):
                 continue
             ready = [x.device_index for x in self.workers if x.ready]
             if not ready:
-                _log(f"{model}: no ready device left to serve it on", logging.WARNING)
+                _log(f"{model}: no ready device left to serve it on; it waits for a node to join", logging.WARNING)
+                self.homeless.add(model)
                 continue
             dst = min(ready, key=lambda d: (len(self._placed_on(d)), d))
             _log(f"{model} served on lost device {w.device_index}: loading it on device {dst}")

@@ -139,6 +139,11 @@ class WorkerHandle:
         """Its restart budget is spent: the device is given up (server/worker_supervision.py)."""
         self._to(W.FAILED)
 
+    def absent(self) -> None:
+        """No node offers this device slot (the ray launcher: none at start, or its node left):
+        no worker until one joins (server/node_joins.py)."""
+        self._to(W.ABSENT)
+
     def _to(self, target: WorkerState) -> None:
         self.state = moved(self.state, target, WORKER_MOVES, f"worker for device {self.device_index}")
 
