@@ -100,7 +100,7 @@ class LlamaModel:
                       layer.gate_up_w, layer.down_w):
                 if t is not None:
                     total += nbytes(t)
-        return total + self.embed.shape[1] * self.embed.element_size()
+        return total + nbytes(self.embed) // self.embed.shape[0]  # one embedding row
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnBatch,
                 kv: Sequence[tuple[torch.Tensor, torch.Tensor]] | None) -> torch.Tensor:
@@ -112,7 +112,12 @@ class LlamaModel:
         if landing is not None:
             landing.wait(0)
         shard = self.shard
-        h = F.embedding(input_ids, self.embed).to(self.dtype) if shard is None else self._embed_shard(input_ids)
+        if shard is not None:
+            h = self._embed_shard(input_ids)
+        elif isinstance(self.embed, torch.Tensor):
+            h = F.embedding(input_ids, self.embed).to(self.dtype)
+        else:  # a quantized embedding (q8.Q8Matrix): its rows dequantized
+            h = self.embed.rows(input_ids).to(self.dtype)
         cos, sin = self.rope.lookup(positions)
         t = input_ids.shape[0]
         nqk = self.nq + self.nkv

@@ -1,0 +1,74 @@
+"""The block-quantized products of janus-core (rust/janus-core/src/quant) over tensors.
+
+Why our own kernel: torch's packed int4 cpu kernel (`_weight_int4pack_mm_for_cpu`) is
+vectorized on AVX2 only for bfloat16 activations, which rounds every product (~0.3%), and it
+read ~3.5 GB/s of packed weights on one Zen 3 core. janus-core's loops widen each GGUF block's
+integers to float32 in registers and multiply the float32 row as it is, so a product equals
+the float32 product of the dequantized weights up to summation order (the engine's contract:
+greedy outputs equal the dequantized float32 model's), at ~6-7 GB/s per core
+(bench/RESULTS.md "engine: own Q4/Q8 kernels").
+
+This module is the one place that hands tensor memory to the native code: it checks each
+tensor's dtype, shape, contiguity and device first (the binding trusts the addresses).
+Formats: "q4" = qs [N, K/2] uint8 (GGUF's nibble order) + scales [N, K/32, 2] float16
+(d, m: w = d q + m); "q8" = qs [N, K] int8 + scales [N, K/32] float16 (w = d q).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from janusd import _native
+
+BLOCK = 32
+_MATMUL = getattr(_native, "quant_matmul", None)
+_DEQUANT = getattr(_native, "quant_dequantize", None)
+_QS_DTYPE = {"q4": torch.uint8, "q8": torch.int8}
+
+
+def available() -> bool:
+    """The native extension here has the kernels (an older build may not)."""
+    return _MATMUL is not None and _DEQUANT is not None
+
+
+def _check(fmt: str, qs: torch.Tensor, scales: torch.Tensor) -> tuple[int, int]:
+    """(N, K) of a matrix in `fmt`, or ValueError naming what is wrong."""
+    if fmt not in _QS_DTYPE:
+        raise ValueError(f"unknown quant format {fmt!r}")
+    n = qs.shape[0]
+    k = qs.shape[1] * (2 if fmt == "q4" else 1)
+    want_sc = (n, k // BLOCK, 2) if fmt == "q4" else (n, k // BLOCK)
+    if (qs.dim() != 2 or qs.dtype != _QS_DTYPE[fmt] or scales.dtype != torch.float16 or k % BLOCK
+            or tuple(scales.shape) != want_sc or not (qs.is_contiguous() and scales.is_contiguous())
+            or qs.device.type != "cpu" or scales.device.type != "cpu"):
+        raise ValueError(f"{fmt} weights: qs {qs.dtype} {list(qs.shape)}, scales {scales.dtype} {list(scales.shape)} "
+                         f"(want contiguous cpu {_QS_DTYPE[fmt]} [N, {'K/2' if fmt == 'q4' else 'K'}] and float16 {list(want_sc)})")
+    return n, k
+
+
+def matmul(fmt: str, x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor, threads: int = 1) -> torch.Tensor:
+    """float32 [rows, N] = float32 x [rows, K] @ w.T."""
+    n, k = _check(fmt, qs, scales)
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k or x.device.type != "cpu":
+        raise ValueError(f"x must be float32 cpu [rows, {k}], got {x.dtype} {list(x.shape)} on {x.device}")
+    x = x.contiguous()
+    out = torch.empty(x.shape[0], n, dtype=torch.float32)
+    if x.shape[0]:
+        _MATMUL(fmt, x.data_ptr(), x.shape[0], k, qs.data_ptr(), scales.data_ptr(), n, out.data_ptr(), threads)
+    return out
+
+
+def dequantize(fmt: str, qs: torch.Tensor, scales: torch.Tensor, row0: int = 0, rows: int | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 [rows, K] of weight rows [row0, row0 + rows): the file's values exactly."""
+    n, k = _check(fmt, qs, scales)
+    rows = n - row0 if rows is None else rows
+    if row0 < 0 or rows < 0 or row0 + rows > n:
+        raise ValueError(f"rows [{row0}, {row0 + rows}) of a {n}-row matrix")
+    if out is None:
+        out = torch.empty(rows, k, dtype=torch.float32)
+    elif out.dtype != torch.float32 or tuple(out.shape) != (rows, k) or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous float32 [{rows}, {k}]")
+    if rows:
+        _DEQUANT(fmt, qs.data_ptr(), scales.data_ptr(), n, k, row0, rows, out.data_ptr())
+    return out
