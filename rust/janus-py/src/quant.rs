@@ -63,7 +63,27 @@ fn quant_dequantize(py: Python<'_>, fmt: &str, qs: usize, sc: usize, n: usize, k
     .map_err(|e| PyValueError::new_err(e.0))
 }
 
+/// h [rows, cols] += add (when add != 0); out = RMSNorm(h) * w (janus_core::cpuops), float32.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn add_rms_norm(py: Python<'_>, h: usize, add: usize, w: usize, out: usize, rows: usize, cols: usize, eps: f32) -> PyResult<()> {
+    if [h, w, out].contains(&0) {
+        return Err(PyValueError::new_err("null address"));
+    }
+    py.detach(|| {
+        // SAFETY: as quant_matmul; `add` may alias nothing else written here
+        let (hs, ws, os) = unsafe {
+            (std::slice::from_raw_parts_mut(h as *mut f32, rows * cols), std::slice::from_raw_parts(w as *const f32, cols),
+             std::slice::from_raw_parts_mut(out as *mut f32, rows * cols))
+        };
+        let a = (add != 0).then(|| unsafe { std::slice::from_raw_parts(add as *const f32, rows * cols) });
+        janus_core::cpuops::add_rms_norm(hs, a, ws, eps, os, cols)
+    })
+    .map_err(PyValueError::new_err)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(add_rms_norm, m)?)?;
     m.add_function(wrap_pyfunction!(quant_matmul, m)?)?;
     m.add_function(wrap_pyfunction!(quant_dequantize, m)?)?;
     Ok(())

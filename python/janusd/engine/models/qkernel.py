@@ -72,3 +72,26 @@ def dequantize(fmt: str, qs: torch.Tensor, scales: torch.Tensor, row0: int = 0, 
     if rows:
         _DEQUANT(fmt, qs.data_ptr(), scales.data_ptr(), n, k, row0, rows, out.data_ptr())
     return out
+
+
+_NORM = getattr(_native, "add_rms_norm", None)
+
+
+def native_norm_fits(h: torch.Tensor, w: torch.Tensor) -> bool:
+    """add_rms_norm can take these: float32 cpu, h contiguous, w one contiguous row."""
+    return (_NORM is not None and h.dtype == torch.float32 and w.dtype == torch.float32 and h.device.type == "cpu"
+            and h.is_contiguous() and w.is_contiguous() and w.dim() == 1 and h.shape[-1] == w.shape[0])
+
+
+def add_rms_norm(h: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """h += add (in place, when given), then HF's RMSNorm of h times w, in one native call
+    (janus_core::cpuops): float32 rows that native_norm_fits."""
+    if not native_norm_fits(h, w):
+        raise ValueError(f"add_rms_norm takes contiguous float32 cpu rows and weight, got {h.dtype} {list(h.shape)}, {w.dtype}")
+    if add is not None and (add.dtype != torch.float32 or add.shape != h.shape or not add.is_contiguous()
+                            or add.data_ptr() == h.data_ptr() or add.device.type != "cpu"):
+        raise ValueError(f"the residual must be another contiguous float32 cpu tensor of h's shape {list(h.shape)}")
+    out = torch.empty_like(h)
+    cols = w.shape[0]
+    _NORM(h.data_ptr(), 0 if add is None else add.data_ptr(), w.data_ptr(), out.data_ptr(), h.numel() // cols, cols, eps)
+    return out
