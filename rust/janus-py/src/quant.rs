@@ -82,7 +82,42 @@ fn add_rms_norm(py: Python<'_>, h: usize, add: usize, w: usize, out: usize, rows
     .map_err(PyValueError::new_err)
 }
 
+/// One decoding sequence's attention over its paged float32 KV cache (janus_core::cpuops):
+/// writes k_new / v_new at position ctx - 1, out [hq, d] = attention of q over 0 .. ctx - 1.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn decode_attention(py: Python<'_>, q: usize, k_new: usize, v_new: usize, kc: usize, vc: usize, num_blocks: usize,
+                    block_stride: usize, blocks: usize, nblocks: usize, block_size: usize, hq: usize, hkv: usize, d: usize, ctx: usize,
+                    out: usize) -> PyResult<()> {
+    if [q, k_new, v_new, kc, vc, blocks, out].contains(&0) {
+        return Err(PyValueError::new_err("null address"));
+    }
+    py.detach(|| {
+        let cache = num_blocks.saturating_sub(1) * block_stride + block_size * hkv * d;
+        // SAFETY: as quant_matmul (janusd.engine.models.qkernel.decode_attention checks)
+        unsafe {
+            let a = janus_core::cpuops::DecodeAttn {
+                q: std::slice::from_raw_parts(q as *const f32, hq * d),
+                k_new: std::slice::from_raw_parts(k_new as *const f32, hkv * d),
+                v_new: std::slice::from_raw_parts(v_new as *const f32, hkv * d),
+                blocks: std::slice::from_raw_parts(blocks as *const i64, nblocks),
+                block_size,
+                block_stride,
+                num_blocks,
+                hkv,
+                d,
+                ctx,
+            };
+            janus_core::cpuops::decode_attention(&a, std::slice::from_raw_parts_mut(kc as *mut f32, cache),
+                                                 std::slice::from_raw_parts_mut(vc as *mut f32, cache),
+                                                 std::slice::from_raw_parts_mut(out as *mut f32, hq * d))
+        }
+    })
+    .map_err(PyValueError::new_err)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(decode_attention, m)?)?;
     m.add_function(wrap_pyfunction!(add_rms_norm, m)?)?;
     m.add_function(wrap_pyfunction!(quant_matmul, m)?)?;
     m.add_function(wrap_pyfunction!(quant_dequantize, m)?)?;

@@ -95,3 +95,35 @@ def add_rms_norm(h: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, eps
     cols = w.shape[0]
     _NORM(h.data_ptr(), 0 if add is None else add.data_ptr(), w.data_ptr(), out.data_ptr(), h.numel() // cols, cols, eps)
     return out
+
+
+_ATTN = getattr(_native, "decode_attention", None)
+
+
+def decode_attention_fits(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """decode_attention can take these: float32 cpu caches whose blocks are each contiguous
+    (a KV region's layer view: blocks a stride apart, the same for K and V)."""
+    return (_ATTN is not None and q.dtype == k_cache.dtype == v_cache.dtype == torch.float32 and q.device.type == "cpu"
+            and k_cache.device.type == "cpu" and k_cache.dim() == 4 and k_cache.shape == v_cache.shape
+            and k_cache.stride() == v_cache.stride() and k_cache[0].is_contiguous()
+            and k_cache.stride(0) >= k_cache[0].numel())
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     blocks: torch.Tensor, ctx: int) -> torch.Tensor:
+    """One sequence's decode step: k, v [1, Hkv, D] written at position ctx - 1 of the
+    caches [num_blocks, block_size, Hkv, D] (decode_attention_fits) through `blocks` (its table, int64), and the
+    attention of q [1, Hq, D] over positions 0 .. ctx - 1 (janus_core::cpuops), [1, Hq, D]."""
+    nb, bs, hkv, d = k_cache.shape
+    hq = q.shape[1]
+    if not decode_attention_fits(q, k_cache, v_cache) or q.shape != (1, hq, d) or k.shape != (1, hkv, d) or v.shape != k.shape:
+        raise ValueError(f"decode attention: q {list(q.shape)}, k {list(k.shape)}, cache {list(k_cache.shape)}")
+    if blocks.dtype != torch.int64 or blocks.dim() != 1 or blocks.shape[0] * bs < ctx or ctx < 1:
+        raise ValueError(f"decode attention: {blocks.shape[0]} blocks of {bs} for {ctx} positions")
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if k.dtype != torch.float32 or v.dtype != torch.float32:
+        raise ValueError(f"decode attention: k {k.dtype}, v {v.dtype} (float32 expected)")
+    out = torch.empty_like(q)
+    _ATTN(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), nb, k_cache.stride(0), blocks.data_ptr(),
+          blocks.shape[0], bs, hq, hkv, d, ctx, out.data_ptr())
+    return out
