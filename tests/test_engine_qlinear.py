@@ -49,7 +49,7 @@ def _bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1])
-@pytest.mark.parametrize("rows", [1, 3, 9])  # the kernel (<= MATVEC_ROWS) and dequantized blocks
+@pytest.mark.parametrize("rows", [1, 3, 40])  # the kernel (<= MATVEC_ROWS) and dequantized blocks
 def test_products_equal_the_dequantized_float_product(qtype: Q, rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(2)
     q, d, m = decode_blocks(_quantized(rng, 72, 160, qtype), qtype.name.lower())  # 5 blocks: an odd tail

@@ -14,9 +14,9 @@ of float32 activations (qkernel.py): greedy outputs equal the dequantized float3
 part by part into row ranges of one buffer. They are plain bytes in the weight segment:
 a Warm copy, a fork and a host image move them like any other weights.
 
-A product of up to MATVEC_ROWS rows (decode steps) runs the kernel; more rows (a prefill)
-dequantize the matrix in cache-sized row blocks and multiply in float32 (MKL / oneDNN),
-which beats re-widening every block per row.
+A product of up to MATVEC_ROWS rows (decode steps, short prefills) runs the kernel; more
+rows (a longer prefill) dequantize the matrix in cache-sized row blocks and multiply in
+float32 (MKL / oneDNN), which beats re-widening every block per row.
 
 The previous path, torch's `_weight_int4pack_mm_for_cpu`, needed bfloat16 activations to
 be fast on AVX2 (rounding each product by ~0.3%) and was ~1.5x slower per product here
@@ -39,7 +39,10 @@ SCALE_DTYPE = torch.float16  # the file's d and m, exactly
 # as float16 or a quant type other than Q8_0 (which q8.py keeps as it is): float16 halves
 # the float32 matrix a step reads (linear.py: how it is multiplied)
 HEAD_DTYPE = torch.float16
-MATVEC_ROWS = 4  # up to this many rows the kernel; more: dequantized blocks and a float32 product
+# up to this many rows the kernel (it widens each block once per row: ~0.2 ms a row for a
+# 3072 x 576 matrix here); more: dequantized blocks and a float32 product (~3 ms to
+# dequantize that matrix plus the product): equal at ~32 rows on this Zen 3 (bench/RESULTS.md)
+MATVEC_ROWS = 32
 DEQUANT_ROWS = 512  # weight rows dequantized per block of a many-row product (~1-3 MB of float32)
 
 
