@@ -44,18 +44,19 @@ class Q8Matrix:
     """One Q8_0 matrix over views of the weight segment (nothing copied): `m(x)` is
     x @ w.T in float32, `m.rows(ids)` the embedding rows of `ids`."""
 
-    __slots__ = ("qs", "scales", "shape")
+    __slots__ = ("qs", "scales", "shape", "_bound")
 
     def __init__(self, qs: torch.Tensor, scales: torch.Tensor) -> None:
         self.qs, self.scales = qs, scales
         self.shape = (qs.shape[0], qs.shape[1])
+        self._bound = qkernel.BoundMatrix("q8", qs, scales)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         from janusd.engine.models.qlinear import MATVEC_ROWS, blockwise_product
 
         rows = x.reshape(-1, x.shape[-1]).float()
         if rows.shape[0] <= MATVEC_ROWS:
-            y = qkernel.matmul("q8", rows, self.qs, self.scales, torch.get_num_threads())
+            y = self._bound(rows, torch.get_num_threads())
         else:
             y = blockwise_product("q8", rows, self.qs, self.scales)
         return y.view(*x.shape[:-1], self.shape[0])

@@ -58,6 +58,29 @@ def matmul(fmt: str, x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor, th
     return out
 
 
+class BoundMatrix:
+    """A matrix checked once (its tensors are views that live as long as this object, so
+    their addresses hold): a decode step's products skip _check's ~10 us of attribute
+    reads per call (120 products a step for SmolLM2)."""
+
+    __slots__ = ("fmt", "qs", "scales", "n", "k", "_ptrs")
+
+    def __init__(self, fmt: str, qs: torch.Tensor, scales: torch.Tensor) -> None:
+        self.fmt, self.qs, self.scales = fmt, qs, scales
+        self.n, self.k = _check(fmt, qs, scales)
+        self._ptrs = (qs.data_ptr(), scales.data_ptr())
+
+    def __call__(self, x: torch.Tensor, threads: int) -> torch.Tensor:
+        """float32 [rows, N] = float32 cpu x [rows, K] @ w.T."""
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.k or x.device.type != "cpu":
+            raise ValueError(f"x must be float32 cpu [rows, {self.k}], got {x.dtype} {list(x.shape)} on {x.device}")
+        x = x.contiguous()
+        out = torch.empty(x.shape[0], self.n, dtype=torch.float32)
+        if x.shape[0]:
+            _MATMUL(self.fmt, x.data_ptr(), x.shape[0], self.k, self._ptrs[0], self._ptrs[1], self.n, out.data_ptr(), threads)
+        return out
+
+
 def dequantize(fmt: str, qs: torch.Tensor, scales: torch.Tensor, row0: int = 0, rows: int | None = None,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """float32 [rows, K] of weight rows [row0, row0 + rows): the file's values exactly."""

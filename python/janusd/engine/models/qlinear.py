@@ -118,16 +118,17 @@ class Q4Linear:
     copied, so bytes written into them later (an overlapped restore) are what the next
     product reads. Duck-types the bits of a tensor the engine asks a weight for."""
 
-    __slots__ = ("packed", "scales", "out_features", "in_features")
+    __slots__ = ("packed", "scales", "out_features", "in_features", "_bound")
 
     def __init__(self, packed: torch.Tensor, scales: torch.Tensor) -> None:
         self.packed, self.scales = packed, scales
         self.out_features, self.in_features = packed.shape[0], packed.shape[1] * 2
+        self._bound = qkernel.BoundMatrix("q4", packed, scales)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).float()
         if rows.shape[0] <= MATVEC_ROWS:
-            y = qkernel.matmul("q4", rows, self.packed, self.scales, torch.get_num_threads())
+            y = self._bound(rows, torch.get_num_threads())
         else:
             y = blockwise_product("q4", rows, self.packed, self.scales)
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
