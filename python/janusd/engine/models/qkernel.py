@@ -16,13 +16,15 @@ Formats: "q4" = qs [N, K/2] uint8 (GGUF's nibble order) + scales [N, K/32, 2] fl
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from janusd import _native
 
 BLOCK = 32
-_MATMUL = getattr(_native, "quant_matmul", None)
-_DEQUANT = getattr(_native, "quant_dequantize", None)
+_MATMUL: Any = getattr(_native, "quant_matmul", None)
+_DEQUANT: Any = getattr(_native, "quant_dequantize", None)
 _QS_DTYPE = {"q4": torch.uint8, "q8": torch.int8}
 
 
@@ -97,7 +99,7 @@ def dequantize(fmt: str, qs: torch.Tensor, scales: torch.Tensor, row0: int = 0, 
     return out
 
 
-_NORM = getattr(_native, "add_rms_norm", None)
+_NORM: Any = getattr(_native, "add_rms_norm", None)
 
 
 def native_norm_fits(h: torch.Tensor, w: torch.Tensor) -> bool:
@@ -120,7 +122,7 @@ def add_rms_norm(h: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, eps
     return out
 
 
-_ATTN = getattr(_native, "decode_attention", None)
+_ATTN: Any = getattr(_native, "decode_attention", None)
 
 
 def decode_attention_fits(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
