@@ -6,7 +6,7 @@
 /// out = w * (h * 1/sqrt(mean(h^2) + eps)), HF's RMSNorm order of operations (the sum of
 /// squares in float64, so it is at least as exact as torch's float32 one).
 pub fn add_rms_norm(h: &mut [f32], add: Option<&[f32]>, w: &[f32], eps: f32, out: &mut [f32], cols: usize) -> Result<(), String> {
-    if cols == 0 || h.len() % cols != 0 || w.len() != cols || out.len() != h.len() || add.is_some_and(|a| a.len() != h.len()) {
+    if cols == 0 || !h.len().is_multiple_of(cols) || w.len() != cols || out.len() != h.len() || add.is_some_and(|a| a.len() != h.len()) {
         return Err(format!("rms_norm: h {} values, add {:?}, w {}, out {}, cols {cols}", h.len(), add.map(<[f32]>::len),
                            w.len(), out.len()));
     }
@@ -17,7 +17,7 @@ pub fn add_rms_norm(h: &mut [f32], add: Option<&[f32]>, w: &[f32], eps: f32, out
             }
         }
         let ss: f64 = hr.iter().map(|&x| (x as f64) * (x as f64)).sum();
-        let inv = (1.0 / ((ss / cols as f64) as f32 + eps).sqrt()) as f32;
+        let inv = 1.0 / ((ss / cols as f64) as f32 + eps).sqrt();
         for ((o, &x), &g) in or.iter_mut().zip(hr.iter()).zip(w) {
             *o = g * (x * inv);
         }
@@ -83,7 +83,7 @@ pub fn decode_attention(a: &DecodeAttn<'_>, kc: &mut [f32], vc: &mut [f32], out:
     let nblk = a.num_blocks;
     let span = nblk.saturating_sub(1) * a.block_stride + bs * row;
     if d == 0 || hkv == 0 || bs == 0 || a.ctx == 0 || nblk == 0 || a.block_stride < bs * row || kc.len() != span
-        || hq % hkv != 0 || a.q.len() != hq * d || a.k_new.len() != row
+        || !hq.is_multiple_of(hkv) || a.q.len() != hq * d || a.k_new.len() != row
         || a.v_new.len() != row || vc.len() != kc.len() || out.len() != a.q.len() || a.blocks.len() * bs < a.ctx
         || a.blocks[..a.ctx.div_ceil(bs)].iter().any(|&b| b < 0 || b as usize >= nblk)
     {

@@ -32,7 +32,7 @@ unsafe fn matrix<'a>(fmt: Format, n: usize, k: usize, qs: usize, sc: usize) -> Q
 fn quant_matmul(py: Python<'_>, fmt: &str, x: usize, m: usize, k: usize, qs: usize, sc: usize, n: usize, out: usize,
                 threads: usize) -> PyResult<()> {
     let f = format(fmt)?;
-    if k % quant::BLOCK != 0 || [x, qs, sc, out].contains(&0) {
+    if !k.is_multiple_of(quant::BLOCK) || [x, qs, sc, out].contains(&0) {
         return Err(PyValueError::new_err(format!("k = {k} must be a multiple of {} and addresses non-null", quant::BLOCK)));
     }
     py.detach(|| {
@@ -52,7 +52,7 @@ fn quant_matmul(py: Python<'_>, fmt: &str, x: usize, m: usize, k: usize, qs: usi
 fn quant_dequantize(py: Python<'_>, fmt: &str, qs: usize, sc: usize, n: usize, k: usize, row0: usize, rows: usize,
                     out: usize) -> PyResult<()> {
     let f = format(fmt)?;
-    if k % quant::BLOCK != 0 || row0 + rows > n || [qs, sc, out].contains(&0) {
+    if !k.is_multiple_of(quant::BLOCK) || row0 + rows > n || [qs, sc, out].contains(&0) {
         return Err(PyValueError::new_err(format!("rows [{row0}, {}) of {n} at k = {k}", row0 + rows)));
     }
     py.detach(|| {

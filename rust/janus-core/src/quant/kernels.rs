@@ -59,6 +59,7 @@ pub(super) fn prepare(x: &[f32], m: usize, w: QMatrix<'_>) -> Prepared {
 
 /// Rows [r0, r1) of out [m, ldo] = x [m, k] @ w.T. `out` is a raw pointer because threads
 /// write disjoint column ranges of the same rows.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn matmul_rows(x: &[f32], m: usize, prep: &Prepared, w: QMatrix<'_>, r0: usize, r1: usize, out: *mut f32,
                           ldo: usize) {
     let nb = w.k / BLOCK;

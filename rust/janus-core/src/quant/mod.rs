@@ -69,7 +69,7 @@ pub struct QMatrix<'a> {
 
 impl QMatrix<'_> {
     fn check(&self) -> Result<(), QuantError> {
-        if self.k == 0 || self.k % BLOCK != 0 {
+        if self.k == 0 || !self.k.is_multiple_of(BLOCK) {
             return Err(QuantError(format!("k = {} is not a positive multiple of {BLOCK}", self.k)));
         }
         if self.qs.len() != self.n * self.format.row_bytes(self.k) {
@@ -97,7 +97,7 @@ pub fn matmul(x: &[f32], m: usize, w: QMatrix<'_>, out: &mut [f32], threads: usi
         return Ok(());
     }
     let out_addr = out.as_mut_ptr() as usize;
-    let chunk = (w.n / parts + 7) / 8 * 8;
+    let chunk = (w.n / parts).div_ceil(8) * 8;
     pool::run(parts, &|i| {
         let r0 = (i * chunk).min(w.n);
         let r1 = ((i + 1) * chunk).min(w.n);
