@@ -77,6 +77,23 @@ def test_q8_blocks_rows_and_products_are_the_files() -> None:
         assert ((mat(x).double() - x.double() @ ref.double().t()).abs() <= _bound(x, ref)).all()
 
 
+def test_threads_split_rows_alike_also_in_a_forked_child() -> None:
+    """The kernel's thread pool (rust quant/pool.rs) gives the 1-thread result, and a child
+    forked after the pool started (its workers are the parent's only) still computes."""
+    import os
+
+    rng = np.random.default_rng(6)
+    q, d, m = decode_blocks(_quantized(rng, 200, 96, Q.Q4_1), "q4_1")
+    packed, sz = pack(q, d, m)
+    x = torch.from_numpy(rng.standard_normal((2, 96)).astype(np.float32))
+    one = qkernel.matmul("q4", x, packed, sz, 1)
+    assert torch.equal(qkernel.matmul("q4", x, packed, sz, 3), one)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if torch.equal(qkernel.matmul("q4", x, packed, sz, 3), one) else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+
+
 def test_kernel_refuses_what_does_not_fit() -> None:
     qs, sc = torch.zeros(4, 16, dtype=torch.uint8), torch.zeros(4, 1, 2, dtype=torch.float16)
     assert qkernel.matmul("q4", torch.ones(1, 32), qs, sc).shape == (1, 4)

@@ -4,7 +4,8 @@
 //! One job at a time: the caller publishes it by bumping a generation, runs part 0 itself
 //! and waits for the others. Idle workers spin briefly (the next product of a step follows
 //! within microseconds) and then sleep on a condition variable, so an idle engine costs no
-//! cpu. A caller that finds the pool busy (another thread's product) runs all parts itself.
+//! cpu. A caller that finds the pool busy (another thread's product), or that runs in a
+//! forked child of the process that started the workers, runs all parts itself.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
@@ -23,6 +24,7 @@ struct Shared {
     wake: Condvar,
     busy: Mutex<()>,
     spawned: AtomicUsize, // workers started (lazily: as many as the largest job asked for)
+    pid: u32,             // the process that started them: a fork's child has none of them
 }
 
 static POOL: OnceLock<&'static Shared> = OnceLock::new();
@@ -36,6 +38,7 @@ fn pool() -> &'static Shared {
             wake: Condvar::new(),
             busy: Mutex::new(()),
             spawned: AtomicUsize::new(0),
+            pid: std::process::id(),
         }));
         s
     })
@@ -85,6 +88,11 @@ pub(super) fn run(parts: usize, job: &Job<'_>) {
         (0..parts).for_each(job);
         return;
     };
+    if s.pid != std::process::id() {
+        // a forked child: the workers counted in `spawned` exist only in the parent
+        (0..parts).for_each(job);
+        return;
+    }
     if !ensure_workers(s, parts) {
         (0..parts).for_each(job);
         return;
