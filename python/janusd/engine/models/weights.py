@@ -101,13 +101,13 @@ _FUSED = (
 
 
 def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.dtype,
-                 quantized: bool = False, q4_dtype: torch.dtype | None = None) -> WeightPlan:
+                 quantized: bool = False) -> WeightPlan:
     """Offsets for every tensor the model needs; checks the checkpoint's shapes.
 
     `specs` is `Checkpoint.tensor_specs()`: {hf_name: (shape, dtype_str)}. A needed tensor
     that is missing, or a shape that disagrees with the architecture, is an EngineError.
     `quantized`: keep the Q4_0/Q4_1 linears packed (module doc); a fused matrix is packed
-    only when all its parts are; `q4_dtype`: what they compute in (qlinear.SCALE_DTYPE)."""
+    only when all its parts are."""
     from janusd.engine.models.q8 import keeps_q8
     from janusd.engine.models.qlinear import head_dtype, packable
 
@@ -137,7 +137,7 @@ def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.d
             rows = sum(want[n][0] for n in names)
             tail = want[names[0]][1:]
             if packs(names):
-                offset = _place_q4(plan, offset, p + fused, names, (rows, *tail), want, q4_dtype)
+                offset = _place_q4(plan, offset, p + fused, names, (rows, *tail), want)
                 placed.update(names)
                 continue
             offset = _align(offset)
@@ -153,7 +153,7 @@ def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.d
         if name in placed:
             continue
         if name.startswith("model.layers.") and packs([name]):
-            offset = _place_q4(plan, offset, name, [name], shape, want, q4_dtype)
+            offset = _place_q4(plan, offset, name, [name], shape, want)
             continue
         if quantized and name in _HEADS and keeps_q8(shape, str(specs[name][1])):
             offset = _place_q8(plan, offset, name, shape)
@@ -166,12 +166,12 @@ def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.d
 
 
 def _place_q4(plan: WeightPlan, offset: int, matrix: str, parts: list[str], shape: tuple[int, ...],
-              want: Mapping[str, tuple[int, ...]], q4_dtype: torch.dtype | None) -> int:
+              want: Mapping[str, tuple[int, ...]]) -> int:
     """Slots `matrix:packed` and `matrix:scales` at `offset`; the parts' rows in plan.quant."""
     from janusd.engine.models.qlinear import SCALE_DTYPE, packed_shapes
 
     nib, sc = packed_shapes(shape[0], shape[1])
-    for suffix, sh, dt in ((":packed", nib, torch.uint8), (":scales", sc, q4_dtype or SCALE_DTYPE)):
+    for suffix, sh, dt in ((":packed", nib, torch.uint8), (":scales", sc, SCALE_DTYPE)):
         offset = _align(offset)
         plan.slots[matrix + suffix] = Slot(offset, sh, dtype=dt)
         offset += plan.slots[matrix + suffix].nbytes(plan.dtype)
