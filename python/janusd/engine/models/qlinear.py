@@ -43,7 +43,7 @@ HEAD_DTYPE = torch.float16
 # 3072 x 576 matrix here); more: dequantized blocks and a float32 product (~3 ms to
 # dequantize that matrix plus the product): equal at ~32 rows on this Zen 3 (bench/RESULTS.md)
 MATVEC_ROWS = 32
-DEQUANT_ROWS = 512  # weight rows dequantized per block of a many-row product (~1-3 MB of float32)
+DEQUANT_ROWS = 128  # weight rows dequantized per block of a many-row product (~0.3-0.8 MB of float32: L2)
 
 
 def q4_available() -> bool:

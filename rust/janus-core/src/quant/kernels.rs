@@ -121,6 +121,17 @@ pub(super) fn dequantize_row(w: QMatrix<'_>, r: usize, out: &mut [f32]) {
     let rs = w.format.row_scales(w.k);
     let qs = &w.qs[r * rb..(r + 1) * rb];
     let sc = &w.sc[r * rs..(r + 1) * rs];
+    #[cfg(target_arch = "x86_64")]
+    if simd() {
+        // SAFETY: the cpu has the features; qs, sc and out are the row's whole blocks
+        unsafe {
+            match w.format {
+                Format::Q4 => avx2::dequantize_q4(qs, sc, out),
+                Format::Q8 => avx2::dequantize_q8(qs, sc, out),
+            }
+        }
+        return;
+    }
     for b in 0..nb {
         let o = &mut out[b * BLOCK..(b + 1) * BLOCK];
         match w.format {
@@ -226,6 +237,37 @@ mod avx2 {
             tail = _mm_cvtss_f32(dm) * hsum(s0) + _mm_cvtss_f32(_mm_movehdup_ps(dm)) * xsum[b];
         }
         hsum(_mm256_add_ps(acc, macc)) + tail
+    }
+
+    /// A Q4 row's weights d q + m (one rounding of an exact d q: the scalar loop's values).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dequantize_q4(qs: &[u8], sc: &[u16], out: &mut [f32]) {
+        let mask = _mm_set1_epi8(15);
+        for b in 0..sc.len() / 2 {
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((sc.as_ptr().add(2 * b) as *const i32).read_unaligned()));
+            let d = _mm256_set1_ps(_mm_cvtss_f32(dm));
+            let m = _mm256_set1_ps(_mm_cvtss_f32(_mm_movehdup_ps(dm)));
+            let raw = _mm_loadu_si128(qs.as_ptr().add(16 * b) as *const __m128i);
+            let lo = _mm_and_si128(raw, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+            let o = out.as_mut_ptr().add(32 * b);
+            _mm256_storeu_ps(o, _mm256_fmadd_ps(d, widen_u8(lo), m));
+            _mm256_storeu_ps(o.add(8), _mm256_fmadd_ps(d, widen_u8(_mm_srli_si128(lo, 8)), m));
+            _mm256_storeu_ps(o.add(16), _mm256_fmadd_ps(d, widen_u8(hi), m));
+            _mm256_storeu_ps(o.add(24), _mm256_fmadd_ps(d, widen_u8(_mm_srli_si128(hi, 8)), m));
+        }
+    }
+
+    /// A Q8_0 row's weights d q (exact).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dequantize_q8(qs: &[u8], sc: &[u16], out: &mut [f32]) {
+        for (b, &h) in sc.iter().enumerate() {
+            let d = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32))));
+            let (q, o) = (qs.as_ptr().add(32 * b), out.as_mut_ptr().add(32 * b));
+            for j in 0..4 {
+                _mm256_storeu_ps(o.add(8 * j), _mm256_mul_ps(d, widen_i8(q.add(8 * j))));
+            }
+        }
     }
 
     #[inline]

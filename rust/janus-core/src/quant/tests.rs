@@ -113,6 +113,31 @@ unsafe fn hw_f16(h: u16) -> f32 {
 }
 
 #[test]
+fn dequantized_weights_are_d_q_plus_m_exactly() {
+    // the simd path (when the cpu has it) against the formula in float64: d q is exact in
+    // float32 (11 + 8 significant bits), so one rounding of d q + m is the value
+    for format in [Format::Q4, Format::Q8] {
+        let c = case(format, 1, 5, 96, 3);
+        let mut got = vec![0f32; 5 * 96];
+        dequantize(QMatrix { format, n: 5, k: 96, qs: &c.qs, sc: &c.sc }, 0, 5, &mut got).unwrap();
+        for r in 0..5 {
+            for j in 0..96 {
+                let (b, e) = (j / BLOCK, j % BLOCK);
+                let want = match format {
+                    Format::Q4 => {
+                        let byte = c.qs[r * 48 + b * 16 + e % 16];
+                        let q = if e < 16 { byte & 15 } else { byte >> 4 };
+                        (f16_to_f32(c.sc[r * 6 + 2 * b]) as f64 * q as f64 + f16_to_f32(c.sc[r * 6 + 2 * b + 1]) as f64) as f32
+                    }
+                    Format::Q8 => (f16_to_f32(c.sc[r * 3 + b]) as f64 * c.qs[r * 96 + j] as i8 as f64) as f32,
+                };
+                assert_eq!(got[r * 96 + j].to_bits(), want.to_bits(), "{format:?} row {r} col {j}");
+            }
+        }
+    }
+}
+
+#[test]
 fn bad_shapes_are_errors() {
     let qs = vec![0u8; 16];
     let sc = vec![0u16; 2];
