@@ -62,9 +62,10 @@ def demo_vocab(tmp: Path) -> dict:
 
 
 def write_gguf(path: Path, a: ModelArch, tensors: dict[str, np.ndarray], qtype: Q, vocab: dict,
-               extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+               extra: dict[str, np.ndarray] | None = None, qtypes: dict[str, Q] | None = None) -> dict[str, np.ndarray]:
     """Write a GGUF like llama.cpp would; return, per HF name, what an exact reader must produce.
-    `extra` tensors are written under their GGUF names as they are (e.g. rope_freqs.weight)."""
+    `extra` tensors are written under their GGUF names as they are (e.g. rope_freqs.weight);
+    `qtypes` overrides `qtype` per HF name (e.g. a Q8_0 embedding, as SmolLM2's file has)."""
     w = gguf.GGUFWriter(str(path), a.architecture)
     add_arch(w, a)
     w.add_vocab_size(a.vocab_size)
@@ -85,7 +86,7 @@ def write_gguf(path: Path, a: ModelArch, tensors: dict[str, np.ndarray], qtype: 
             stored = llamacpp_permute(x, a.num_attention_heads)
         elif a.architecture == "llama" and name.endswith("k_proj.weight"):
             stored = llamacpp_permute(x, a.num_key_value_heads)
-        q = qtype if x.ndim == 2 else Q.F32
+        q = (qtypes or {}).get(name, qtype) if x.ndim == 2 else Q.F32
         if q == Q.F32:
             w.add_tensor(gguf_name(name), stored)
             expected[name] = x

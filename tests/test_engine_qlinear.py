@@ -1,7 +1,7 @@
-"""GGUF Q4_0/Q4_1 linears kept packed (engine/models/qlinear.py): the block decoding, the
-kernel against a float reference, greedy outputs against the dequantized float32 model of
-the same file, and the packed bytes through a Warm copy, an overlapped restore and a
-host image."""
+"""GGUF Q4_0/Q4_1 linears kept packed and Q8_0 heads kept as blocks (engine/models/qlinear.py,
+q8.py, qkernel.py): the block decoding, the kernels against a float reference, greedy
+outputs against the dequantized float32 model of the same file, and the packed bytes
+through a Warm copy, an overlapped restore and a host image."""
 
 from __future__ import annotations
 
@@ -17,14 +17,15 @@ from gguf_fixtures import demo_vocab, write_gguf
 from janusd.config import EngineConfig, ModelConfig
 from janusd.engine.device_engine import DeviceEngine, weight_plan
 from janusd.engine.loader import ModelArch, expected_tensor_shapes, open_checkpoint
-from janusd.engine.models import qlinear
+from janusd.engine.models import q8, qkernel, qlinear
+from janusd.engine.models.q8 import Q8Matrix
 from janusd.engine.models.qlinear import Q4Linear, decode_blocks, dequantize_reference, pack
 from janusd.engine.restore import Copier
 from janusd.engine.types import SamplingParams
 from janusd.engine.worker_fork import layout_signature
 
 Q = gguf.GGMLQuantizationType
-pytestmark = pytest.mark.skipif(not qlinear.q4_available(), reason="torch lacks the packed int4 cpu kernels")
+pytestmark = pytest.mark.skipif(not qlinear.q4_available(), reason="this build of janusd._native lacks the quant kernels")
 torch.set_num_threads(1)
 PROMPTS = {"a": [5, 6, 7, 8, 9], "b": [11, 3, 40, 2, 7, 7, 100], "c": [200]}
 
@@ -41,28 +42,69 @@ def test_blocks_decode_to_what_gguf_dequantizes(qtype: Q) -> None:
     assert torch.equal(dequantize_reference(q, d, m), torch.from_numpy(dequantize(raw, qtype)))
 
 
+def _bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """float32 sums of the same terms in another order: within a few ulps (2^-24) of the sum
+    of the terms' magnitudes (each term rounds once, the sums ~log2(K) times)."""
+    return 2**-24 * 16 * (x.abs().double() @ w.abs().double().t())
+
+
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1])
-def test_kernel_against_float_reference(qtype: Q) -> None:
+@pytest.mark.parametrize("rows", [1, 3, 40])  # the kernel (<= MATVEC_ROWS) and dequantized blocks
+def test_products_equal_the_dequantized_float_product(qtype: Q, rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(2)
-    q, d, m = decode_blocks(_quantized(rng, 64, 128, qtype), qtype.name.lower())
+    q, d, m = decode_blocks(_quantized(rng, 72, 160, qtype), qtype.name.lower())  # 5 blocks: an odd tail
     w = dequantize_reference(q, d, m)
+    lin = Q4Linear(*pack(q, d, m))
+    assert torch.equal(lin.dequantize(), w)  # the packing is the file's weights, exactly
+    monkeypatch.setattr(qlinear, "DEQUANT_ROWS", 32)  # several dequantized blocks of rows
+    x = torch.from_numpy(rng.standard_normal((rows, 160)).astype(np.float32))
+    got = lin(x)
+    assert got.dtype == torch.float32 and got.shape == (rows, 72)
+    assert ((got.double() - x.double() @ w.double().t()).abs() <= _bound(x, w)).all()
+    assert torch.equal(lin(x[:1]), got[:1]) or rows > qlinear.MATVEC_ROWS  # rows are independent
+
+
+def test_q8_blocks_rows_and_products_are_the_files() -> None:
+    rng = np.random.default_rng(5)
+    raw = _quantized(rng, 40, 96, Q.Q8_0)
+    ref = torch.from_numpy(dequantize(raw, Q.Q8_0))
+    mat = Q8Matrix(*(torch.from_numpy(a) for a in q8.decode_blocks(raw)))
+    assert torch.equal(mat.dequantize(), ref) and mat.nbytes == raw.nbytes
+    ids = torch.tensor([3, 0, 39, 3])
+    assert torch.equal(mat.rows(ids), ref[ids])
+    for n in (1, 2, 7):
+        x = torch.from_numpy(rng.standard_normal((n, 96)).astype(np.float32))
+        assert ((mat(x).double() - x.double() @ ref.double().t()).abs() <= _bound(x, ref)).all()
+
+
+def test_threads_split_rows_alike_also_in_a_forked_child() -> None:
+    """The kernel's thread pool (rust quant/pool.rs) gives the 1-thread result, and a child
+    forked after the pool started (its workers are the parent's only) still computes."""
+    import os
+
+    rng = np.random.default_rng(6)
+    q, d, m = decode_blocks(_quantized(rng, 200, 96, Q.Q4_1), "q4_1")
     packed, sz = pack(q, d, m)
-    x = torch.from_numpy(rng.standard_normal((5, 128)).astype(np.float32))
-    ref = x.double() @ w.double().t()
-    s, z = sz[..., 0].t().repeat_interleave(32, 1), sz[..., 1].t().repeat_interleave(32, 1)
-    mag = x.abs().double() @ ((torch.from_numpy(q.astype(np.float32)) - 8).abs() * s.abs() + z.abs()).double().t()
-    # float32 scales: the file's weights up to float32 rounding of m + 8d, summed in another
-    # order: within a few float32 ulps (2^-24) of the sum of the terms' magnitudes
-    exact = Q4Linear(packed, sz.clone())(x)
-    assert ((exact.double() - ref).abs() <= 2**-24 * 16 * mag).all()
-    # bfloat16 (the kernel's fast path): x, the scales and the zeros rounded to 8 significant
-    # bits (relative 2^-9 each), products summed in float32, the output rounded (2^-9): each
-    # term x*((q-8)s + z) is off by at most ~3 * 2^-9 of |x|(|q-8||s| + |z|), the sum by that
-    # sum, the output by 2^-9 of itself. Asserted with 2x slack.
-    fast = Q4Linear(packed, sz.to(torch.bfloat16))(x)
-    bound = 2 * (3 * 2**-9 * mag + 2**-9 * ref.abs())
-    assert fast.dtype == torch.float32 and ((fast.double() - ref).abs() <= bound).all()
-    assert not torch.equal(fast, exact)  # the bound is not vacuous: bf16 does round
+    x = torch.from_numpy(rng.standard_normal((2, 96)).astype(np.float32))
+    one = qkernel.matmul("q4", x, packed, sz, 1)
+    assert torch.equal(qkernel.matmul("q4", x, packed, sz, 3), one)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if torch.equal(qkernel.matmul("q4", x, packed, sz, 3), one) else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+
+
+def test_kernel_refuses_what_does_not_fit() -> None:
+    qs, sc = torch.zeros(4, 16, dtype=torch.uint8), torch.zeros(4, 1, 2, dtype=torch.float16)
+    assert qkernel.matmul("q4", torch.ones(1, 32), qs, sc).shape == (1, 4)
+    with pytest.raises(ValueError, match="x must be float32"):
+        qkernel.matmul("q4", torch.ones(1, 31), qs, sc)
+    with pytest.raises(ValueError, match="q4 weights"):
+        qkernel.matmul("q4", torch.ones(1, 32), qs, sc.float())
+    with pytest.raises(ValueError, match="q4 weights"):
+        qkernel.matmul("q4", torch.ones(1, 64), torch.zeros(4, 32, dtype=torch.uint8)[:, ::2], sc)
+    with pytest.raises(ValueError, match="rows"):
+        qkernel.dequantize("q4", qs, sc, 3, 2)
 
 
 def test_packing_is_row_independent_so_fused_matrices_pack_by_part() -> None:
@@ -71,7 +113,7 @@ def test_packing_is_row_independent_so_fused_matrices_pack_by_part() -> None:
     whole, sz = pack(q, d, m)
     top, sz_top = pack(q[:32], d[:32], m[:32])
     rest, sz_rest = pack(q[32:], d[32:], m[32:])
-    assert torch.equal(torch.cat([top, rest]), whole) and torch.equal(torch.cat([sz_top, sz_rest], 1), sz)
+    assert torch.equal(torch.cat([top, rest]), whole) and torch.equal(torch.cat([sz_top, sz_rest]), sz)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +121,7 @@ def vocab(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return demo_vocab(tmp_path_factory.mktemp("v"))
 
 
-def _tiny_gguf(path: Path, vocab: dict, arch: str, qtype: Q) -> Path:
+def _tiny_gguf(path: Path, vocab: dict, arch: str, qtype: Q, head: Q | None = None) -> Path:
     a = ModelArch(architecture=arch, vocab_size=len(vocab["tokens"]), hidden_size=64, intermediate_size=128,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                   rms_norm_eps=1e-5, rope_theta=10000.0, attention_bias=arch == "qwen2")
@@ -90,7 +132,8 @@ def _tiny_gguf(path: Path, vocab: dict, arch: str, qtype: Q) -> Path:
     for n in weights:
         if n.endswith("layernorm.weight") or n == "model.norm.weight":
             weights[n] = np.ones_like(weights[n])
-    write_gguf(path, a, weights, qtype, vocab)
+    heads = {n: head for n in ("model.embed_tokens.weight", "lm_head.weight") if head}
+    write_gguf(path, a, weights, qtype, vocab, qtypes=heads)
     return path
 
 
@@ -104,29 +147,27 @@ def _load(de: DeviceEngine, name: str, path: Path, dtype: str) -> None:
                   EngineConfig())
 
 
-@pytest.mark.parametrize(("arch", "qtype"), [("llama", Q.Q4_0), ("llama", Q.Q4_1), ("qwen2", Q.Q4_1)])
+@pytest.mark.parametrize(("arch", "qtype", "head"), [("llama", Q.Q4_0, None), ("llama", Q.Q4_1, Q.Q8_0),
+                                                    ("qwen2", Q.Q4_1, Q.Q8_0)])
 def test_greedy_of_packed_equals_dequantized_float32(tmp_path: Path, vocab: dict, arch: str, qtype: Q,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kernel's float32 path (the file's weights exactly) gives the reference's tokens;
-    the bfloat16 path `auto` runs stays within its rounding of the reference's logits."""
-    path = _tiny_gguf(tmp_path / "q.gguf", vocab, arch, qtype)
+                                                     head: Q | None) -> None:
+    """`auto` (Q4 linears packed, a Q8_0 head kept as blocks) gives the dequantized float32
+    model's tokens, and its logits within float32 summation-order noise of them."""
+    path = _tiny_gguf(tmp_path / "q.gguf", vocab, arch, qtype, head)
     de = DeviceEngine(memory_bytes=32 << 20)
     _load(de, "ref", path, "float32")
     ref = _greedy(de, "ref")
     assert len({tuple(v) for v in ref.values()}) == len(PROMPTS)
-    monkeypatch.setattr(qlinear, "SCALE_DTYPE", torch.float32)
-    monkeypatch.setattr(qlinear, "HEAD_DTYPE", torch.float32)
-    _load(de, "exact", path, "auto")
-    assert de.models["exact"].weight_bytes < de.models["ref"].weight_bytes  # type: ignore[attr-defined]
-    assert isinstance(de.models["exact"].model.layers[0].qkv_w, Q4Linear)
-    assert _greedy(de, "exact") == ref
-    monkeypatch.undo()
-    _load(de, "fast", path, "auto")
-    assert de.models["fast"].model.layers[0].gate_up_w.scales.dtype == torch.bfloat16
-    assert de.models["fast"].model.lm_head.dtype == torch.float16  # the file's quantized head, in half
+    _load(de, "q", path, "auto")
+    model = de.models["q"].model
+    assert de.models["q"].weight_bytes < de.models["ref"].weight_bytes  # type: ignore[attr-defined]
+    assert isinstance(model.layers[0].qkv_w, Q4Linear) and isinstance(model.layers[0].gate_up_w, Q4Linear)
+    assert isinstance(model.lm_head, Q8Matrix) == isinstance(model.embed, Q8Matrix) == (head == Q.Q8_0)
+    assert _greedy(de, "q") == ref
     ids = torch.tensor(PROMPTS["b"])
-    rows = [_last_logits(de, n, ids) for n in ("ref", "fast")]
-    assert (rows[0] - rows[1]).abs().max() <= 0.05 * rows[0].abs().max()
+    rows = [_last_logits(de, n, ids) for n in ("ref", "q")]
+    tol = 1e-4 if head else 0.05  # a float16 head (the file's Q4 embedding) rounds the logits
+    assert (rows[0] - rows[1]).abs().max() <= tol * rows[0].abs().max()
     de.pool.close()
 
 
@@ -141,12 +182,12 @@ def _last_logits(de: DeviceEngine, name: str, ids: torch.Tensor) -> torch.Tensor
 def test_packed_bytes_survive_warm_restore_and_host_image(tmp_path: Path, vocab: dict) -> None:
     from janusd.engine.host_image import open_image, write_image
 
-    path = _tiny_gguf(tmp_path / "q.gguf", vocab, "llama", Q.Q4_1)
+    path = _tiny_gguf(tmp_path / "q.gguf", vocab, "llama", Q.Q4_1, Q.Q8_0)
     de = DeviceEngine(memory_bytes=32 << 20)
     _load(de, "m", path, "auto")
     before = _greedy(de, "m")
     plan = de.models["m"].placement.plan
-    assert plan.quant and any(s.dtype == torch.uint8 for s in plan.slots.values())
+    assert plan.quant and plan.q8 and any(s.dtype == torch.uint8 for s in plan.slots.values())
     host, _ = de.release(de.detach("m"), Copier(1), keep_host=True)
     de.register(de.restore_model(host, Copier(streams=2, chunk_bytes=16 << 10), {}))
     assert _greedy(de, "m") == before
@@ -163,17 +204,15 @@ def test_packed_bytes_survive_warm_restore_and_host_image(tmp_path: Path, vocab:
 
 
 @pytest.mark.slow
-def test_smollm2_packed_float32_kernel_equals_dequantized(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The real Q4_1 file: the packing (scales, zeros, row order) is the file's weights."""
+def test_smollm2_packed_equals_dequantized() -> None:
+    """The real Q4_1 file (Q8_0 head): the packing (scales, zeros, row order) is the file's
+    weights, and the kernels' greedy tokens are the float32 model's."""
     spec = "builtin:smollm2-135m-instruct"
     ck = open_checkpoint(spec)
     de = DeviceEngine(memory_bytes=1024 << 20)
     prompt = ck.tokenizer.encode("The capital of France is")
     out = {}
     for name, dtype in (("ref", "float32"), ("exact", "auto")):
-        if name == "exact":
-            monkeypatch.setattr(qlinear, "SCALE_DTYPE", torch.float32)
-            monkeypatch.setattr(qlinear, "HEAD_DTYPE", torch.float32)
         me = de.load_model(ModelConfig(name=name, checkpoint=spec, dtype=dtype, kv_cache_mib=8, max_model_len=128),
                            EngineConfig(), checkpoint=ck)
         outs = me.generate({"r": prompt}, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))["r"]

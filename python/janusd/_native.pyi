@@ -17,6 +17,10 @@ __all__ = [
     "XtKv",
     "XtRange",
     "SegmentLog",
+    "quant_matmul",
+    "quant_dequantize",
+    "add_rms_norm",
+    "decode_attention",
 ]
 
 __version__: str
@@ -274,3 +278,23 @@ class SegmentLog:
               keep_times: bool = False) -> tuple[int, float, float, list[float] | None]:
         """(on-time tokens, first and last token s after arrival, every token's time after
         arrival when keep_times); ValueError for n_out < 1 or steps outside the history."""
+
+# ---- quant and cpuops (rust/janus-core/src/quant, cpuops.rs; rust/janus-py/src/quant.rs) ----
+# Addresses of tensors' memory: call them only through janusd.engine.models.qkernel, which
+# checks every tensor's dtype, shape, contiguity and device first.
+
+def quant_matmul(fmt: str, x: int, m: int, k: int, qs: int, sc: int, n: int, out: int, threads: int) -> None:
+    """out [m, n] float32 = x [m, k] float32 @ w.T for w [n, k] in `fmt` ("q4" / "q8");
+    ValueError for an unknown format or sizes that do not fit."""
+
+def quant_dequantize(fmt: str, qs: int, sc: int, n: int, k: int, row0: int, rows: int, out: int) -> None:
+    """out [rows, k] float32 = rows [row0, row0 + rows) of w [n, k] in `fmt`, dequantized."""
+
+def add_rms_norm(h: int, add: int, w: int, out: int, rows: int, cols: int, eps: float) -> None:
+    """h [rows, cols] += add (when add != 0); out = RMSNorm(h) * w, float32."""
+
+def decode_attention(q: int, k_new: int, v_new: int, kc: int, vc: int, num_blocks: int, block_stride: int,
+                     blocks: int, nblocks: int, block_size: int, hq: int, hkv: int, d: int, ctx: int,
+                     out: int) -> None:
+    """One decoding sequence's attention over its paged float32 KV cache: k_new / v_new
+    written at position ctx - 1, out [hq, d] the attention of q over 0 .. ctx - 1."""

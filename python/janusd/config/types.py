@@ -13,7 +13,8 @@ Port = Annotated[int, Meta(ge=0, le=65535)]
 Name = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
 
 DeviceKind = Literal["cpu", "cuda", "npu"]
-# "auto": float32, except that a GGUF's Q4_0/Q4_1 linears stay packed on cpu (engine/models/qlinear.py)
+# "auto": float32, except that a GGUF's Q4_0/Q4_1 linears and Q8_0 embedding / LM head stay as the
+# file's blocks on cpu (engine/models/qlinear.py, q8.py)
 DType = Literal["float32", "bfloat16", "float16", "auto"]
 Role = Literal["mixed", "prefill", "decode"]
 DispatchPolicy = Literal["lst_imh", "round_robin", "least_load"]

@@ -26,10 +26,8 @@ def layout_signature(plan: Any) -> str:
     size. A fork copies bytes, so source and target must lay them out identically."""
     h = hashlib.blake2b(digest_size=16)
     h.update(f"{plan.dtype}|{plan.total_bytes}".encode())
-    if plan.quant:  # the int4 packing is torch's and may differ by instruction set
-        import torch
-
-        h.update(f"|q4:{torch.__version__}:{torch.backends.cpu.get_cpu_capability()}".encode())
+    if plan.quant or plan.q8:  # the file's blocks split into qs and scales (models/qkernel.py)
+        h.update(b"|quant:gguf-blocks-1")
     for name in sorted(plan.slots):
         s = plan.slots[name]
         h.update(f"|{name}:{s.offset}:{s.shape}:{s.parent}:{s.row0}".encode())

@@ -4,6 +4,7 @@ use pyo3::prelude::*;
 
 mod dispatch;
 mod errors;
+mod quant;
 mod sim;
 mod xtensor;
 
@@ -13,5 +14,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     dispatch::register(m)?;
     xtensor::register(m)?;
     sim::register(m)?;
+    quant::register(m)?;
     Ok(())
 }

@@ -212,6 +212,21 @@ class GGUFCheckpoint(Checkpoint):
             m = None if m is None else np.ascontiguousarray(unpermute_rows(m, heads))  # type: ignore[arg-type]
         return q, d, m
 
+    def read_q8(self, name: str) -> tuple[Any, Any]:
+        """A Q8_0 tensor's blocks as they are: (qs [N, K] int8, d [N, K/32] float16)
+        (engine/models/q8.py). Only the embedding / LM head take this path (never permuted)."""
+        import numpy as np
+
+        from janusd.engine.models.q8 import decode_blocks
+
+        t = self._tensors[name]
+        try:
+            raw = np.ascontiguousarray(t.data)
+            self.bytes_read += raw.nbytes
+            return decode_blocks(raw.reshape(self._specs[name][0][0], -1))
+        except Exception as e:  # a truncated file surfaces here as a short buffer
+            raise CheckpointError(f"{self.path}: cannot read tensor {t.name!r}: {type(e).__name__}: {e}") from e
+
     def _read(self, t: Any, sl: Slice | None) -> Any:
         """The tensor's values (HF layout, float32 or its plain dtype) as a contiguous numpy
         array; with `sl`, only those rows or columns. Rows of a quantized tensor are whole

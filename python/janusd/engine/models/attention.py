@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from janusd.engine.models import qkernel
+
 
 @dataclass
 class PrefillChunk:
@@ -111,10 +113,20 @@ def build_attn_batch(decodes: list[tuple[list[int], int]], prefills: list[tuple[
     return batch
 
 
+def t_is_one(q: torch.Tensor) -> bool:
+    return q.shape[0] == 1
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_cache: torch.Tensor | None, v_cache: torch.Tensor | None, meta: AttnBatch) -> torch.Tensor:
     """q: [T, Hq, D]; k, v: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D] views.
-    Writes this step's k/v into the cache, returns [T, Hq, D]."""
+    Writes this step's k/v into the cache, returns [T, Hq, D]. One float32 sequence decoding
+    alone on cpu (batch-1 decode) takes one native call instead (qkernel.decode_attention:
+    the KV write, the gather, SDPA and the copies were ~170 us a layer here)."""
+    if (meta.num_decode == 1 and t_is_one(q) and not meta.prefills and meta.dec_blocks is not None
+            and meta.dec_mask is None and k_cache is not None and v_cache is not None
+            and qkernel.decode_attention_fits(q, k_cache, v_cache)):
+        return qkernel.decode_attention(q, k, v, k_cache, v_cache, meta.dec_blocks, meta.dec_blk.shape[1])  # type: ignore[union-attr]
     if k_cache is not None and v_cache is not None and meta.write_blk is not None:
         k_cache[meta.write_blk, meta.write_off] = k
         v_cache[meta.write_blk, meta.write_off] = v

@@ -35,7 +35,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from janusd.engine.models.qlinear import Q4Linear
 
 _ONEDNN = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
 
@@ -45,10 +44,10 @@ def onednn_available() -> bool:
 
 
 def linear(x: torch.Tensor, w: Any, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x [rows, in] @ w[out, in].T (+ b): a packed Q4 weight through its kernel (qlinear.py),
+    """x [rows, in] @ w[out, in].T (+ b): a quantized weight (qlinear.Q4Linear, q8.Q8Matrix) by itself,
     a float16 weight under float32 rows by half_weight_linear, oneDNN for 2+ float32 rows on
     cpu, else F.linear."""
-    if isinstance(w, Q4Linear):
+    if not isinstance(w, torch.Tensor):  # a quantized matrix multiplies itself (its __call__)
         return w(x) if b is None else w(x) + b
     if w.dtype == torch.float16 and x.dtype == torch.float32 and x.device.type == "cpu":
         y = half_weight_linear(x, w)

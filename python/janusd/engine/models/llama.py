@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from janusd.engine.models import qkernel
 from janusd.engine.models.attention import AttnBatch, paged_attention
 from janusd.engine.models.linear import linear
 from janusd.engine.models.qlinear import nbytes
@@ -33,10 +34,16 @@ from janusd.engine.types import EngineError
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's RMSNorm. In float32 torch's fused kernel is the same arithmetic in one op (equal
-    bit for bit on SmolLM2's and the tests' rows) instead of six; in a half dtype HF rounds
-    the normalized row before the weight multiplies it, which the fused kernel does not."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, add: torch.Tensor | None = None) -> torch.Tensor:
+    """HF's RMSNorm of x (after x += add, in place, when given). Contiguous float32 rows on cpu
+    take one native call (qkernel.add_rms_norm: torch 2.15's fused rms_norm is six ops there,
+    ~50 us a row); other float32 ones torch's fused kernel (the same arithmetic; sums in
+    another order); in a half dtype HF rounds the normalized row before the weight
+    multiplies it, which the fused kernel does not."""
+    if qkernel.native_norm_fits(x, weight) and (add is None or add.is_contiguous()):
+        return qkernel.add_rms_norm(x, add, weight, eps)
+    if add is not None:
+        x.add_(add)
     dtype = x.dtype
     if dtype == torch.float32 and weight.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
@@ -100,7 +107,7 @@ class LlamaModel:
                       layer.gate_up_w, layer.down_w):
                 if t is not None:
                     total += nbytes(t)
-        return total + self.embed.shape[1] * self.embed.element_size()
+        return total + nbytes(self.embed) // self.embed.shape[0]  # one embedding row
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnBatch,
                 kv: Sequence[tuple[torch.Tensor, torch.Tensor]] | None) -> torch.Tensor:
@@ -112,14 +119,20 @@ class LlamaModel:
         if landing is not None:
             landing.wait(0)
         shard = self.shard
-        h = F.embedding(input_ids, self.embed).to(self.dtype) if shard is None else self._embed_shard(input_ids)
+        if shard is not None:
+            h = self._embed_shard(input_ids)
+        elif isinstance(self.embed, torch.Tensor):
+            h = F.embedding(input_ids, self.embed).to(self.dtype)
+        else:  # a quantized embedding (q8.Q8Matrix): its rows dequantized
+            h = self.embed.rows(input_ids).to(self.dtype)
         cos, sin = self.rope.lookup(positions)
         t = input_ids.shape[0]
         nqk = self.nq + self.nkv
+        m: torch.Tensor | None = None  # the last layer's MLP output, added to h by the next norm
         for i, layer in enumerate(self.layers):
             if landing is not None:
                 landing.wait(1 + i)
-            x = rms_norm(h, layer.ln1, self.eps)
+            x = rms_norm(h, layer.ln1, self.eps, add=m)
             qkv = linear(x, layer.qkv_w, layer.qkv_b)
             qk = qkv[:, : self.q_size + self.kv_size].view(t, nqk, self.hd)
             v = qkv[:, self.q_size + self.kv_size :].reshape(t, self.nkv, self.hd)
@@ -132,13 +145,14 @@ class LlamaModel:
             o = linear(a.view(t, self.q_size), layer.o_w)
             if shard is not None:
                 shard.all_reduce(o)  # row-parallel o: each shard's heads give a partial sum
-            h.add_(o)  # h is this forward's own tensor (the embedding lookup's output)
-            x = rms_norm(h, layer.ln2, self.eps)
+            # h is this forward's own tensor (the embedding lookup's output): o added in place
+            x = rms_norm(h, layer.ln2, self.eps, add=o)
             gu = linear(x, layer.gate_up_w)
             g = F.silu(gu[:, : self.inter])
             m = linear(g.mul_(gu[:, self.inter :]), layer.down_w)
             if shard is not None:
                 shard.all_reduce(m)  # row-parallel down
+        if m is not None:
             h.add_(m)
         return h
 

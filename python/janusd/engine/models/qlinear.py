@@ -1,33 +1,26 @@
-"""GGUF Q4_0 / Q4_1 linear weights kept in 4 bits on cpu: torch's packed int4 kernel.
+"""GGUF Q4_0 / Q4_1 linear weights kept in 4 bits on cpu, multiplied by janus-core's kernel.
 
 Why: a dequantized copy of a 4-bit checkpoint is 8x its bytes in float32 (4x in
-bfloat16), and batch-1 decode on cpu is bound by how many weight bytes each step reads.
-SmolLM2-135M's Q4_1 matrices read as float32 cost ~45 ms of matmuls per token on this
-2-core Zen 3 VM; packed they cost ~14 ms (bench/RESULTS.md "engine: Q4 packed").
+bfloat16), and batch-1 decode on cpu is bound by how many weight bytes each step reads
+and how fast they turn into products.
 
-The kernel is `aten._weight_int4pack_mm_for_cpu` (torch's own, no extra dependency:
-torchao's cpu int4 path calls the same op on x86). Its convention, checked against a float
-reference (tests/test_engine_qlinear.py): weights [N, K] as nibbles 0..15 packed by
-`aten._convert_weight_to_int4pack_for_cpu` into [N, K/2] bytes, and per group of 32
-inputs and per output row a (scale, zero) pair, w = (q - 8) * scale + zero. GGUF's
-blocks map onto it exactly in form: Q4_0 is w = d * (q - 8) (scale d, zero 0), Q4_1 is
-w = d * q + m = d * (q - 8) + (m + 8d) (scale d, zero m + 8d).
-
-The numbers are the kernel's, not the file's: on cpus without AVX-512 (this VM is AVX2)
-the kernel is vectorized only for bfloat16 activations, whose scales and zeros must then
-be bfloat16 too (float32 activations take a scalar loop ~12x slower than the float32
-matmul it replaces). So a packed product rounds its input rows, the scales (GGUF's d is
-float16: 3 mantissa bits are lost) and its output to bfloat16, and sums in float32: about
-0.3% relative error per product against the float32 product of the dequantized file.
-Greedy outputs of the tests' models and SmolLM2 agree with the float32 reference where
-stated in tests/test_engine_qlinear.py; a model sensitive to that rounding takes an
-explicit float dtype (`dtype = "float32"` dequantizes as before).
-
-Layout constraints of the packing: N a multiple of 16, K of 32 (one GGUF block per group).
-The packed bytes are a function of the nibbles alone and row-independent (packing rows
-[0, a) and [a, N) apart gives the packing of all N), so a fused [q;k;v] matrix is packed
+Layout (qkernel.py "q4"): per weight row the file's blocks split in two, `packed` [N, K/2]
+uint8 (GGUF's nibble order: byte j of a 32-block holds element j low, j + 16 high) and
+`scales` [N, K/32, 2] float16 (d, m) with w = d q + m: Q4_1's d and m as stored, Q4_0's
+w = d (q - 8) as m = -8d (exact in float16). Both are the file's numbers, so the weights
+the kernel multiplies by are the dequantized file exactly, and products are float32 sums
+of float32 activations (qkernel.py): greedy outputs equal the dequantized float32 model's
+(tests/test_engine_qlinear.py). Rows are independent, so a fused [q;k;v] matrix is packed
 part by part into row ranges of one buffer. They are plain bytes in the weight segment:
 a Warm copy, a fork and a host image move them like any other weights.
+
+A product of up to MATVEC_ROWS rows (decode steps, short prefills) runs the kernel; more
+rows (a longer prefill) dequantize the matrix in cache-sized row blocks and multiply in
+float32 (MKL / oneDNN), which beats re-widening every block per row.
+
+The previous path, torch's `_weight_int4pack_mm_for_cpu`, needed bfloat16 activations to
+be fast on AVX2 (rounding each product by ~0.3%) and was ~1.5x slower per product here
+(bench/RESULTS.md "engine: own Q4/Q8 kernels").
 """
 
 from __future__ import annotations
@@ -37,33 +30,35 @@ from typing import Any
 import numpy as np
 import torch
 
-GROUP = 32  # GGUF Q4 block size = the kernel's group size
+from janusd.engine.models import qkernel
+
+GROUP = 32  # GGUF Q4 block size
 PACKABLE = ("q4_0", "q4_1")  # stored dtype names (Checkpoint.tensor_specs) this module packs
-# what the kernel computes in: bfloat16 is its vectorized path on AVX2 (module doc); float32
-# (its scalar path) gives the file's weights exactly, for tests (test_engine_qlinear.py)
-SCALE_DTYPE = torch.bfloat16
+SCALE_DTYPE = torch.float16  # the file's d and m, exactly
 # the embedding / LM head of a plan that keeps Q4 linears packed, when the file stores it
-# quantized or in float16 (SmolLM2's is Q8_0): float16 halves the 113 MB float32 matrix a
-# step reads, with 8x less rounding than bfloat16 (linear.py: how it is multiplied); float32
-# (the tests) keeps the file's dequantized values exactly
+# as float16 or a quant type other than Q8_0 (which q8.py keeps as it is): float16 halves
+# the float32 matrix a step reads (linear.py: how it is multiplied)
 HEAD_DTYPE = torch.float16
-_OPS: tuple[Any, Any] = (getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None),
-                         getattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", None))
+# up to this many rows the kernel (it widens each block once per row: ~0.2 ms a row for a
+# 3072 x 576 matrix here); more: dequantized blocks and a float32 product (~3 ms to
+# dequantize that matrix plus the product): equal at ~32 rows on this Zen 3 (bench/RESULTS.md)
+MATVEC_ROWS = 32
+DEQUANT_ROWS = 128  # weight rows dequantized per block of a many-row product (~0.3-0.8 MB of float32: L2)
 
 
 def q4_available() -> bool:
-    """torch here has the packed int4 cpu kernels."""
-    return all(op is not None for op in _OPS)
+    """The native extension here has the quantized kernels."""
+    return qkernel.available()
 
 
 def packable(shape: tuple[int, ...], stored: str) -> bool:
-    """A [N, K] weight stored as Q4_0/Q4_1 that the kernel can take (N % 16, K % 32)."""
-    return stored in PACKABLE and len(shape) == 2 and shape[0] % 16 == 0 and shape[1] % GROUP == 0
+    """A [N, K] weight stored as Q4_0/Q4_1 with whole blocks per row (K % 32)."""
+    return stored in PACKABLE and len(shape) == 2 and shape[1] % GROUP == 0
 
 
 def packed_shapes(n: int, k: int) -> tuple[tuple[int, int], tuple[int, int, int]]:
-    """(packed nibbles [N, K/2] uint8, scales and zeros [K/32, N, 2])."""
-    return (n, k // 2), (k // GROUP, n, 2)
+    """(packed nibbles [N, K/2] uint8, scales [N, K/32, 2] float16)."""
+    return (n, k // 2), (n, k // GROUP, 2)
 
 
 def decode_blocks(raw: np.ndarray, stored: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -81,14 +76,14 @@ def decode_blocks(raw: np.ndarray, stored: str) -> tuple[np.ndarray, np.ndarray,
 
 
 def pack(q: np.ndarray, d: np.ndarray, m: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(packed [N, K/2] uint8, scales and zeros [K/32, N, 2] float32: copied into a view of
-    the compute dtype, they round there) for the kernel, from decode_blocks' nibbles and
-    GGUF's per-block d (and m for Q4_1)."""
-    packed = _OPS[1](torch.from_numpy(q.astype(np.int32)), 1)
-    scale = torch.from_numpy(d)
-    zero = torch.zeros_like(scale) if m is None else torch.from_numpy(m) + 8.0 * scale
-    sz = torch.stack([scale.t(), zero.t()], dim=-1).contiguous()
-    return packed, sz
+    """(packed [N, K/2] uint8, scales [N, K/32, 2] float16) from decode_blocks' nibbles and
+    GGUF's per-block d (and m for Q4_1); d and m are float16 values, so exact here."""
+    n = q.shape[0]
+    blocks = q.reshape(n, -1, GROUP).astype(np.uint8)
+    packed = (blocks[:, :, :16] | (blocks[:, :, 16:] << 4)).reshape(n, -1)
+    zero = -8.0 * d if m is None else m
+    sz = np.stack([d, zero], axis=-1).astype(np.float16)
+    return torch.from_numpy(np.ascontiguousarray(packed)), torch.from_numpy(sz)
 
 
 def dequantize_reference(q: np.ndarray, d: np.ndarray, m: np.ndarray | None) -> torch.Tensor:
@@ -99,6 +94,22 @@ def dequantize_reference(q: np.ndarray, d: np.ndarray, m: np.ndarray | None) -> 
     return w.reshape(q.shape)
 
 
+def blockwise_product(fmt: str, x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """float32 x [rows, K] @ w.T for many rows: DEQUANT_ROWS weight rows at a time
+    dequantized into one reused buffer and multiplied in float32 (the same products as the
+    dequantized model's, summed by MKL / oneDNN)."""
+    from janusd.engine.models.linear import linear
+
+    n, k = qs.shape[0], x.shape[1]
+    out = torch.empty(x.shape[0], n, dtype=torch.float32)
+    buf = torch.empty(min(DEQUANT_ROWS, n), k, dtype=torch.float32)
+    for r in range(0, n, DEQUANT_ROWS):
+        rows = min(DEQUANT_ROWS, n - r)
+        part = qkernel.dequantize(fmt, qs, scales, r, rows, buf[:rows])
+        out[:, r : r + rows] = linear(x, part)
+    return out
+
+
 class Q4Linear:
     """One linear's weight, packed: `q4(x)` = x @ w.T in the kernel's numerics (module doc),
     computed in the scales' dtype.
@@ -107,15 +118,20 @@ class Q4Linear:
     copied, so bytes written into them later (an overlapped restore) are what the next
     product reads. Duck-types the bits of a tensor the engine asks a weight for."""
 
-    __slots__ = ("packed", "scales", "out_features", "in_features")
+    __slots__ = ("packed", "scales", "out_features", "in_features", "_bound")
 
     def __init__(self, packed: torch.Tensor, scales: torch.Tensor) -> None:
         self.packed, self.scales = packed, scales
         self.out_features, self.in_features = packed.shape[0], packed.shape[1] * 2
+        self._bound = qkernel.BoundMatrix("q4", packed, scales)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = _OPS[0](x.to(self.scales.dtype), self.packed, GROUP, self.scales)
-        return y.to(x.dtype)
+        rows = x.reshape(-1, x.shape[-1]).float()
+        if rows.shape[0] <= MATVEC_ROWS:
+            y = self._bound(rows, torch.get_num_threads())
+        else:
+            y = blockwise_product("q4", rows, self.packed, self.scales)
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -127,24 +143,23 @@ class Q4Linear:
 
     def dequantize(self) -> torch.Tensor:
         """float32 [N, K] of what the kernel multiplies by (for tests and debugging)."""
-        eye = torch.eye(self.in_features, dtype=self.scales.dtype)
-        return _OPS[0](eye, self.packed, GROUP, self.scales).float().t().contiguous()
+        return qkernel.dequantize("q4", self.packed, self.scales)
 
 
 def nbytes(w: Any) -> int:
-    """Bytes a weight occupies: a tensor's or a Q4Linear's."""
-    return int(w.nbytes) if isinstance(w, Q4Linear) else w.numel() * w.element_size()
+    """Bytes a weight occupies: a tensor's or a quantized matrix's (its `nbytes`)."""
+    return int(w.nbytes) if not isinstance(w, torch.Tensor) else w.numel() * w.element_size()
 
 
 def head_dtype(stored: str) -> torch.dtype | None:
     """The dtype a packed plan stores an embedding / LM head in that the file stores as
-    `stored` (a quant type or float16); None: the plan's own dtype."""
+    `stored` (a quant type other than Q8_0, or float16); None: the plan's own dtype."""
     return HEAD_DTYPE if stored not in ("float32", "bfloat16") else None
 
 
 def keeps_q4(dtype_name: str, device_kind: str) -> bool:
     """Whether a model configured with `dtype_name` on a `device_kind` device keeps its
-    Q4_0/Q4_1 linears packed: `dtype = "auto"` on cpu (the kernel is cpu-only here)."""
+    Q4_0/Q4_1 linears packed: `dtype = "auto"` on cpu (the kernel is cpu-only)."""
     return dtype_name == "auto" and device_kind == "cpu" and q4_available()
 
 
@@ -155,4 +170,4 @@ def load_packed(ck: Any, quant: dict[str, tuple[str, int]], views: dict[str, Any
         packed, sz = pack(*ck.read_q4(name))
         n = packed.shape[0]
         views[matrix + ":packed"][row0 : row0 + n].copy_(packed)
-        views[matrix + ":scales"][:, row0 : row0 + n].copy_(sz)
+        views[matrix + ":scales"][row0 : row0 + n].copy_(sz)

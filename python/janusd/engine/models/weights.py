@@ -8,11 +8,12 @@ copy. Tied embeddings get one tensor that serves as both `embed_tokens` and `lm_
 
 A quantized plan (`quantized=True`, engine/models/qlinear.py) keeps each GGUF Q4_0/Q4_1
 linear in 4 bits: the (fused) matrix NAME gets two slots of its own dtype, `NAME:packed`
-(uint8 nibbles) and `NAME:scales` (bfloat16), and `materialize` hands the forward a
+(uint8 nibbles) and `NAME:scales` (float16 d, m), and `materialize` hands the forward a
 Q4Linear over them under NAME. `plan.quant` says which HF tensor is packed into which
 matrix at which row, for the loader (load_quantized). The embedding and LM head of a
-quantized plan are float16 when the file stores them quantized (qlinear.HEAD_DTYPE).
-Everything else stays `plan.dtype`.
+quantized plan keep the file's Q8_0 blocks (`NAME:q8`, `NAME:q8scales`, a q8.Q8Matrix under
+NAME; `plan.q8`), or are float16 when the file stores them otherwise quantized or in half
+(qlinear.HEAD_DTYPE). Everything else stays `plan.dtype`.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class WeightPlan:
     aliases: dict[str, str] = field(default_factory=dict)  # tied lm_head -> embed_tokens
     # packed Q4 tensors: HF name -> (the matrix it is packed into, its first row there)
     quant: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # Q8_0 embedding / LM head kept as the file's blocks (q8.py): slots NAME:q8, NAME:q8scales
+    q8: list[str] = field(default_factory=list)
 
 
 def expected_shapes(arch: Any) -> dict[str, tuple[int, ...]]:
@@ -98,13 +101,14 @@ _FUSED = (
 
 
 def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.dtype,
-                 quantized: bool = False, q4_dtype: torch.dtype | None = None) -> WeightPlan:
+                 quantized: bool = False) -> WeightPlan:
     """Offsets for every tensor the model needs; checks the checkpoint's shapes.
 
     `specs` is `Checkpoint.tensor_specs()`: {hf_name: (shape, dtype_str)}. A needed tensor
     that is missing, or a shape that disagrees with the architecture, is an EngineError.
     `quantized`: keep the Q4_0/Q4_1 linears packed (module doc); a fused matrix is packed
-    only when all its parts are; `q4_dtype`: what they compute in (qlinear.SCALE_DTYPE)."""
+    only when all its parts are."""
+    from janusd.engine.models.q8 import keeps_q8
     from janusd.engine.models.qlinear import head_dtype, packable
 
     want = expected_shapes(arch)
@@ -133,7 +137,7 @@ def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.d
             rows = sum(want[n][0] for n in names)
             tail = want[names[0]][1:]
             if packs(names):
-                offset = _place_q4(plan, offset, p + fused, names, (rows, *tail), want, q4_dtype)
+                offset = _place_q4(plan, offset, p + fused, names, (rows, *tail), want)
                 placed.update(names)
                 continue
             offset = _align(offset)
@@ -149,7 +153,10 @@ def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.d
         if name in placed:
             continue
         if name.startswith("model.layers.") and packs([name]):
-            offset = _place_q4(plan, offset, name, [name], shape, want, q4_dtype)
+            offset = _place_q4(plan, offset, name, [name], shape, want)
+            continue
+        if quantized and name in _HEADS and keeps_q8(shape, str(specs[name][1])):
+            offset = _place_q8(plan, offset, name, shape)
             continue
         offset = _align(offset)
         plan.slots[name] = Slot(offset, shape, dtype=head_dtype(str(specs[name][1])) if quantized and name in _HEADS else None)
@@ -159,12 +166,12 @@ def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.d
 
 
 def _place_q4(plan: WeightPlan, offset: int, matrix: str, parts: list[str], shape: tuple[int, ...],
-              want: Mapping[str, tuple[int, ...]], q4_dtype: torch.dtype | None) -> int:
+              want: Mapping[str, tuple[int, ...]]) -> int:
     """Slots `matrix:packed` and `matrix:scales` at `offset`; the parts' rows in plan.quant."""
     from janusd.engine.models.qlinear import SCALE_DTYPE, packed_shapes
 
     nib, sc = packed_shapes(shape[0], shape[1])
-    for suffix, sh, dt in ((":packed", nib, torch.uint8), (":scales", sc, q4_dtype or SCALE_DTYPE)):
+    for suffix, sh, dt in ((":packed", nib, torch.uint8), (":scales", sc, SCALE_DTYPE)):
         offset = _align(offset)
         plan.slots[matrix + suffix] = Slot(offset, sh, dtype=dt)
         offset += plan.slots[matrix + suffix].nbytes(plan.dtype)
@@ -172,6 +179,18 @@ def _place_q4(plan: WeightPlan, offset: int, matrix: str, parts: list[str], shap
     for n in parts:
         plan.quant[n] = (matrix, r)
         r += want[n][0]
+    return offset
+
+
+def _place_q8(plan: WeightPlan, offset: int, name: str, shape: tuple[int, ...]) -> int:
+    """Slots `name:q8` (int8) and `name:q8scales` (float16) at `offset`."""
+    from janusd.engine.models.q8 import shapes
+
+    for suffix, sh, dt in zip((":q8", ":q8scales"), shapes(shape[0], shape[1]), (torch.int8, torch.float16)):
+        offset = _align(offset)
+        plan.slots[name + suffix] = Slot(offset, sh, dtype=dt)
+        offset += plan.slots[name + suffix].nbytes(plan.dtype)
+    plan.q8.append(name)
     return offset
 
 
@@ -190,6 +209,11 @@ def materialize(plan: WeightPlan, view: Callable[[int, tuple[int, ...], torch.dt
 
         for matrix in {m for m, _ in plan.quant.values()}:
             out[matrix] = Q4Linear(out[matrix + ":packed"], out[matrix + ":scales"])
+    if plan.q8:
+        from janusd.engine.models.q8 import Q8Matrix
+
+        for name in plan.q8:
+            out[name] = Q8Matrix(out[name + ":q8"], out[name + ":q8scales"])
     for alias, target in plan.aliases.items():
         out[alias] = out[target]
     return out
@@ -197,12 +221,17 @@ def materialize(plan: WeightPlan, view: Callable[[int, tuple[int, ...], torch.dt
 
 def load_weights(ck: Any, plan: WeightPlan, views: Mapping[str, Any], slices: Mapping[str, Any] | None = None) -> None:
     """Fill `views` (materialize's) from the checkpoint: the float tensors in `plan.dtype`,
-    the packed ones (plan.quant) as nibbles and scales (qlinear.load_packed)."""
-    ck.load_into(lambda n: views[n], plan.dtype, slices, skip=plan.quant.keys())
+    the packed ones (plan.quant) as nibbles and scales (qlinear.load_packed), the Q8_0 ones
+    (plan.q8) as the file's blocks (q8.load)."""
+    ck.load_into(lambda n: views[n], plan.dtype, slices, skip=set(plan.quant) | set(plan.q8))
     if plan.quant:
         from janusd.engine.models.qlinear import load_packed
 
         load_packed(ck, plan.quant, dict(views))
+    if plan.q8:
+        from janusd.engine.models.q8 import load
+
+        load(ck, plan.q8, dict(views))
 
 
 def plain_buffer_view(total_bytes: int, device: torch.device | str = "cpu") -> Callable[[int, tuple[int, ...], torch.dtype], torch.Tensor]:
@@ -226,7 +255,7 @@ def landing_groups(plan: WeightPlan, num_layers: int) -> list[list[tuple[int, in
     for name, slot in plan.slots.items():
         if slot.parent is not None:
             continue  # inside its fused parent's bytes
-        if name == "model.embed_tokens.weight":
+        if name.split(":")[0] == "model.embed_tokens.weight":  # also its q8 slots
             g = 0
         elif name.startswith("model.layers."):
             g = 1 + int(name.split(".")[2])
