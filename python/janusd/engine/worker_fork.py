@@ -113,16 +113,7 @@ def pull_model(de: Any, pd: Any, msg: wm.SetState, host: Any, phases: dict[str, 
         marks["after"] = time.perf_counter()
         return materialize(plan, seg.view)
 
-    with de._lock:
-        if name_taken(de, msg.model.name):
-            raise EngineError(f"model {msg.model.name!r} is already loaded on this device")
-        de._building.add(msg.model.name)
-    try:
-        me = de._on_device(msg.model, msg.engine, ck, plan, fill)
-    except BaseException:
-        with de._lock:
-            de._building.discard(msg.model.name)
-        raise
+    me = build_once(de, msg.model.name, lambda: de._on_device(msg.model, msg.engine, ck, plan, fill))
     phases.update(prepare=marks.get("prepare", 0.0), transfer=marks.get("transfer", 0.0),
                   restore=time.perf_counter() - marks.get("after", t0))
     return me
@@ -151,15 +142,24 @@ def pull_shard(de: Any, pd: Any, msg: wm.LoadModel, ck: Any, shard: Any) -> Any:
         pull_segment(pd.transport, src, seg, chunk, pace)
         return materialize(plan, seg.view)
 
+    return build_once(de, msg.model.name, lambda: de._on_device(msg.model, msg.engine, ck, plan, fill, shard))
+
+
+def build_once(de: Any, name: str, build: Callable[[], Any]) -> Any:
+    """Run `build` with `name` marked as being built on this device, so a second load of
+    the same name is refused while the first pulls; the mark goes if the build fails (on
+    success the model's registration takes its place)."""
+    from janusd.engine.types import EngineError
+
     with de._lock:
-        if name_taken(de, msg.model.name):
-            raise EngineError(f"model {msg.model.name!r} is already loaded on this device")
-        de._building.add(msg.model.name)
+        if name_taken(de, name):
+            raise EngineError(f"model {name!r} is already loaded on this device")
+        de._building.add(name)
     try:
-        return de._on_device(msg.model, msg.engine, ck, plan, fill, shard)
+        return build()
     except BaseException:
         with de._lock:
-            de._building.discard(msg.model.name)
+            de._building.discard(name)
         raise
 
 
