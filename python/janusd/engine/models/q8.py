@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from janusd.engine.models import qkernel
+from janusd.engine.models.qlinear import quant_product
 
 BLOCK = 32
 
@@ -52,13 +53,7 @@ class Q8Matrix:
         self._bound = qkernel.BoundMatrix("q8", qs, scales)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        from janusd.engine.models.qlinear import MATVEC_ROWS, blockwise_product
-
-        rows = x.reshape(-1, x.shape[-1]).float()
-        if rows.shape[0] <= MATVEC_ROWS:
-            y = self._bound(rows, torch.get_num_threads())
-        else:
-            y = blockwise_product("q8", rows, self.qs, self.scales)
+        y = quant_product(self._bound, x.reshape(-1, x.shape[-1]).float())
         return y.view(*x.shape[:-1], self.shape[0])
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:

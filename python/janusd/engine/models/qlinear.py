@@ -110,6 +110,14 @@ def blockwise_product(fmt: str, x: torch.Tensor, qs: torch.Tensor, scales: torch
     return out
 
 
+def quant_product(m: qkernel.BoundMatrix, rows: torch.Tensor) -> torch.Tensor:
+    """float32 rows [R, K] @ w.T for a Q4 or Q8_0 matrix: the kernel up to MATVEC_ROWS rows
+    (a decode step, a short prefill), dequantized blocks and a float32 product above."""
+    if rows.shape[0] <= MATVEC_ROWS:
+        return m(rows, torch.get_num_threads())
+    return blockwise_product(m.fmt, rows, m.qs, m.scales)
+
+
 class Q4Linear:
     """One linear's weight, packed: `q4(x)` = x @ w.T in the kernel's numerics (module doc),
     computed in the scales' dtype.
@@ -126,11 +134,7 @@ class Q4Linear:
         self._bound = qkernel.BoundMatrix("q4", packed, scales)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1]).float()
-        if rows.shape[0] <= MATVEC_ROWS:
-            y = self._bound(rows, torch.get_num_threads())
-        else:
-            y = blockwise_product("q4", rows, self.packed, self.scales)
+        y = quant_product(self._bound, x.reshape(-1, x.shape[-1]).float())
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     @property
