@@ -146,6 +146,18 @@ def start_daemon(config_text: str, env: dict[str, str] | None = None, timeout_s:
     raise RuntimeError(f"janus serve not serving within {timeout_s} s:\n{log.read_text(errors='replace')}")
 
 
+async def until(pred: Any, timeout_s: float) -> bool:
+    """wait_until for a test's own event loop: poll `pred` every 10 ms, False on timeout."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
 def wait_until(pred: Any, timeout_s: float, interval_s: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:

@@ -18,6 +18,7 @@ import msgspec
 import pytest
 import uvloop
 
+from daemon_harness import until
 from janusd.config import DevicesConfig
 from janusd.server.connect_back import ConnectBack
 from janusd.server.launcher import Placement
@@ -171,7 +172,7 @@ def test_a_worker_with_the_token_is_served_over_tcp_and_its_death_is_seen_by_eof
         assert isinstance(stats, wm.Stats) and stats.pool["num_pages"] == 32  # 64 MiB of 2 MiB pages
         t_kill = time.monotonic()
         h.proc.kill()
-        assert await _until(lambda: deaths, 3.0)
+        assert await until(lambda: deaths, 3.0)
         assert deaths[0] - t_kill < 1.0  # the stream's EOF reports it, as a socketpair's would
         forged = _TcpLauncher(lb, "f" * 64)  # a worker that does not know the token
         bad = _handle(forged, [])
@@ -181,12 +182,3 @@ def test_a_worker_with_the_token_is_served_over_tcp_and_its_death_is_seen_by_eof
         await lb.close()
 
     uvloop.run(go())
-
-
-async def _until(pred, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True

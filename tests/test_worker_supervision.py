@@ -18,6 +18,7 @@ import time
 import pytest
 import uvloop
 
+from daemon_harness import until
 from janusd.config import DevicesConfig
 from janusd.server.workers import WorkerError, WorkerHandle
 from janusd.wire import worker_msgs as wm
@@ -34,15 +35,6 @@ def _handle(deaths: list[tuple[float, int | None]]) -> WorkerHandle:
         on_batch=lambda w, b: None, on_failed=lambda w, f: None,
         on_death=lambda w: deaths.append((time.monotonic(), w.pid)),
     )  # fmt: skip
-
-
-async def _until(pred, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
 
 
 def _stats(h: WorkerHandle):
@@ -68,7 +60,7 @@ def test_a_late_death_signal_of_the_previous_process_does_not_kill_the_restarted
         old = h.proc
         assert old is not None
         os.kill(old.pid, signal.SIGKILL)
-        assert await _until(lambda: deaths, 2.0)
+        assert await until(lambda: deaths, 2.0)
         restart = asyncio.create_task(h.start(60.0))
         await asyncio.sleep(0)  # the restart is now spawning the new process
         assert h.state == "starting"
@@ -100,7 +92,7 @@ def test_replies_sent_before_the_death_are_delivered_before_it_is_reported():
         transport.resume_reading()
         results = await asyncio.gather(*calls, return_exceptions=True)
         assert all(isinstance(r, wm.Stats) for r in results), results
-        assert await _until(lambda: deaths, 2.0)
+        assert await until(lambda: deaths, 2.0)
         assert len(deaths) == 1 and deaths[0][0] - t_kill < 1.0
         assert h.state == "dead"
 
@@ -117,7 +109,7 @@ def test_a_reader_that_never_catches_up_still_gets_the_death_within_a_second():
         await asyncio.sleep(0.5)
         t_kill = time.monotonic()
         os.kill(h.pid, signal.SIGKILL)
-        assert await _until(lambda: deaths, 2.0)
+        assert await until(lambda: deaths, 2.0)
         assert deaths[0][0] - t_kill < 1.0, deaths[0][0] - t_kill
         with pytest.raises(WorkerError, match="died"):
             await call
