@@ -247,6 +247,14 @@ class LifecycleOps:
         async with self.ops._locks[inst.device]:
             return await w.call(make, timeout_s)
 
+    async def publish(self, name: str, device: int, timeout_s: float) -> wm.ForkSource:
+        """Have `device`'s worker publish `name`'s weights for a fork (its pieces and sampled
+        checksums); WorkerError or TimeoutError when it cannot."""
+        async with self.ops._locks[device]:
+            pub = await self.ops.workers[device].call(lambda seq: wm.PublishWeights(
+                seq, name, self.cfg.fork_verify_blocks, self.cfg.fork_verify_block_kib << 10), timeout_s)
+        return pub.source  # type: ignore[no-any-return]
+
     async def _activate(self, inst: Instance, fork_from: Instance | None = None, probe: bool = True) -> dict[str, Any]:
         name, clock = inst.model, self.ops.clock
         prev = inst.state
@@ -267,9 +275,7 @@ class LifecycleOps:
         source = None
         if peer is not None:
             try:
-                pub = await self._call(peer, lambda seq: wm.PublishWeights(
-                    seq, name, self.cfg.fork_verify_blocks, self.cfg.fork_verify_block_kib << 10), 30.0)
-                source = pub.source
+                source = await self.publish(name, peer.device, 30.0)
             except (WorkerError, asyncio.TimeoutError) as e:
                 if fork_from is not None:
                     raise ValueError(f"fork: the source on device {peer.device} cannot publish its weights: {e}") \

@@ -48,6 +48,8 @@ class ForkHost(Protocol):
 
     def fork_pace(self, source_device: int) -> LifecycleConfig: ...
 
+    async def publish(self, name: str, device: int, timeout_s: float) -> wm.ForkSource: ...
+
 
 # why a fork to a Warm group restores it from its host copies instead (module doc)
 WARM_GROUP = "a Warm tp group comes back from its own host copies (H2D), not by a fork"
@@ -115,11 +117,7 @@ async def _publish(life: ForkHost, name: str, src: range) -> list[wm.ForkSource 
     (its target shard then reads its slices: that shard alone falls back)."""
     async def one(device: int) -> wm.ForkSource | None:
         try:
-            async with life.ops._locks[device]:
-                pub = await life.ops.workers[device].call(lambda seq: wm.PublishWeights(
-                    seq, name, life.cfg.fork_verify_blocks, life.cfg.fork_verify_block_kib << 10),
-                    life.ops.reply_timeout_s)
-            return pub.source  # type: ignore[no-any-return]
+            return await life.publish(name, device, life.ops.reply_timeout_s)
         except (WorkerError, asyncio.TimeoutError) as e:
             log.log(logging.WARNING, f"fork of {name}: the source shard on device {device} cannot publish its "
                                      f"weights ({e or 'timed out'}); its target shard reads the checkpoint")
