@@ -1,5 +1,5 @@
 """The ModelSpec of a checkpoint as this engine serves it: the config's shape, and, when
-`dtype = "auto"` keeps its weights quantized on the device kind (device_engine.weight_plan),
+`dtype = "auto"` (or "int8" / "int4") keeps its weights quantized on the device kind (device_engine.weight_plan),
 the plan's resident bytes as the weights' size. The oracle's prior, the profiler and the
 roofline then charge a decode step what it really reads: for SmolLM2-135M Q4_1 about a
 fifth of the float32 bytes they charged before."""
@@ -15,8 +15,11 @@ from janusd.hw.model_spec import ModelSpec
 
 def served_spec(ck: Any, dtype: str, device_kind: str) -> ModelSpec:
     """`ck` an opened checkpoint (engine/loader.open_checkpoint)."""
-    spec = ModelSpec.from_config(msgspec.to_builtins(ck.arch), dtype=dtype)
-    if dtype != "auto":
+    from janusd.engine.models.qlinear import KEEPS_QUANTIZED
+
+    keeps = dtype in KEEPS_QUANTIZED
+    spec = ModelSpec.from_config(msgspec.to_builtins(ck.arch), dtype="auto" if keeps else dtype)
+    if not keeps:
         return spec
     from janusd.engine.device_engine import weight_plan
 

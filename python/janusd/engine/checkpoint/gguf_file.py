@@ -197,9 +197,12 @@ class GGUFCheckpoint(Checkpoint):
         import numpy as np
 
         from janusd.engine.models.qlinear import decode_blocks
+        from janusd.engine.models.quantize_float import FLOAT_STORED
 
         t = self._tensors[name]
         stored = self._specs[name][1]
+        if stored in FLOAT_STORED:  # `int4` on a float tensor of the file: quantized at load
+            return super().read_q4(name)
         try:
             raw = np.ascontiguousarray(t.data)
             self.bytes_read += raw.nbytes
@@ -218,7 +221,10 @@ class GGUFCheckpoint(Checkpoint):
         import numpy as np
 
         from janusd.engine.models.q8 import decode_blocks
+        from janusd.engine.models.quantize_float import FLOAT_STORED
 
+        if self._specs[name][1] in FLOAT_STORED:  # `int8` on a float tensor of the file: quantized at load
+            return super().read_q8(name)
         t = self._tensors[name]
         try:
             raw = np.ascontiguousarray(t.data)

@@ -104,15 +104,17 @@ _FUSED = (
 
 
 def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.dtype,
-                 quantized: bool = False) -> WeightPlan:
+                 quantized: bool = False, quantize_to: str = "auto") -> WeightPlan:
     """Offsets for every tensor the model needs; checks the checkpoint's shapes.
 
     `specs` is `Checkpoint.tensor_specs()`: {hf_name: (shape, dtype_str)}. A needed tensor
     that is missing, or a shape that disagrees with the architecture, is an EngineError.
     `quantized`: keep the Q4_0/Q4_1 linears packed (module doc); a fused matrix is packed
-    only when all its parts are."""
+    only when all its parts are. `quantize_to` (a config dtype: "int8", "int4") also keeps
+    the float tensors quantized, in the blocks quantize_float.target names."""
     from janusd.engine.models.q8 import keeps_q8
     from janusd.engine.models.qlinear import head_dtype, packable
+    from janusd.engine.models.quantize_float import target
 
     want = expected_shapes(arch)
     for name, shape in want.items():
@@ -126,9 +128,10 @@ def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.d
         """How the matrix of `names` stays quantized (its placer), or None: plan.dtype."""
         if not (quantized and all(n.endswith(".weight") for n in names)):
             return None
-        if all(packable(want[n], str(specs[n][1])) for n in names):
+        kept_as = [target(quantize_to, str(specs[n][1]), n in _HEADS) for n in names]
+        if all(packable(want[n], f) for n, f in zip(names, kept_as)):
             return _place_q4
-        if all(keeps_q8(want[n], str(specs[n][1])) for n in names):
+        if all(keeps_q8(want[n], f) for n, f in zip(names, kept_as)):
             return _place_q8
         return None
 
