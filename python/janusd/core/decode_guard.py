@@ -163,8 +163,9 @@ class DecodeGuard:
         if at > now:
             return at
         at_risk = self._at_risk(best.device, est, now, decoding)
-        if at_risk >= req.sampling.max_tokens:  # the delay costs more tokens than refusing it loses
-            self.declined[req.rid] = DeclinedYield(best.device, finish, at_risk, req.sampling.max_tokens)
+        loss = self._refusal_loss(req)
+        if at_risk >= loss:  # the delay costs more tokens than refusing it loses
+            self.declined[req.rid] = DeclinedYield(best.device, finish, at_risk, loss)
             return at
         self.declined.pop(req.rid, None)
         best.saturated = False
@@ -192,3 +193,8 @@ class DecodeGuard:
             if 0.0 <= slack < delay_s:
                 n += max(0, r.sampling.max_tokens - r.num_output_tokens)
         return n
+
+    @staticmethod
+    def _refusal_loss(req: Request) -> int:
+        """The tokens a refusal of `req` loses: all of them (its max_tokens)."""
+        return req.sampling.max_tokens
