@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 
 from janusd.core import Refusal
+from janusd.server.metrics import Metrics
 
 from core_fakes import Rig
 
@@ -105,3 +106,7 @@ def test_a_refusal_after_a_declined_yield_says_so():
     assert d.finish <= r.deadline == pytest.approx(arrival + TTFT_S)
     assert "declined to yield dev0" in r.line()
     assert c not in rig.core.guard.declined
+    metrics = Metrics(dict)
+    metrics.refused(r)
+    assert metrics.registry.get_sample_value(
+        "janusd_slo_refusals_total", {"model": "m", "stage": "queue", "justified": "guard"}) == 1.0
