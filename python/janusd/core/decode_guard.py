@@ -29,8 +29,9 @@ DeclinedYield).
 
 Owned state: per device, the sequences past their first token and the decode fit, plus
 the set of devices whose inputs changed since the guard last looked (None: all), so a
-tick costs O(devices changed), not O(instances). The guard acts only through the
-Dispatcher's ready flag (Instance.saturated records that it did).
+tick costs O(devices changed), not O(instances); per queued request, the yield it last
+declined (kept while the request is queued; the refusal that follows takes it). The
+guard acts only through the Dispatcher's ready flag (Instance.saturated records that it did).
 """
 
 from __future__ import annotations
