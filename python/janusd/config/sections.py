@@ -214,9 +214,9 @@ class DispatchConfig(Section):
     # the model's TPOT SLO (an online fit of its inter-token gaps by sequences decoding)
     decode_guard: bool = True
     # the guard yields an instance it holds to a queued request this long before the
-    # request's latest start when no instance could start it in time otherwise (one
-    # prefill's TPOT slip beats refusing the request: a refused request's tokens are all
-    # lost); 0: the guard never yields
+    # request's latest start when no instance could start it in time otherwise, unless the
+    # prefill's delay pushes more tokens of the sequences decoding there off their SLO curve
+    # than the request's max_tokens (a refused request's tokens are all lost); 0: never
     guard_yield_ms: Annotated[float, Meta(ge=0)] = 20.0
     relax_factor: Annotated[float, Meta(gt=1.0)] = 1.5
     max_relax: NonNegInt = 2

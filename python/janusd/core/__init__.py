@@ -7,12 +7,12 @@ from here only, never its modules (tests/test_shell_faces.py checks), so what a 
 call is listed once, below. Of a ServingCore a shell calls the methods (core/serving.py's
 views for what it reads), never its parts (registry, requests, dispatch, ...)."""
 
-from janusd.core.dispatch import InstanceFigure, Refusal
+from janusd.core.dispatch import DeclinedYield, InstanceFigure, Refusal
 from janusd.core.registry import Instance, Model, Registry
 from janusd.core.requests import Failure, Refused, Request, no_instance, removed
 from janusd.core.serving import ServingCore
 from janusd.core.shell_hooks import Limits, Observers
 from janusd.core.submission import Submission
 
-__all__ = ["Failure", "Instance", "InstanceFigure", "Limits", "Model", "Observers", "Refusal", "Refused", "Registry",
+__all__ = ["DeclinedYield", "Failure", "Instance", "InstanceFigure", "Limits", "Model", "Observers", "Refusal", "Refused", "Registry",
            "Request", "ServingCore", "Submission", "no_instance", "removed"]

@@ -12,26 +12,33 @@ the number of sequences decoding (oracle/decode_estimate.py).
 The guard yields (`yield_to_late`): a queued request about to reach its latest start,
 that no instance the guard leaves ready can start in time, gets one instance the guard
 holds, if that one can still finish its prefill by the deadline (`dispatch.guard_yield_ms`
-before the latest start) and the trade pays in tokens: refusing the request loses the
-on-time tokens it would produce there (on a device decoding slower than its TPOT, a
-sequence falls behind its SLO curve token by token: the first few); the yield delays the
-sequences decoding there
-by one prefill, which costs the tokens still to come of those it pushes off their SLO
-curve (on time now, late after the delay). Without the yield, at light load the guard's
-holds were the source of the refusals left (bench/RESULTS.md, [Q]); without the trade,
-past capacity it turned on-time decode into late decode (tests/test_sim_golden.py).
+before the latest start) and the trade pays in tokens. The alternative to the yield is a
+refusal, and a refused request loses every one of its tokens (trace/slo.py: each token of
+a failed request is missed), so the trade weighs the request's whole max_tokens against
+what the yield costs: the tokens still to come of the sequences decoding there that the
+delay of one prefill pushes off their SLO curve (on time now, late after the delay).
+Without the yield, at light load the guard's holds were the source of the refusals left
+(bench/RESULTS.md, [Q]); without the trade, past capacity it turned on-time decode into
+late decode (tests/test_sim_golden.py). (Until 2026-12-07, session 5, the request was
+credited only the tokens it would produce on time at the device's pace with one more
+sequence: a few on a device decoding past its TPOT, so at light load the guard declined
+and the request was refused at a free instance: tests/test_core_guard_refusal.py.) A
+declined yield is kept (`declined`) until the request leaves the queue, so a refusal that
+follows says that the guard's trade made it and with which figures (core/dispatch.py
+DeclinedYield).
 
 Owned state: per device, the sequences past their first token and the decode fit, plus
 the set of devices whose inputs changed since the guard last looked (None: all), so a
-tick costs O(devices changed), not O(instances). The guard acts only through the
-Dispatcher's ready flag (Instance.saturated records that it did).
+tick costs O(devices changed), not O(instances); per queued request, the yield it last
+declined (kept while the request is queued; the refusal that follows takes it). The
+guard acts only through the Dispatcher's ready flag (Instance.saturated records that it did).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from janusd.core.dispatch import DispatchCore
+from janusd.core.dispatch import DeclinedYield, DispatchCore
 from janusd.core.registry import Instance, Registry
 from janusd.core.requests import Request
 from janusd.oracle.decode_estimate import DecodeStepEstimator
@@ -46,6 +53,7 @@ class DecodeGuard:
         self.tpots: dict[int, dict[float, int]] = {}
         self.fit: dict[int, DecodeStepEstimator] = {}  # device -> seconds per token by sequences
         self._dirty: set[int] | None = None
+        self.declined: dict[int, DeclinedYield] = {}  # request id -> the yield last declined for it, while queued
 
     def mark(self, device: int) -> None:
         """An input of `device` changed (its states, its decoding count or fit)."""
@@ -122,36 +130,51 @@ class DecodeGuard:
             if inst.saturated and inst.active and inst.dispatched and inst.paired:
                 held.setdefault(inst.model, []).append(inst)
         wake: float | None = None
+        seen: set[int] = set()
         for model, insts in held.items():
             m = self.registry.models.get(model)
             if m is None or not self.dispatch.pending(model):
                 continue
             ready = [i for i in m.instances.values() if i.active and i.dispatched and i.paired and not i.saturated]
             for req in queued(model):
-                deadline = self.dispatch.deadline(req.rid)
-                if deadline is None:
-                    continue
-                n = len(req.prompt_ids)
-                if any(self._finish(i, n, now) <= deadline for i in ready):
-                    continue  # a ready instance can still take it: nothing to yield
-                finish, best = min(((self._finish(i, n, now), i) for i in insts), key=lambda fi: fi[0])
-                if finish > deadline:
-                    continue  # lost either way: the Dispatcher refuses it
-                est = self.dispatch.own_estimate(best, n)
-                at = deadline - est - lead_s
-                if at <= now:
-                    if self._at_risk(best.device, est, now, decoding) >= self._on_time_tokens(best, req, deadline, now, est):
-                        continue  # the delay would cost more on-time tokens than the request brings
-                    best.saturated = False
-                    self.dispatch.set_ready(best, True)
-                    self.mark(best.device)
-                    insts.remove(best)
-                    ready.append(best)
-                    if not insts:
-                        break
-                else:
+                seen.add(req.rid)
+                at = self._yield_at(req, insts, ready, now, lead_s, decoding)
+                if at is not None and at > now:
                     wake = at if wake is None else min(wake, at)
+                if not insts:
+                    break
+        self.declined = {rid: d for rid, d in self.declined.items() if rid in seen}
         return wake
+
+    def _yield_at(self, req: Request, insts: list[Instance], ready: list[Instance], now: float, lead_s: float,
+                  decoding: Callable[[int], list[Request]]) -> float | None:
+        """The yield rule for one queued request: yields the best of the held `insts` (moved
+        to `ready`) when it is due and pays; returns when it is due (None: not for this one)."""
+        deadline = self.dispatch.deadline(req.rid)
+        if deadline is None:
+            return None
+        n = len(req.prompt_ids)
+        if any(self._finish(i, n, now) <= deadline for i in ready):
+            return None  # a ready instance can still take it: nothing to yield
+        finish, best = min(((self._finish(i, n, now), i) for i in insts), key=lambda fi: fi[0])
+        if finish > deadline:
+            return None  # lost either way: the Dispatcher refuses it
+        est = self.dispatch.own_estimate(best, n)
+        at = deadline - est - lead_s
+        if at > now:
+            return at
+        at_risk = self._at_risk(best.device, est, now, decoding)
+        loss = self._refusal_loss(req)
+        if at_risk >= loss:  # the delay costs more tokens than refusing it loses
+            self.declined[req.rid] = DeclinedYield(best.device, finish, at_risk, loss)
+            return at
+        self.declined.pop(req.rid, None)
+        best.saturated = False
+        self.dispatch.set_ready(best, True)
+        self.mark(best.device)
+        insts.remove(best)
+        ready.append(best)
+        return at
 
     def _finish(self, inst: Instance, tokens: int, now: float) -> float:
         """When `inst` would finish a prefill of `tokens` started after the work it has."""
@@ -172,14 +195,7 @@ class DecodeGuard:
                 n += max(0, r.sampling.max_tokens - r.num_output_tokens)
         return n
 
-    def _on_time_tokens(self, inst: Instance, req: Request, deadline: float, now: float, est: float) -> float:
-        """The tokens `req` would produce on time started now on `inst`: its first token
-        `deadline - (now + est)` early, each later one `step - TPOT` later against its
-        curve at the device's decode pace with one more sequence (all of them when that
-        pace keeps the TPOT SLO)."""
-        fit = self.fit.get(inst.device)
-        step = fit.step_s(self.decoding.get(inst.device, 0) + 1) if fit is not None else 0.0
-        behind = step - req.tpot_slo_s
-        if behind <= 0:
-            return float(req.sampling.max_tokens)
-        return min(float(req.sampling.max_tokens), 1.0 + max(0.0, deadline - now - est) / behind)
+    @staticmethod
+    def _refusal_loss(req: Request) -> int:
+        """The tokens a refusal of `req` loses: all of them (its max_tokens)."""
+        return req.sampling.max_tokens

@@ -21,7 +21,9 @@ twice per request was a fifth of the simulator's time at 768 devices.
 Refusals: every request refused for its TTFT SLO (at admission, or by the Dispatcher's
 requeue) is described by a `Refusal`: the estimate and deadline the refusal used and
 each instance's figures at that moment (EPDT, ready, requests given), so the log line
-and the metrics show whether it was hopeless by that estimate or the estimate was off.
+and the metrics show whether it was hopeless by that estimate or the estimate was off,
+and, when the decode guard held an instance that would have finished it in time, the
+guard's declined trade (DeclinedYield).
 """
 
 from __future__ import annotations
@@ -47,6 +49,17 @@ class InstanceFigure:
 
 
 @dataclass(frozen=True)
+class DeclinedYield:
+    """The decode guard's trade (core/decode_guard.py) declined to yield a held instance
+    that would have finished the request's prefill in time: what it weighed."""
+
+    device: int  # the held instance's device
+    finish: float  # when that instance would have finished the prefill (absolute; <= the deadline)
+    at_risk: int  # output tokens of sequences decoding there the delay pushes off their SLO curve
+    tokens: int  # what refusing the request loses: its max_tokens
+
+
+@dataclass(frozen=True)
 class Refusal:
     """A request refused for its TTFT SLO and the figures the refusal used."""
 
@@ -60,6 +73,7 @@ class Refusal:
     instances: tuple[InstanceFigure, ...]
     tokens: int = 0  # its prompt tokens
     est_now_s: float | None = None  # the estimate for its prompt at the refusal (the fit moves)
+    declined: DeclinedYield | None = None  # the guard's declined yield that left it to be refused
 
     @property
     def earliest_s(self) -> float | None:
@@ -75,6 +89,17 @@ class Refusal:
             return None
         return self.now + min(i.epdt_s + i.est_s for i in self.instances) - self.deadline
 
+    @property
+    def justified(self) -> str:
+        """"no": some instance could have finished it in time by its own estimate (a false
+        refusal); "guard": not at the refusal, but a held instance could have when the decode
+        guard's trade declined to yield it (the refusal is the guard's choice, in tokens);
+        "yes": neither."""
+        late = self.late_by_s
+        if late is not None and late <= 0:
+            return "no"
+        return "guard" if self.declined is not None else "yes"
+
     def line(self) -> str:
         insts = ", ".join(f"dev{i.device} epdt +{i.epdt_s * 1000:.1f} ms {'ready' if i.ready else 'held'} "
                           f"{i.given} given est {i.est_s * 1000:.1f} ms" for i in self.instances) or "none"
@@ -83,7 +108,15 @@ class Refusal:
                 f"deadline in {(self.deadline - self.now) * 1000:.1f} ms, late by "
                 f"{'?' if late is None else f'{late * 1000:.1f}'} ms on the instance finishing first; "
                 f"instances: {insts}; queued {self.queued}; {self.tokens} prompt tokens, estimate now "
-                f"{'?' if self.est_now_s is None else f'{self.est_now_s * 1000:.1f}'} ms")
+                f"{'?' if self.est_now_s is None else f'{self.est_now_s * 1000:.1f}'} ms{self._declined_words()}")
+
+    def _declined_words(self) -> str:
+        d = self.declined
+        if d is None:
+            return ""
+        return (f"; the decode guard declined to yield dev{d.device} (done {(self.deadline - d.finish) * 1000:.1f} "
+                f"ms before the deadline): {d.at_risk} tokens of its decoding sequences at risk >= the "
+                f"request's {d.tokens}")
 
 
 class DispatchCore:
@@ -276,9 +309,10 @@ class DispatchCore:
         self._deadline.pop(rid, None)
 
     def refusal(self, rid: int, m: Model, stage: str, now: float, est_s: float, tokens: int,
-                deadline: float | None = None) -> Refusal:
+                deadline: float | None = None, declined: DeclinedYield | None = None) -> Refusal:
         """The figures of a refusal of request `rid` of model `m` at `now` (its deadline
-        as submitted unless given); forgets the request's deadline."""
+        as submitted unless given; `declined`: the decode guard's yield it declined for
+        it); forgets the request's deadline."""
         dl = self._deadline.pop(rid, None)
         if deadline is None:
             deadline = dl if dl is not None else now
@@ -290,7 +324,7 @@ class DispatchCore:
                 figs.append(InstanceFigure(i.device, max(0.0, epdt - now), bool(ready), int(given),
                                            own.estimate(tokens) if own is not None else est_s))
         return Refusal(rid, m.name, stage, now, est_s, deadline, self.pending(m.name), tuple(figs), tokens,
-                       self.estimate_model(m, tokens))
+                       self.estimate_model(m, tokens), declined)
 
     # ---- views ----
     def pending(self, model: str) -> int:

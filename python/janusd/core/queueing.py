@@ -186,7 +186,9 @@ class Queueing(CoreState):
         if req is None or m is None:
             self.dispatch.forget(rid)
             return
-        refusal = self.dispatch.refusal(rid, m, stage, now, req.est_prefill_s, len(req.prompt_ids), deadline)
+        declined = self.guard.declined.pop(rid, None)
+        refusal = self.dispatch.refusal(rid, m, stage, now, req.est_prefill_s, len(req.prompt_ids), deadline,
+                                        declined)
         _log(refusal.line())
         self.obs.refused(refusal)
         self.obs.rejected(req.model, "slo")

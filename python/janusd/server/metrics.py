@@ -206,7 +206,8 @@ class Metrics:
                                 registry=r)
         # one per TTFT-SLO refusal (stage: admission | queue), with the figures it used, so a
         # wrong estimate shows: justified = "no" when the earliest-free instance could have
-        # finished the prefill by the deadline by that very estimate (a false refusal)
+        # finished the prefill by the deadline by that very estimate (a false refusal), "guard"
+        # when a held instance could have and the decode guard's trade declined (Refusal.justified)
         self.refusals = Counter("janusd_slo_refusals", "TTFT-SLO refusals by stage and whether the estimate "
                                 "justified them", ["model", "stage", "justified"], registry=r)
         self.refusal_est = Histogram("janusd_slo_refusal_estimate_seconds", "the prefill estimate a refusal used",
@@ -348,8 +349,7 @@ class Metrics:
         self.worker_errors.labels(str(device), where).inc(n)
 
     def refused(self, r: Refusal) -> None:
-        late = r.late_by_s
-        self.refusals.labels(r.model, r.stage, "no" if late is not None and late <= 0 else "yes").inc()
+        self.refusals.labels(r.model, r.stage, r.justified).inc()
         self.refusal_est.labels(r.model, r.stage).observe(r.est_s)
         self.refusal_deadline.labels(r.model, r.stage).observe(max(0.0, r.deadline - r.now))
         if (e := r.earliest_s) is not None:
