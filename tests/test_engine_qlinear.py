@@ -148,11 +148,13 @@ def _load(de: DeviceEngine, name: str, path: Path, dtype: str) -> None:
 
 
 @pytest.mark.parametrize(("arch", "qtype", "head"), [("llama", Q.Q4_0, None), ("llama", Q.Q4_1, Q.Q8_0),
-                                                    ("qwen2", Q.Q4_1, Q.Q8_0)])
+                                                    ("qwen2", Q.Q4_1, Q.Q8_0), ("llama", Q.Q8_0, Q.Q8_0),
+                                                    ("qwen2", Q.Q8_0, Q.Q8_0)])
 def test_greedy_of_packed_equals_dequantized_float32(tmp_path: Path, vocab: dict, arch: str, qtype: Q,
                                                      head: Q | None) -> None:
-    """`auto` (Q4 linears packed, a Q8_0 head kept as blocks) gives the dequantized float32
-    model's tokens, and its logits within float32 summation-order noise of them."""
+    """`auto` (Q4 linears packed, Q8_0 linears and a Q8_0 head kept as blocks; llama's
+    q/k rows un-permuted by whole blocks) gives the dequantized float32 model's tokens, and
+    its logits within float32 summation-order noise of them."""
     path = _tiny_gguf(tmp_path / "q.gguf", vocab, arch, qtype, head)
     de = DeviceEngine(memory_bytes=32 << 20)
     _load(de, "ref", path, "float32")
@@ -161,7 +163,9 @@ def test_greedy_of_packed_equals_dequantized_float32(tmp_path: Path, vocab: dict
     _load(de, "q", path, "auto")
     model = de.models["q"].model
     assert de.models["q"].weight_bytes < de.models["ref"].weight_bytes  # type: ignore[attr-defined]
-    assert isinstance(model.layers[0].qkv_w, Q4Linear) and isinstance(model.layers[0].gate_up_w, Q4Linear)
+    kind = Q8Matrix if qtype == Q.Q8_0 else Q4Linear
+    assert isinstance(model.layers[0].qkv_w, kind) and isinstance(model.layers[0].gate_up_w, kind)
+    assert isinstance(model.layers[0].o_w, kind) and isinstance(model.layers[0].down_w, kind)
     assert isinstance(model.lm_head, Q8Matrix) == isinstance(model.embed, Q8Matrix) == (head == Q.Q8_0)
     assert _greedy(de, "q") == ref
     ids = torch.tensor(PROMPTS["b"])

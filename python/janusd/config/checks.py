@@ -40,6 +40,9 @@ def check_config(cfg: JanusConfig) -> None:
         both = sorted(set(m.warm_devices) & set(m.cold_devices))
         if both:
             raise ValueError(f"models[{i}].cold_devices: {both} also in warm_devices (one start state per device)")
+        if m.dtype in ("int8", "int4") and (cfg.devices.kind != "cpu" or m.tp > 1):
+            raise ValueError(f"models[{i}].dtype: {m.dtype!r} quantizes the weights for the cpu kernels of one "
+                             f"device (devices.kind = {cfg.devices.kind!r}, tp = {m.tp}); use a float dtype")
         if m.tp > cfg.devices.count:
             raise ValueError(f"models[{i}].tp: {m.tp} exceeds devices.count = {cfg.devices.count}")
         if m.tp > 1:

@@ -13,9 +13,10 @@ Port = Annotated[int, Meta(ge=0, le=65535)]
 Name = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
 
 DeviceKind = Literal["cpu", "cuda", "npu"]
-# "auto": float32, except that a GGUF's Q4_0/Q4_1 linears and Q8_0 embedding / LM head stay as the
-# file's blocks on cpu (engine/models/qlinear.py, q8.py)
-DType = Literal["float32", "bfloat16", "float16", "auto"]
+# "auto": float32, except that a GGUF's Q4_0/Q4_1/Q8_0 linears and Q8_0 embedding / LM head stay as the
+# file's blocks on cpu (engine/models/qlinear.py, q8.py); "int8" / "int4": also a float checkpoint's
+# weights, quantized at load into Q8_0 / Q4_1 blocks (engine/models/quantize_float.py), cpu only
+DType = Literal["float32", "bfloat16", "float16", "auto", "int8", "int4"]
 Role = Literal["mixed", "prefill", "decode"]
 DispatchPolicy = Literal["lst_imh", "round_robin", "least_load"]
 RequeuePolicy = Literal["reject", "relax", "keep"]

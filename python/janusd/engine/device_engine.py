@@ -66,7 +66,8 @@ def weight_plan(ck: Any, dtype_name: str, device_kind: str) -> WeightPlan:
     """The whole model's weight plan for `dtype_name` (a config dtype: "auto" keeps a GGUF's
     Q4 linears packed on cpu, engine/models/qlinear.py) on a `device_kind` device; every
     load, host copy, image and fork of the model lays its bytes out by it."""
-    return plan_weights(ck.arch, ck.tensor_specs(), torch_dtype(dtype_name), quantized=keeps_q4(dtype_name, device_kind))
+    return plan_weights(ck.arch, ck.tensor_specs(), torch_dtype(dtype_name), quantized=keeps_q4(dtype_name, device_kind),
+                        quantize_to=dtype_name)
 
 
 def shard_plan(ck: Any, shard: Any, dtype_name: str) -> WeightPlan:

@@ -61,7 +61,7 @@ def stream_scope(stream: Any) -> Any:
 def torch_dtype(name: str) -> torch.dtype:
     """The dtype activations, KV and unpacked weights take; "auto" is float32 (what packed
     weights are not: engine/models/qlinear.py, device_engine.weight_plan)."""
-    if name == "auto":
+    if name in ("auto", "int8", "int4"):  # weights kept as blocks; activations and KV float32
         return torch.float32
     if name not in _DTYPES:
         raise EngineError(f"dtype {name!r} is not supported (supported: {', '.join(_DTYPES)})")

@@ -65,6 +65,7 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, dict=True, omit_defau
     shared_experts: int = 0
     expert_intermediate: int = 0
     dense_layers: int = 0  # the first layers keep a dense MLP (first_k_dense_replace)
+    stored_bytes: int = 0  # the weights' resident bytes when they are kept quantized; 0: params * dtype_bytes
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], dtype: str | None = None) -> ModelSpec:
@@ -80,7 +81,7 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, dict=True, omit_defau
         heads = num("num_attention_heads")
         hidden = num("hidden_size")
         name = dtype or cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
-        if name == "auto":  # packed Q4 weights are counted as float32 here (not yet their own bytes)
+        if name == "auto":  # the float width; kept-quantized weights: `stored_bytes` (with_stored_bytes)
             name = cfg.get("torch_dtype") or "float32"
         if name not in DTYPE_BYTES:
             raise ValueError(f"model config: unknown dtype {name!r} (known: {', '.join(DTYPE_BYTES)})")
@@ -139,7 +140,10 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, dict=True, omit_defau
 
     @cached_property
     def weight_bytes(self) -> int:
-        return self.params * self.dtype_bytes
+        """What a step reads of the weights and a copy moves: the kept-quantized bytes
+        (Q4 nibbles and scales, Q8_0 blocks: the engine's weight plan) when the checkpoint
+        is served quantized, else every parameter at the float width."""
+        return self.stored_bytes or self.params * self.dtype_bytes
 
     @cached_property
     def kv_bytes_per_token(self) -> int:

@@ -35,13 +35,13 @@ def describe(checkpoint: str, dtype: str, cache_dir: str, device: str, hbm_bytes
 
     from janusd.engine import step_probe
     from janusd.engine.loader import open_checkpoint
+    from janusd.engine.model_cost import served_spec
     from janusd.hw.devices import device_spec
-    from janusd.hw.model_spec import ModelSpec
 
     ck = open_checkpoint(checkpoint, Path(cache_dir).expanduser())
-    spec = ModelSpec.from_config(msgspec.to_builtins(ck.arch), dtype=dtype)
     dev = device_spec(device, hbm_bytes=hbm_bytes, cache_dir=Path(cache_dir).expanduser(),
                       overhead_probe=step_probe.bind(cache_dir))
+    spec = served_spec(ck, dtype, "cpu" if dev.host_is_device else "accelerator")
     return {"model_spec": msgspec.to_builtins(spec), "identity": spec.identity(), "device": msgspec.to_builtins(dev)}
 
 

@@ -44,15 +44,13 @@ class Subject:
 
 
 def open_subject(a: ProfileArgs) -> Subject:
-    import msgspec
-
     from janusd.engine import step_probe
     from janusd.engine.loader import open_checkpoint
+    from janusd.engine.model_cost import served_spec
     from janusd.hw.devices import DEFAULT_FOR_KIND, device_spec
-    from janusd.hw.model_spec import ModelSpec
 
     ck = open_checkpoint(a.spec, Path(a.cache_dir).expanduser() if a.cache_dir else None)
-    spec = ModelSpec.from_config(msgspec.to_builtins(ck.arch), dtype=a.dtype)
+    spec = served_spec(ck, a.dtype, a.device)
     dev = device_spec(a.device_spec or DEFAULT_FOR_KIND[a.device],
                       hbm_bytes=a.memory_mib * 2**20 if a.device == "cpu" else None,
                       cache_dir=Path(a.cache_dir) if a.cache_dir else None,

@@ -241,6 +241,28 @@ class Checkpoint:
                 )
             yield name, tensor
 
+    def read_float(self, name: str) -> Any:
+        """One tensor as float32 numpy, HF layout (what `int8` / `int4` quantize at load)."""
+        import torch
+
+        for _, tensor in self.iter_tensors(torch.float32, skip=set(self._specs) - {name}):
+            return tensor.numpy()
+        raise CheckpointError(f"{self.path}: no tensor {name!r}")
+
+    def read_q4(self, name: str) -> tuple[Any, Any, Any]:
+        """A float tensor quantized to Q4_1 blocks (engine/models/quantize_float.py); a GGUF
+        reader overrides this with the file's own blocks."""
+        from janusd.engine.models.quantize_float import q4_blocks
+
+        return q4_blocks(self.read_float(name))
+
+    def read_q8(self, name: str) -> tuple[Any, Any]:
+        """A float tensor quantized to Q8_0 blocks (engine/models/quantize_float.py); a GGUF
+        reader overrides this with the file's own blocks."""
+        from janusd.engine.models.quantize_float import q8_blocks
+
+        return q8_blocks(self.read_float(name))
+
     def load_into(self, dest: Callable[[str], torch.Tensor], dtype: torch.dtype,
                   slices: Mapping[str, Slice | None] | None = None, skip: Collection[str] = ()) -> None:
         """Copy every tensor into ``dest(name)`` (a preallocated view of exactly the HF shape,

@@ -197,9 +197,12 @@ class GGUFCheckpoint(Checkpoint):
         import numpy as np
 
         from janusd.engine.models.qlinear import decode_blocks
+        from janusd.engine.models.quantize_float import FLOAT_STORED
 
         t = self._tensors[name]
         stored = self._specs[name][1]
+        if stored in FLOAT_STORED:  # `int4` on a float tensor of the file: quantized at load
+            return super().read_q4(name)
         try:
             raw = np.ascontiguousarray(t.data)
             self.bytes_read += raw.nbytes
@@ -213,19 +216,26 @@ class GGUFCheckpoint(Checkpoint):
         return q, d, m
 
     def read_q8(self, name: str) -> tuple[Any, Any]:
-        """A Q8_0 tensor's blocks as they are: (qs [N, K] int8, d [N, K/32] float16)
-        (engine/models/q8.py). Only the embedding / LM head take this path (never permuted)."""
+        """A Q8_0 tensor's blocks as they are, in HF layout: (qs [N, K] int8, d [N, K/32]
+        float16) (engine/models/q8.py)."""
         import numpy as np
 
         from janusd.engine.models.q8 import decode_blocks
+        from janusd.engine.models.quantize_float import FLOAT_STORED
 
+        if self._specs[name][1] in FLOAT_STORED:  # `int8` on a float tensor of the file: quantized at load
+            return super().read_q8(name)
         t = self._tensors[name]
         try:
             raw = np.ascontiguousarray(t.data)
             self.bytes_read += raw.nbytes
-            return decode_blocks(raw.reshape(self._specs[name][0][0], -1))
+            qs, d = decode_blocks(raw.reshape(self._specs[name][0][0], -1))
         except Exception as e:  # a truncated file surfaces here as a short buffer
             raise CheckpointError(f"{self.path}: cannot read tensor {t.name!r}: {type(e).__name__}: {e}") from e
+        if self._permuted(name):
+            heads = qs.shape[0] // self.arch.head_dim
+            qs, d = (np.ascontiguousarray(unpermute_rows(a, heads)) for a in (qs, d))  # type: ignore[arg-type]
+        return qs, d
 
     def _read(self, t: Any, sl: Slice | None) -> Any:
         """The tensor's values (HF layout, float32 or its plain dtype) as a contiguous numpy

@@ -1,4 +1,5 @@
-"""A GGUF Q8_0 embedding / LM head kept in 8 bits on cpu (a plan that keeps Q4 linears packed).
+"""GGUF Q8_0 matrices kept in 8 bits on cpu (a plan that keeps quantized weights): the
+embedding / LM head, and the linears of a Q8_0 file (fused by row ranges like qlinear's).
 
 Why: SmolLM2's tied embedding is Q8_0 in the file, 49152 x 576. Dequantized to float32 the
 LM head reads 113 MB per decode step (a quarter of a step); float16 halves that but rounds
@@ -54,7 +55,7 @@ class Q8Matrix:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = quant_product(self._bound, x.reshape(-1, x.shape[-1]).float())
-        return y.view(*x.shape[:-1], self.shape[0])
+        return y.view(*x.shape[:-1], self.shape[0]).to(x.dtype)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """float32 [len(ids), K]: the dequantized rows (d * q, exact)."""
@@ -79,10 +80,11 @@ class Q8Matrix:
         return qkernel.dequantize("q8", self.qs, self.scales)
 
 
-def load(ck: Any, names: list[str], views: dict[str, Any]) -> None:
-    """Copy each Q8_0 matrix of `names` (WeightPlan.q8) from the checkpoint's blocks
-    (read_q8) into its `:q8` and `:q8scales` views."""
-    for name in names:
+def load(ck: Any, q8: dict[str, tuple[str, int]], views: dict[str, Any]) -> None:
+    """Copy each Q8_0 tensor of `q8` (WeightPlan.q8) from the checkpoint's blocks
+    (read_q8) into its matrix's `:q8` and `:q8scales` views, at its rows."""
+    for name, (matrix, row0) in q8.items():
         qs, d = ck.read_q8(name)
-        views[name + ":q8"].copy_(torch.from_numpy(qs))
-        views[name + ":q8scales"].copy_(torch.from_numpy(d))
+        n = qs.shape[0]
+        views[matrix + ":q8"][row0 : row0 + n].copy_(torch.from_numpy(qs))
+        views[matrix + ":q8scales"][row0 : row0 + n].copy_(torch.from_numpy(d))

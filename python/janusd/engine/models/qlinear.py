@@ -166,10 +166,14 @@ def head_dtype(stored: str) -> torch.dtype | None:
     return HEAD_DTYPE if stored not in ("float32", "bfloat16") else None
 
 
+KEEPS_QUANTIZED = ("auto", "int8", "int4")  # config dtypes whose weights stay blocks (module doc, quantize_float.py)
+
+
 def keeps_q4(dtype_name: str, device_kind: str) -> bool:
     """Whether a model configured with `dtype_name` on a `device_kind` device keeps its
-    Q4_0/Q4_1 linears packed: `dtype = "auto"` on cpu (the kernel is cpu-only)."""
-    return dtype_name == "auto" and device_kind == "cpu" and q4_available()
+    quantized weights as blocks: `auto` (a GGUF's own), `int8` / `int4` (float weights
+    quantized at load), on cpu (the kernels are cpu-only)."""
+    return dtype_name in KEEPS_QUANTIZED and device_kind == "cpu" and q4_available()
 
 
 def load_packed(ck: Any, quant: dict[str, tuple[str, int]], views: dict[str, Any]) -> None:

@@ -10,10 +10,12 @@ A quantized plan (`quantized=True`, engine/models/qlinear.py) keeps each GGUF Q4
 linear in 4 bits: the (fused) matrix NAME gets two slots of its own dtype, `NAME:packed`
 (uint8 nibbles) and `NAME:scales` (float16 d, m), and `materialize` hands the forward a
 Q4Linear over them under NAME. `plan.quant` says which HF tensor is packed into which
-matrix at which row, for the loader (load_quantized). The embedding and LM head of a
-quantized plan keep the file's Q8_0 blocks (`NAME:q8`, `NAME:q8scales`, a q8.Q8Matrix under
-NAME; `plan.q8`), or are float16 when the file stores them otherwise quantized or in half
-(qlinear.HEAD_DTYPE). Everything else stays `plan.dtype`.
+matrix at which row, for the loader (load_quantized). Q8_0 matrices of a quantized plan
+(a Q8_0 file's linears, fused like the Q4 ones when all parts are Q8_0, and SmolLM2's
+Q8_0 embedding / LM head) keep the file's blocks (`NAME:q8`, `NAME:q8scales`, a
+q8.Q8Matrix under NAME; `plan.q8`, same form as `plan.quant`). An embedding / LM head
+stored otherwise quantized or in half is float16 (qlinear.HEAD_DTYPE). Everything else
+stays `plan.dtype`.
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ class WeightPlan:
     aliases: dict[str, str] = field(default_factory=dict)  # tied lm_head -> embed_tokens
     # packed Q4 tensors: HF name -> (the matrix it is packed into, its first row there)
     quant: dict[str, tuple[str, int]] = field(default_factory=dict)
-    # Q8_0 embedding / LM head kept as the file's blocks (q8.py): slots NAME:q8, NAME:q8scales
-    q8: list[str] = field(default_factory=list)
+    # Q8_0 matrices kept as the file's blocks (q8.py): HF name -> (the matrix, its first row);
+    # the matrix's slots are MATRIX:q8 and MATRIX:q8scales
+    q8: dict[str, tuple[str, int]] = field(default_factory=dict)
 
 
 def expected_shapes(arch: Any) -> dict[str, tuple[int, ...]]:
@@ -101,15 +104,17 @@ _FUSED = (
 
 
 def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.dtype,
-                 quantized: bool = False) -> WeightPlan:
+                 quantized: bool = False, quantize_to: str = "auto") -> WeightPlan:
     """Offsets for every tensor the model needs; checks the checkpoint's shapes.
 
     `specs` is `Checkpoint.tensor_specs()`: {hf_name: (shape, dtype_str)}. A needed tensor
     that is missing, or a shape that disagrees with the architecture, is an EngineError.
     `quantized`: keep the Q4_0/Q4_1 linears packed (module doc); a fused matrix is packed
-    only when all its parts are."""
+    only when all its parts are. `quantize_to` (a config dtype: "int8", "int4") also keeps
+    the float tensors quantized, in the blocks quantize_float.target names."""
     from janusd.engine.models.q8 import keeps_q8
     from janusd.engine.models.qlinear import head_dtype, packable
+    from janusd.engine.models.quantize_float import target
 
     want = expected_shapes(arch)
     for name, shape in want.items():
@@ -119,8 +124,16 @@ def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.d
         if got != shape:
             raise EngineError(f"tensor {name!r}: checkpoint shape {got} != expected {shape} from the config")
 
-    def packs(names: list[str]) -> bool:
-        return quantized and all(n.endswith(".weight") and packable(want[n], str(specs[n][1])) for n in names)
+    def kept(names: list[str]) -> Callable[..., int] | None:
+        """How the matrix of `names` stays quantized (its placer), or None: plan.dtype."""
+        if not (quantized and all(n.endswith(".weight") for n in names)):
+            return None
+        kept_as = [target(quantize_to, str(specs[n][1]), n in _HEADS) for n in names]
+        if all(packable(want[n], f) for n, f in zip(names, kept_as)):
+            return _place_q4
+        if all(keeps_q8(want[n], f) for n, f in zip(names, kept_as)):
+            return _place_q8
+        return None
 
     elt = _elt(dtype)
     plan = WeightPlan(total_bytes=0, dtype=dtype)
@@ -136,8 +149,9 @@ def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.d
                 continue
             rows = sum(want[n][0] for n in names)
             tail = want[names[0]][1:]
-            if packs(names):
-                offset = _place_q4(plan, offset, p + fused, names, (rows, *tail), want)
+            place = kept(names)
+            if place is not None:
+                offset = place(plan, offset, p + fused, names, (rows, *tail), want)
                 placed.update(names)
                 continue
             offset = _align(offset)
@@ -152,11 +166,9 @@ def plan_weights(arch: Any, specs: Mapping[str, tuple[Any, Any]], dtype: torch.d
     for name, shape in want.items():
         if name in placed:
             continue
-        if name.startswith("model.layers.") and packs([name]):
-            offset = _place_q4(plan, offset, name, [name], shape, want)
-            continue
-        if quantized and name in _HEADS and keeps_q8(shape, str(specs[name][1])):
-            offset = _place_q8(plan, offset, name, shape)
+        place = kept([name]) if name.startswith("model.layers.") or name in _HEADS else None
+        if place is not None and (place is _place_q8 or name not in _HEADS):
+            offset = place(plan, offset, name, [name], shape, want)
             continue
         offset = _align(offset)
         plan.slots[name] = Slot(offset, shape, dtype=head_dtype(str(specs[name][1])) if quantized and name in _HEADS else None)
@@ -182,15 +194,19 @@ def _place_q4(plan: WeightPlan, offset: int, matrix: str, parts: list[str], shap
     return offset
 
 
-def _place_q8(plan: WeightPlan, offset: int, name: str, shape: tuple[int, ...]) -> int:
-    """Slots `name:q8` (int8) and `name:q8scales` (float16) at `offset`."""
+def _place_q8(plan: WeightPlan, offset: int, matrix: str, parts: list[str], shape: tuple[int, ...],
+              want: Mapping[str, tuple[int, ...]]) -> int:
+    """Slots `matrix:q8` (int8) and `matrix:q8scales` (float16) at `offset`; the parts' rows in plan.q8."""
     from janusd.engine.models.q8 import shapes
 
     for suffix, sh, dt in zip((":q8", ":q8scales"), shapes(shape[0], shape[1]), (torch.int8, torch.float16)):
         offset = _align(offset)
-        plan.slots[name + suffix] = Slot(offset, sh, dtype=dt)
-        offset += plan.slots[name + suffix].nbytes(plan.dtype)
-    plan.q8.append(name)
+        plan.slots[matrix + suffix] = Slot(offset, sh, dtype=dt)
+        offset += plan.slots[matrix + suffix].nbytes(plan.dtype)
+    r = 0
+    for n in parts:
+        plan.q8[n] = (matrix, r)
+        r += want[n][0]
     return offset
 
 
@@ -212,8 +228,8 @@ def materialize(plan: WeightPlan, view: Callable[[int, tuple[int, ...], torch.dt
     if plan.q8:
         from janusd.engine.models.q8 import Q8Matrix
 
-        for name in plan.q8:
-            out[name] = Q8Matrix(out[name + ":q8"], out[name + ":q8scales"])
+        for matrix in {m for m, _ in plan.q8.values()}:
+            out[matrix] = Q8Matrix(out[matrix + ":q8"], out[matrix + ":q8scales"])
     for alias, target in plan.aliases.items():
         out[alias] = out[target]
     return out
