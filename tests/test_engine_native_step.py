@@ -105,3 +105,42 @@ def test_batches_take_the_python_forward_and_bad_addresses_are_errors(
     monkeypatch.setenv("JANUS_NATIVE_STEP", "0")
     assert native_step.NativeDecode.bind(me.model) is None
     de.pool.close()
+
+
+_CHILD = """
+import json, sys
+import torch
+from janusd.config import EngineConfig, ModelConfig
+from janusd.engine.device_engine import DeviceEngine
+from janusd.engine.types import SamplingParams
+torch.set_num_threads(1)
+de = DeviceEngine(memory_bytes=32 << 20)
+me = de.load_model(ModelConfig(name="q", checkpoint=sys.argv[1], dtype="auto", kv_cache_mib=4, max_model_len=256),
+                   EngineConfig())
+assert me.model.native is not None
+out = {}
+for rid, p in json.loads(sys.argv[2]).items():
+    outs = me.generate({rid: p}, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))[rid]
+    out[rid] = [t for o in outs for t in o.token_ids]
+print(json.dumps(out))
+"""
+
+
+def test_the_scalar_kernels_give_the_simd_steps_tokens(tmp_path: Path, vocab: dict) -> None:
+    """JANUS_QUANT_SCALAR=1 (read once per process: a child) runs the portable loops a cpu
+    without AVX2 gets; its native steps give the same greedy tokens."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    path = _tiny_gguf(tmp_path / "q.gguf", vocab, "llama", Q.Q4_1, Q.Q8_0)
+    de = DeviceEngine(memory_bytes=32 << 20)
+    _load(de, "q", path, "auto")
+    want = _alone(de, "q")
+    de.pool.close()
+    env = dict(os.environ, JANUS_QUANT_SCALAR="1")
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(path), json.dumps(PROMPTS)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == want
