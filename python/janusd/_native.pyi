@@ -21,6 +21,7 @@ __all__ = [
     "quant_dequantize",
     "add_rms_norm",
     "decode_attention",
+    "DecodePlan",
 ]
 
 __version__: str
@@ -298,3 +299,19 @@ def decode_attention(q: int, k_new: int, v_new: int, kc: int, vc: int, num_block
                      out: int) -> None:
     """One decoding sequence's attention over its paged float32 KV cache: k_new / v_new
     written at position ctx - 1, out [hq, d] the attention of q over 0 .. ctx - 1."""
+
+@_final
+class DecodePlan:
+    """A Llama-family model's layer weights as addresses, bound once
+    (janusd.engine.models.native_step checks every tensor): per layer ln1, (fmt, qs, sc) of
+    qkv, the qkv bias (0: none), (fmt, qs, sc) of o, ln2, (fmt, qs, sc) of gate_up and of
+    down; fmt 4 = Q4, 8 = Q8_0. ValueError for a null address or an unknown format."""
+
+    def __new__(cls, hidden: int, nq: int, nkv: int, hd: int, inter: int, eps: float, layers: list[int]) -> DecodePlan: ...
+    @property
+    def num_layers(self) -> int: ...
+    def step(self, h: int, cos: int, sin_rot: int, kv: list[int], blocks: int, nblocks: int, ctx: int, block_size: int,
+             block_stride: int, num_blocks: int, threads: int) -> None:
+        """All layers of one batch-1 decode step on the float32 hidden row at `h` (in place):
+        `cos` / `sin_rot` the position's rotary rows, `kv` each layer's (k, v) cache
+        addresses, `blocks` the int64 block table, `ctx` positions attended (janus_core::decode)."""

@@ -2,6 +2,7 @@
 
 use pyo3::prelude::*;
 
+mod decode;
 mod dispatch;
 mod errors;
 mod quant;
@@ -15,5 +16,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     xtensor::register(m)?;
     sim::register(m)?;
     quant::register(m)?;
+    decode::register(m)?;
     Ok(())
 }

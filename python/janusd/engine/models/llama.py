@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from janusd.engine.models import qkernel
 from janusd.engine.models.attention import AttnBatch, paged_attention
 from janusd.engine.models.linear import linear
+from janusd.engine.models.native_step import NativeDecode
 from janusd.engine.models.qlinear import nbytes
 from janusd.engine.models.rope import RotaryTable, apply_rotary
 from janusd.engine.types import EngineError
@@ -96,6 +97,8 @@ class LlamaModel:
         # weights still being copied in (an overlapped restore, engine/restore.py Landing): the
         # forward waits for each layer's group before it uses it; None once all are in
         self.landing: Any = None
+        # batch-1 decode steps in one native call when the weights fit (native_step.py)
+        self.native = NativeDecode.bind(self)
 
     @property
     def weight_bytes_per_token(self) -> int:
@@ -115,16 +118,15 @@ class LlamaModel:
         None for a cache-less forward (prefills only). Returns hidden states [T, hidden]."""
         if int(positions.max()) >= self.rope.max_positions:
             raise EngineError(f"position {int(positions.max())} exceeds the model's {self.rope.max_positions} positions")
+        if self.native is not None:
+            out = self.native.run(input_ids, positions, meta, kv)
+            if out is not None:
+                return out
         landing = self.landing
         if landing is not None:
             landing.wait(0)
         shard = self.shard
-        if shard is not None:
-            h = self._embed_shard(input_ids)
-        elif isinstance(self.embed, torch.Tensor):
-            h = F.embedding(input_ids, self.embed).to(self.dtype)
-        else:  # a quantized embedding (q8.Q8Matrix): its rows dequantized
-            h = self.embed.rows(input_ids).to(self.dtype)
+        h = self._embed_shard(input_ids) if shard is not None else self.embed_rows(input_ids)
         cos, sin = self.rope.lookup(positions)
         t = input_ids.shape[0]
         nqk = self.nq + self.nkv
@@ -155,6 +157,12 @@ class LlamaModel:
         if m is not None:
             h.add_(m)
         return h
+
+    def embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T, hidden] in the activations' dtype, a new tensor (the forward adds to it in place)."""
+        if isinstance(self.embed, torch.Tensor):
+            return F.embedding(input_ids, self.embed).to(self.dtype)
+        return self.embed.rows(input_ids).to(self.dtype)  # a quantized embedding (q8.Q8Matrix): its rows dequantized
 
     def _embed_shard(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Vocab-parallel lookup: this shard's rows for the ids it holds, zeros for the rest,

@@ -63,6 +63,11 @@ class Q8Matrix:
         return (q * self.scales[ids].float().unsqueeze(-1)).view(ids.shape[0], self.shape[1])
 
     @property
+    def bound(self) -> qkernel.BoundMatrix:
+        """The checked matrix (native_step.py binds its addresses)."""
+        return self._bound
+
+    @property
     def nbytes(self) -> int:
         return self.qs.numel() + self.scales.numel() * 2
 

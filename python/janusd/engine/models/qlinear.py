@@ -138,6 +138,11 @@ class Q4Linear:
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     @property
+    def bound(self) -> qkernel.BoundMatrix:
+        """The checked matrix (native_step.py binds its addresses)."""
+        return self._bound
+
+    @property
     def nbytes(self) -> int:
         return self.packed.numel() + self.scales.numel() * self.scales.element_size()
 

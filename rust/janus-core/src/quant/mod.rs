@@ -83,29 +83,23 @@ impl QMatrix<'_> {
     }
 }
 
-/// out [m, n] = x [m, k] @ w.T, on up to `threads` threads (rows of w split between them).
+/// Rows of w per chunk a thread takes (pool::for_chunks): a few chunks per thread, whole
+/// cache lines of out (multiples of 16 floats), at least 16 rows.
+fn chunk_rows(n: usize, threads: usize) -> usize {
+    (n / (threads.max(1) * 8)).clamp(16, 512).div_ceil(16) * 16
+}
+
+/// out [m, n] = x [m, k] @ w.T, on up to `threads` threads (chunks of w's rows shared between them).
 pub fn matmul(x: &[f32], m: usize, w: QMatrix<'_>, out: &mut [f32], threads: usize) -> Result<(), QuantError> {
     w.check()?;
     if x.len() != m * w.k || out.len() != m * w.n {
         return Err(QuantError(format!("x holds {} values and out {}: [{m}, {}] and [{m}, {}] expected", x.len(), out.len(), w.k, w.n)));
     }
-    let parts = threads.clamp(1, pool::MAX_THREADS).min(w.n / 16).max(1);
     let prep = kernels::prepare(x, m, w);
     let prep = &prep;
-    if parts == 1 {
-        kernels::matmul_rows(x, m, prep, w, 0, w.n, out.as_mut_ptr(), w.n);
-        return Ok(());
-    }
     let out_addr = out.as_mut_ptr() as usize;
-    let chunk = (w.n / parts).div_ceil(8) * 8;
-    pool::run(parts, &|i| {
-        let r0 = (i * chunk).min(w.n);
-        let r1 = ((i + 1) * chunk).min(w.n);
-        if i + 1 == parts {
-            kernels::matmul_rows(x, m, prep, w, r0, w.n, out_addr as *mut f32, w.n);
-        } else if r0 < r1 {
-            kernels::matmul_rows(x, m, prep, w, r0, r1, out_addr as *mut f32, w.n);
-        }
+    pool::for_chunks(threads, w.n, chunk_rows(w.n, threads), &|r0, r1| {
+        kernels::matmul_rows(x, m, prep, w, r0, r1, out_addr as *mut f32, w.n);
     });
     Ok(())
 }

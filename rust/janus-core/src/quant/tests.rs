@@ -160,6 +160,28 @@ fn threads_split_rows_without_changing_results() {
     assert_eq!(one, four);
 }
 
+#[test]
+fn back_to_back_products_from_two_callers_agree_with_one_thread() {
+    // thousands of short jobs, two callers contending for the pool (one runs alone when it is
+    // busy), workers joining late or not at all: every product is still the 1-thread one
+    let c = case(Format::Q4, 1, 256, 64, 3);
+    let w = QMatrix { format: Format::Q4, n: 256, k: 64, qs: &c.qs, sc: &c.sc };
+    let mut want = vec![0f32; 256];
+    matmul(&c.x, 1, w, &mut want, 1).unwrap();
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let mut got = vec![0f32; 256];
+                for i in 0..2000 {
+                    got.fill(f32::NAN);
+                    matmul(&c.x, 1, w, &mut got, 2 + i % 3).unwrap();
+                    assert_eq!(got, want);
+                }
+            });
+        }
+    });
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     #[test]
