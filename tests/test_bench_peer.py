@@ -8,6 +8,7 @@ import argparse
 import importlib.util
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -132,3 +133,21 @@ def test_llama_server_starts_and_streams_a_chat_completion(tmp_path):
         assert tree_memory(server.proc.pid).rss_mib > 90  # the mapped file at least
     finally:
         assert server.stop() == 0
+
+
+def test_janusd_start_up_phases_come_from_its_log_lines():
+    t0 = 1_800_000_000.25
+
+    def at(s: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(int(t0 + s))) + f".{round((t0 + s) % 1 * 1e3):03d}"
+
+    text = "\n".join([
+        f"{at(1.5)} INFO janusd: 1 workers ready: device 0 pid 7",
+        "janusd-worker[7]: wrote the host image of smollm2 (96576768 bytes) to /x",
+        f"{at(2.75)} INFO janusd: smollm2 active on device 0 (loaded in 1.02 s)",
+        f"{at(2.8)} INFO janusd: serving on http://127.0.0.1:5 (admin /x/admin.sock)",
+        f"{at(9.0)} INFO janusd: serving on http://127.0.0.1:5 (a second such line does not count)",
+    ])
+    assert peer_servers.log_phases(text, t0) == {"workers_ready_s": 1.5, "model_active_s": 2.75,
+                                                 "model_load_s": 1.02, "serving_s": 2.8}
+    assert peer_servers.log_phases("no timestamps here", t0) == {}

@@ -29,6 +29,10 @@ FIGURES: dict[str, bool] = {
 }
 
 
+# janusd's start-up, from its log (peer_servers.log_phases): seconds from the exec
+PHASES = ("workers_ready_s", "model_load_s", "model_active_s", "serving_s")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=5, help="rounds, each starting both servers once (default 5)")
     p.add_argument("--threads", type=int, default=2, help="threads of each server (default 2)")
@@ -70,9 +74,10 @@ def ratios(janusd: dict[str, float], peer: dict[str, float]) -> dict[str, float 
     return {k: (round(janusd[k] / peer[k], 3) if peer[k] else None) for k in FIGURES if k in janusd and k in peer}
 
 
-def medians(rounds: list[dict[str, Any]]) -> dict[str, float]:
-    keys = [k for k in FIGURES if rounds and all(k in r for r in rounds)]
-    return {k: round(statistics.median(r[k] for r in rounds), 3) for k in keys}
+def medians(rounds: list[dict[str, Any]], keys: Any = FIGURES) -> dict[str, float]:
+    """The median over rounds of each of `keys` every round has."""
+    present = [k for k in keys if rounds and all(k in r for r in rounds)]
+    return {k: round(statistics.median(r[k] for r in rounds), 3) for k in present}
 
 
 def _one_server(name: str, args: argparse.Namespace, gguf: Any, seed: int) -> dict[str, Any]:
@@ -103,6 +108,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             runs[name].append(row)
             print(f"round {r} {name}: " + ", ".join(f"{k} {row[k]}" for k in FIGURES), file=sys.stderr, flush=True)
     med = {name: medians(rows) for name, rows in runs.items()}
+    med["janusd"]["ready_phases"] = medians([r["ready_phases"] for r in runs["janusd"]], keys=PHASES)
     return {"bench": "peer", "model": args.model, "gguf": str(gguf), "dtype": args.dtype, "threads": args.threads,
             "tokens": args.tokens, "rounds": args.rounds, "ratios_janusd_over_peer": ratios(med["janusd"],
                                                                                            med["llama-server"]),

@@ -79,7 +79,7 @@ def one_round(server: Server, seed: int, tokens: int, batch1_requests: int, sett
         c32 = concurrent(server.port, prompts(32, seed * 10 + 3), tokens)
     time.sleep(settle_s)
     after = tree_memory(server.proc.pid)
-    return {"ready_s": round(server.ready_s, 3), "batch1_ttft_ms": b1["ttft_ms"],
+    return {"ready_s": round(server.ready_s, 3), "ready_phases": server.phases, "batch1_ttft_ms": b1["ttft_ms"],
             "batch1_decode_tok_s": b1["decode_tok_s"], "c8_tok_s": c8["tok_s"], "c32_tok_s": c32["tok_s"],
             "c8_refused": c8["refused"], "c32_refused": c32["refused"],
             "rss_idle_mib": idle.rss_mib, "pss_idle_mib": idle.pss_mib,

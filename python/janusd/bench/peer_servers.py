@@ -11,12 +11,13 @@ the model's instance Active.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +56,39 @@ def free_port() -> int:
 
 @dataclass
 class Server:
-    """A started server: its process (the root of its tree), port and start-to-ready time."""
+    """A started server: its process (the root of its tree), port and start-to-ready time;
+    janusd's `phases`: when its log said what, in seconds from the exec (log_phases)."""
 
     name: str
     proc: subprocess.Popen[bytes]
     port: int
     ready_s: float
     log: Path
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+# janusd's start-up lines (server/daemon.py, model_ops): the breakdown of its start to ready
+_PHASES = {"workers_ready_s": r"\d+ workers ready", "model_active_s": r" active on device \d+ \(loaded",
+           "serving_s": r"serving on http://"}
+
+
+def log_phases(text: str, t0_wall: float) -> dict[str, float]:
+    """Seconds from t0_wall (time.time() at the exec) to the first line matching each of
+    _PHASES in a janusd log (its lines start with the local time to the millisecond), and
+    the worker's own `model_load_s` ("loaded in X s": checkpoint or image read, build, probe)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.(\d{3}) ", line)
+        if m is None:
+            continue
+        at = time.mktime(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) + int(m.group(2)) / 1e3
+        for key, pattern in _PHASES.items():
+            if key not in out and re.search(pattern, line):
+                out[key] = round(at - t0_wall, 3)
+        loaded = re.search(r"\(loaded in ([\d.]+) s\)", line)
+        if loaded and "model_load_s" not in out:
+            out["model_load_s"] = float(loaded.group(1))
+    return out
 
     def stop(self) -> int:
         return daemon_proc.stop(self.proc)
@@ -119,7 +146,7 @@ def start_janusd(checkpoint: str, dtype: str, threads: int, ttft_slo_ms: float, 
     log = run_dir / "janusd.log"
     env = {**os.environ, "JANUSD_WORKER_TORCH_THREADS": str(threads)}
     with open(log, "wb") as out:
-        t0 = time.perf_counter()
+        t0, t0_wall = time.perf_counter(), time.time()
         proc = subprocess.Popen([sys.executable, "-m", "janusd.cli", "serve", "--config", str(cfg)],
                                 stdout=out, stderr=subprocess.STDOUT, env=env)
 
@@ -127,7 +154,8 @@ def start_janusd(checkpoint: str, dtype: str, threads: int, ttft_slo_ms: float, 
         status, body = daemon_proc.health(port, 1.0)
         return status == 200 and body.get("models", {}).get(MODEL) == 1
 
-    return Server("janusd", proc, port, _wait_ready(proc, t0, ready, log, timeout_s), log)
+    ready_s = _wait_ready(proc, t0, ready, log, timeout_s)
+    return Server("janusd", proc, port, ready_s, log, log_phases(log.read_text(errors="replace"), t0_wall))
 
 
 def run_dir(name: str) -> Path:
