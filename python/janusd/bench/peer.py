@@ -41,8 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="builtin:smollm2-135m-instruct", help="a GGUF checkpoint both servers load")
     p.add_argument("--dtype", default="auto", help="janusd's model dtype (default auto: Q4 stays packed)")
     p.add_argument("--ttft-slo-ms", type=float, default=60000.0,
-                   help="janusd's TTFT SLO (default 60 s, so both serve every request and the figures are speed; "
-                        "2000 is the config default: what janusd then refuses is reported)")
+                   help="janusd's TTFT SLO (default 60 s: it serves every request, as llama-server does, and the "
+                        "figures are speed; with 2000, the embedded config's, what it refuses is reported)")
+    p.add_argument("--tpot-slo-ms", type=float, default=60000.0,
+                   help="janusd's TPOT SLO (default 60 s: its decode guard never holds a prefill back; the "
+                        "embedded config's is 250)")
     p.add_argument("--settle-s", type=float, default=2.0, help="idle seconds before each memory reading")
 
 
@@ -55,6 +58,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit("janus bench peer: --tokens must be at least 2 (decode is timed from the first token)")
     if args.settle_s < 0:
         raise SystemExit("janus bench peer: --settle-s must not be negative")
+    if min(args.ttft_slo_ms, args.tpot_slo_ms) <= 0:
+        raise SystemExit("janus bench peer: --ttft-slo-ms and --tpot-slo-ms must be positive")
 
 
 def gguf_path(spec: str) -> Any:
@@ -85,7 +90,8 @@ def _one_server(name: str, args: argparse.Namespace, gguf: Any, seed: int) -> di
     if name == "llama-server":
         server = peer_servers.start_llama(gguf, args.threads, parallel=32, ctx_per_slot=256, run_dir=rd)
     else:
-        server = peer_servers.start_janusd(args.model, args.dtype, args.threads, args.ttft_slo_ms, rd)
+        server = peer_servers.start_janusd(args.model, args.dtype, args.threads, (args.ttft_slo_ms, args.tpot_slo_ms),
+                                           rd)
     try:
         return peer_load.one_round(server, seed, args.tokens, args.batch1_requests, args.settle_s)
     finally:

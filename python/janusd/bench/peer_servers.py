@@ -66,6 +66,9 @@ class Server:
     log: Path
     phases: dict[str, float] = field(default_factory=dict)
 
+    def stop(self) -> int:
+        return daemon_proc.stop(self.proc)
+
 
 # janusd's start-up lines (server/daemon.py, model_ops): the breakdown of its start to ready
 _PHASES = {"workers_ready_s": r"\d+ workers ready", "model_active_s": r" active on device \d+ \(loaded",
@@ -89,9 +92,6 @@ def log_phases(text: str, t0_wall: float) -> dict[str, float]:
         if loaded and "model_load_s" not in out:
             out["model_load_s"] = float(loaded.group(1))
     return out
-
-    def stop(self) -> int:
-        return daemon_proc.stop(self.proc)
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], t0: float, is_ready: Any, log: Path, timeout_s: float) -> float:
@@ -125,7 +125,7 @@ def start_llama(gguf: Path, threads: int, parallel: int, ctx_per_slot: int, run_
 
 
 def janusd_config(checkpoint: str, dtype: str, threads: int, run_dir: Path, port: int,
-                  ttft_slo_ms: float) -> str:
+                  slo_ms: tuple[float, float]) -> str:
     """One cpu device, one model; the daemon's defaults otherwise (the oracle online, the
     converted host image in the default cache dir, so a second start reads it), a state
     dir of the run's own so no earlier run's stored fit starts the oracle's helper early."""
@@ -134,15 +134,15 @@ def janusd_config(checkpoint: str, dtype: str, threads: int, run_dir: Path, port
         f'[devices]\ncount = 1\nmemory_mib = 1024\ntorch_threads = {threads}\n'
         f'[oracle]\nstate_dir = "{run_dir / "state"}"\n'
         f'[[models]]\nname = "{MODEL}"\ncheckpoint = "{checkpoint}"\ndtype = "{dtype}"\ndevices = [0]\n'
-        f'ttft_slo_ms = {ttft_slo_ms}\n'
+        f'ttft_slo_ms = {slo_ms[0]}\ntpot_slo_ms = {slo_ms[1]}\n'
     )
 
 
-def start_janusd(checkpoint: str, dtype: str, threads: int, ttft_slo_ms: float, run_dir: Path,
+def start_janusd(checkpoint: str, dtype: str, threads: int, slo_ms: tuple[float, float], run_dir: Path,
                  timeout_s: float = 300.0) -> Server:
     port = free_port()
     cfg = run_dir / "janusd.toml"
-    cfg.write_text(janusd_config(checkpoint, dtype, threads, run_dir, port, ttft_slo_ms))
+    cfg.write_text(janusd_config(checkpoint, dtype, threads, run_dir, port, slo_ms))
     log = run_dir / "janusd.log"
     env = {**os.environ, "JANUSD_WORKER_TORCH_THREADS": str(threads)}
     with open(log, "wb") as out:
