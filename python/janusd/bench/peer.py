@@ -40,11 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch1-requests", type=int, default=10, help="one-at-a-time requests per round (default 10)")
     p.add_argument("--model", default="builtin:smollm2-135m-instruct", help="a GGUF checkpoint both servers load")
     p.add_argument("--dtype", default="auto", help="janusd's model dtype (default auto: Q4 stays packed)")
-    p.add_argument("--ttft-slo-ms", type=float, default=60000.0,
-                   help="janusd's TTFT SLO (default 60 s: it serves every request, as llama-server does, and the "
+    p.add_argument("--ttft-slo-ms", type=float, default=600000.0,
+                   help="janusd's TTFT SLO (default 600 s: it serves every request, as llama-server does, and the "
                         "figures are speed; with 2000, the embedded config's, what it refuses is reported)")
-    p.add_argument("--tpot-slo-ms", type=float, default=60000.0,
-                   help="janusd's TPOT SLO (default 60 s: its decode guard never holds a prefill back; the "
+    p.add_argument("--tpot-slo-ms", type=float, default=600000.0,
+                   help="janusd's TPOT SLO (default 600 s: its decode guard never holds a prefill back; the "
                         "embedded config's is 250)")
     p.add_argument("--settle-s", type=float, default=2.0, help="idle seconds before each memory reading")
     p.add_argument("--servers", default="llama-server,janusd",
