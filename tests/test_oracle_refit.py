@@ -42,6 +42,8 @@ def test_a_large_refit_never_blocks_the_event_loop(tmp_path):
     refit._models["m"] = m
     refit.oracle.set_prior("m", RooflinePrior(SPEC, device_spec("h100"), 1.0, 0.05))  # the daemon's path: GPs over it
 
+    helpers: set[int] = set()
+
     async def main() -> tuple[float, float, int]:
         lags: list[float] = []
         stop = asyncio.Event()
@@ -51,6 +53,8 @@ def test_a_large_refit_never_blocks_the_event_loop(tmp_path):
                 t = time.monotonic()
                 await asyncio.sleep(0.002)
                 lags.append(time.monotonic() - t - 0.002)
+                if refit._pool is not None:
+                    helpers.update(getattr(refit._pool, "_processes", {}) or {})
 
         task = asyncio.create_task(probe())
         t0 = time.monotonic()
@@ -66,6 +70,13 @@ def test_a_large_refit_never_blocks_the_event_loop(tmp_path):
     assert refit.oracle.source("m") == "gp" and m.last_fit == 100.0 and not m.busy
     assert took > 1.0 and samples > 100  # the probe really ran alongside a real fit
     assert worst < 0.1, f"the event loop stalled {worst * 1e3:.0f} ms during a background fit"
+    # the helper ends with its last job: its imports do not stay resident until the next refit
+    assert len(helpers) == 1 and refit._pool is None
+    pid = helpers.pop()
+    deadline = time.monotonic() + 10.0
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists(), f"the oracle's helper {pid} outlived its last job"
     status = refit.status(130.0)[0]
     assert status["source"] == "gp" and status["points"] == 1200 and status["last_fit_age_s"] == 30.0
     assert status["heldout_att_p90_pts"] is not None

@@ -10,10 +10,15 @@ from pathlib import Path
 from daemon_harness import server_section, start_daemon
 from janusd.wire import admin_msgs as am
 
+# host_image off: the load converts the checkpoint (seconds), as a first start does; with an
+# image in the shared cache it would read that instead, too fast to show a stall
 CONFIG = """
 [devices]
 count = 1
 memory_mib = 1024
+
+[lifecycle]
+host_image = false
 
 [[models]]
 name = "demo-llama"

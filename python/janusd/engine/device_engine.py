@@ -162,6 +162,7 @@ class DeviceEngine:
         def fill(seg: Any) -> dict[str, Any]:
             views = materialize(plan, seg.view)
             load_weights(ck, plan, views, slices)
+            ck.drop_pages()  # the segment holds the weights now
             return views
 
         return self._on_device(model_cfg, engine_cfg, ck, plan, fill, shard)
@@ -217,6 +218,7 @@ class DeviceEngine:
         plan = weight_plan(ck, model_cfg.dtype, self.kind)
         buf, pinned = host_buffer(plan.total_bytes, self.kind)
         load_weights(ck, plan, materialize(plan, plain_view(buf)))
+        ck.drop_pages()
         return HostCopy(model_cfg.name, model_cfg, engine_cfg, ck, plan, buf, pinned)
 
     def restore_model(self, host: HostCopy, copier: Copier, phases: dict[str, float], model_cfg: Any = None,

@@ -35,7 +35,7 @@ class HostImages:
         cache = Path(msg.cache_dir)
         return image_dir(cache, checkpoint_path(msg.model.checkpoint, cache), msg.model.dtype)
 
-    def keep(self, msg: wm.SetState, ck: Any, plan: Any, data: Any) -> None:
+    def keep(self, msg: wm.SetState | wm.LoadModel, ck: Any, plan: Any, data: Any) -> None:
         """Write the image from `data` (the weights' bytes in host or device memory) unless one exists."""
         root = self.root(msg)
         if root is not None and not (root / "meta.msgpack").exists():
@@ -83,7 +83,7 @@ class HostImages:
         """The model is unloaded or removed here: nothing of it stays."""
         self.tokenizers.pop(name, None)
 
-    def open(self, msg: wm.SetState) -> Any:
+    def open(self, msg: wm.SetState | wm.LoadModel) -> Any:
         """A HostCopy that reads the image's weights file (None when there is no image)."""
         root = self.root(msg)
         if root is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import shutil
 import threading
 import time
 import traceback
@@ -88,7 +89,11 @@ class Loading:
             if msg.tp is not None:  # a shard of a tp group (engine/worker_tp.py)
                 me = self.build_shard(msg)
             else:
-                me = self.de.build_model(msg.model, msg.engine, Path(msg.cache_dir) if msg.cache_dir else None)
+                me = self._from_image(msg)
+                if me is None:
+                    me = self.de.build_model(msg.model, msg.engine, Path(msg.cache_dir) if msg.cache_dir else None)
+                    # the next start of this model (and its first Cold start) reads this instead
+                    self.life.images.keep(msg, me.checkpoint, me.placement.plan, me.placement.segment.tensor())
         except Exception as e:
             log(f"loading {msg.model.name} failed:\n" + traceback.format_exc())
             self.inbox.put(Built(msg, None, f"cannot load {msg.model.name!r}: {e}", 0.0))
@@ -105,6 +110,23 @@ class Loading:
             probe = []
         self.inbox.put(Built(msg, me, "", seconds, probe))
         self.life.images.prefetch(msg)  # its image, if one exists, into the page cache for a later Cold start
+
+    def _from_image(self, msg: wm.LoadModel) -> Any:
+        """The model from its converted host image (engine/host_image.py) when one exists:
+        the weights read straight into the segment, the tokenizer built from the image's
+        JSON meanwhile, no checkpoint parsed (SmolLM2's GGUF metadata alone is ~3 s of
+        Python and ~100 MB of the reader's objects); None without a usable image."""
+        from janusd.engine.checkpoint.base import CheckpointError
+
+        src = self.life.images.open(msg)
+        if src is None:
+            return None
+        try:
+            return self.de.restore_model(src, self.life.copier, {})
+        except CheckpointError as e:  # its tokenizer did not build: drop it, convert the checkpoint again
+            log(f"the host image of {msg.model.name} is unusable, reading the checkpoint: {e}")
+            shutil.rmtree(src.checkpoint.root, ignore_errors=True)
+            return None
 
     def _registered(self, built: Built) -> None:
         if built.engine is None:

@@ -3,8 +3,9 @@
 What runs where (a fit must never delay a request):
 - the event loop only samples telemetry into bounded point buffers (oracle/online.py,
   microseconds per model) and hands work out;
-- a spawned helper process (one, started on first use, spawn not fork: DESIGN.md, at a
-  lower CPU priority than the daemon: refit_job.lower_priority) reads
+- a spawned helper process (one, started on first use and ended when it has no job
+  left, spawn not fork: DESIGN.md, at a lower CPU priority than the daemon:
+  refit_job.lower_priority) reads
   each model's checkpoint for its ModelSpec and fits GPs (oracle/refit_job.py), writing
   the fit to the store (state_dir/oracle, oracle/store.py). First use = the first model
   with something to fit: a window with traffic (a point) or a stored fit to load, or at
@@ -92,6 +93,7 @@ class OracleRefit:
         self.state_dir = Path(os.path.expanduser(cfg.state_dir)) / "oracle"
         self._models: dict[str, _Model] = {}
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._jobs = 0  # in the helper now (it exits at 0)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---- helper process
@@ -102,7 +104,18 @@ class OracleRefit:
         return self._pool
 
     async def _in_helper(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor(), fn, *args)
+        """Run fn in the helper; the helper exits once no job is left. Its imports (the
+        checkpoint reader, scipy, sklearn, and torch where a machine's step probe was not
+        cached yet) held 80-680 MB for the daemon's life between refits minutes apart;
+        starting it again costs a niced second of CPU per refit round."""
+        self._jobs += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor(), fn, *args)
+        finally:
+            self._jobs -= 1
+            if self._jobs == 0 and self._pool is not None:
+                self._pool.shutdown(wait=False)
+                self._pool = None
 
     def _spawn(self, coro: Any) -> None:
         t = asyncio.create_task(coro)

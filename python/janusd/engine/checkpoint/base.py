@@ -206,6 +206,11 @@ class Checkpoint:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.format} {self.arch.architecture} {self.path}>"
 
+    def drop_pages(self) -> None:
+        """The weights were copied where they serve: let go of the file's pages this process
+        mapped while reading them (a memory-mapped format's override). They stay in the page
+        cache and are mapped again if read again; until then they are not this process's RSS."""
+
     def tensor_specs(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """HF name -> (HF shape, stored dtype name: float32/float16/bfloat16, or a GGUF quant like q4_1)."""
         return dict(self._specs)

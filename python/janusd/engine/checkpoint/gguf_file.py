@@ -91,6 +91,9 @@ class GGUFCheckpoint(Checkpoint):
         except Exception as e:  # GGUFReader raises ValueError, struct.error, IndexError... on corrupt input
             raise CheckpointError(f"{path}: unreadable or corrupt GGUF file: {type(e).__name__}: {e}") from e
         meta = _read_metadata(self._reader)
+        # the reader's fields are ~200k small numpy views of the metadata (SmolLM2's vocabulary
+        # and merges: ~100 MB of the worker's heap); `meta` has their values, the tensors are kept
+        self._reader.fields.clear()
         self._tensors: dict[str, Any] = {}
         found: dict[str, tuple[int, ...]] = {}
         stored: dict[str, str] = {}
@@ -190,6 +193,18 @@ class GGUFCheckpoint(Checkpoint):
     def _permuted(self, name: str) -> bool:
         return self.arch.architecture == "llama" and name.endswith(
             ("self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight", "self_attn.k_proj.bias"))
+
+    def drop_pages(self) -> None:
+        """MADV_DONTNEED over the file's mapping: the whole file was read through it (~94 MB of
+        SmolLM2's resident after a load, beside the weights' own copy in the segment)."""
+        import mmap
+
+        m = getattr(self._reader.data, "_mmap", None)  # numpy's memmap keeps its mmap.mmap here
+        if m is not None and hasattr(m, "madvise"):
+            try:
+                m.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError):  # a closed map or a kernel without it: only memory is at stake
+                pass
 
     def read_q4(self, name: str) -> tuple[Any, Any, Any]:
         """A Q4_0/Q4_1 tensor's blocks as they are, in HF layout: (nibbles [N, K] uint8,
