@@ -62,7 +62,9 @@ def _wait(rig: Rig, a: int, b: int, c: int, until: float) -> None:
         wake = rig.tick()
 
 
-def test_a_request_a_free_held_instance_can_start_in_time_is_not_refused():
+def _held() -> tuple[Rig, list[Refusal], int, int]:
+    """One device whose instance of "m" the guard holds while `a` and `b` decode on it;
+    the refusals the core reports."""
     rig = Rig(devices=1)
     refusals: list[Refusal] = []
     rig.core.obs.refused = refusals.append
@@ -70,6 +72,11 @@ def test_a_request_a_free_held_instance_can_start_in_time_is_not_refused():
     rig.activate("m", 0)
     a, b = _two_decoding(rig)
     rig.tick()
+    return rig, refusals, a, b
+
+
+def test_a_request_a_free_held_instance_can_start_in_time_is_not_refused():
+    rig, refusals, a, b = _held()
     inst = rig.core.instance("m", 0)
     fit = rig.core.guard.fit[0]
     assert fit.step_s(2) < TPOT_S < fit.step_s(3)  # the premise: held, and two decode in time
@@ -89,13 +96,7 @@ def test_a_refusal_after_a_declined_yield_says_so():
     """The trade still declines where the delay costs more tokens than the request has
     (here 4 max_tokens against `b`'s remaining ones): the refusal record carries the
     declined yield's figures, and counts as the guard's, not as justified by the estimate."""
-    rig = Rig(devices=1)
-    refusals: list[Refusal] = []
-    rig.core.obs.refused = refusals.append
-    rig.model("m", [0], ttft_slo_ms=TTFT_S * 1000, tpot_slo_ms=TPOT_S * 1000)
-    rig.activate("m", 0)
-    a, b = _two_decoding(rig)
-    rig.tick()
+    rig, refusals, a, b = _held()
     c = rig.submit("m", tokens=300, max_tokens=4)
     arrival = rig.now
     _wait(rig, a, b, c, arrival + TTFT_S)

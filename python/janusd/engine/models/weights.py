@@ -183,15 +183,8 @@ def _place_q4(plan: WeightPlan, offset: int, matrix: str, parts: list[str], shap
     from janusd.engine.models.qlinear import SCALE_DTYPE, packed_shapes
 
     nib, sc = packed_shapes(shape[0], shape[1])
-    for suffix, sh, dt in ((":packed", nib, torch.uint8), (":scales", sc, SCALE_DTYPE)):
-        offset = _align(offset)
-        plan.slots[matrix + suffix] = Slot(offset, sh, dtype=dt)
-        offset += plan.slots[matrix + suffix].nbytes(plan.dtype)
-    r = 0
-    for n in parts:
-        plan.quant[n] = (matrix, r)
-        r += want[n][0]
-    return offset
+    return _place_blocks(plan, offset, matrix, ((":packed", nib, torch.uint8), (":scales", sc, SCALE_DTYPE)),
+                         parts, want, plan.quant)
 
 
 def _place_q8(plan: WeightPlan, offset: int, matrix: str, parts: list[str], shape: tuple[int, ...],
@@ -199,13 +192,22 @@ def _place_q8(plan: WeightPlan, offset: int, matrix: str, parts: list[str], shap
     """Slots `matrix:q8` (int8) and `matrix:q8scales` (float16) at `offset`; the parts' rows in plan.q8."""
     from janusd.engine.models.q8 import shapes
 
-    for suffix, sh, dt in zip((":q8", ":q8scales"), shapes(shape[0], shape[1]), (torch.int8, torch.float16)):
+    qs, sc = shapes(shape[0], shape[1])
+    return _place_blocks(plan, offset, matrix, ((":q8", qs, torch.int8), (":q8scales", sc, torch.float16)),
+                         parts, want, plan.q8)
+
+
+def _place_blocks(plan: WeightPlan, offset: int, matrix: str, slots: tuple[tuple[str, Any, torch.dtype], ...],
+                  parts: list[str], want: Mapping[str, tuple[int, ...]], rows: dict[str, tuple[str, int]]) -> int:
+    """A kept-quantized matrix's slots (suffix, shape, dtype), each aligned, from `offset`;
+    each part's first row in `rows` (plan.quant or plan.q8). Returns the offset after them."""
+    for suffix, sh, dt in slots:
         offset = _align(offset)
         plan.slots[matrix + suffix] = Slot(offset, sh, dtype=dt)
         offset += plan.slots[matrix + suffix].nbytes(plan.dtype)
     r = 0
     for n in parts:
-        plan.q8[n] = (matrix, r)
+        rows[n] = (matrix, r)
         r += want[n][0]
     return offset
 
