@@ -179,11 +179,12 @@ def test_the_cpu_simulation_predicts_a_recorded_real_replay():
     assert any(abs(raw[key] - real[key]) > LATENCY_TOL * real[key] for key in ("tpot_p50_ms", "tpot_p90_ms"))
     # and a load where attainment is below 1: the same requests at 6x the rate (18 req/s, ~3x
     # the 5.77 req/s dispatch-replay measured) are often late on the calibrated model (0.37
-    # on 2026-12-07, 0.63 once the decode guard yields where it pays, [Q]), where the engine
-    # fit alone still serves 0.89 of the tokens on time; at
+    # on 2026-12-07, 0.63 once the decode guard yields where it pays, 0.75 once its trade
+    # counts a refused request's whole loss, [Q] session 5), where the engine fit alone
+    # still serves 0.89 of the tokens on time; at
     # 2x (6 req/s, the real _hi run's knee: 0.62 there) both still say 1.0 (the docstring's gap)
     fast = Trace.build(lo.arrival_s / 6.0, list(lo.apps[k] for k in lo.app_id), ["llm"] * len(lo),
                        lo.input_tokens, lo.output_tokens, lo.ttft_slo_ms, lo.tpot_slo_ms)
     over, over_raw = _cpu_sim(fast, perf), _cpu_sim(fast, f.perf)
-    assert over["token_attainment"] < 0.75 < over_raw["token_attainment"], (over, over_raw)
-    assert over_raw["token_attainment"] - over["token_attainment"] > 0.2, (over, over_raw)
+    assert over["token_attainment"] < 0.8 < over_raw["token_attainment"], (over, over_raw)
+    assert over_raw["token_attainment"] - over["token_attainment"] > 0.1, (over, over_raw)
