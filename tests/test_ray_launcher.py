@@ -100,10 +100,15 @@ def _instance_state(d, model: str, device: int) -> str | None:
     return next((i["state"] for i in rows if i["model"] == model and i["device"] == device), None)
 
 
+JOIN_BOUND_S = 25.0
+
+
 def _join(d, c, name: str) -> tuple:
     """Add a node of one device; wait for device 1 to be ready on it; (node, seconds). The
     seconds are mostly process starts on the new node (Ray's worker there, then janusd's
-    worker importing torch): ~4-6 s on this 2-core host; the join check itself is 0.3 s."""
+    worker importing torch): ~4-6 s on this 2-core host alone, 18.8 s in CI while the other
+    xdist worker ran the oracle's 30 s fits on the second core (2026-12-08); the join check
+    itself is 0.3 s. JOIN_BOUND_S holds the worst seen with room."""
     node = c.add_node(**NODE, node_name=name)
     t0 = time.monotonic()
     assert wait_until(lambda: _workers(d)[1] == (1, name, "ready"), 30.0), _workers(d)
@@ -117,7 +122,7 @@ def test_started_with_node_a_only_then_node_b_joins_and_fills_device_1(daemon, c
     assert _instance_state(daemon, "demo-qwen2", 1) == "loading"  # configured on device 1: waits for it
     assert "devices 1-1 absent until a node joins" in daemon.log_text()
     nodes["b"], took = _join(daemon, c, "janus-b")
-    assert took < 15.0, f"device 1 took {took:.1f} s to come up on the joined node"
+    assert took < JOIN_BOUND_S, f"device 1 took {took:.1f} s to come up on the joined node"
     pools = ctl_ok(daemon, am.PoolsReq(refresh=True))["pools"]
     assert {p["device"]: (p["node"], p["state"]) for p in pools} == {0: ("janus-a", "ready"), 1: ("janus-b", "ready")}
     assert wait_until(lambda: _instance_state(daemon, "demo-qwen2", 1) == "active", 30.0)
@@ -222,7 +227,7 @@ def test_node_b_leaving_fails_its_stream_fast_keeps_node_a_and_brings_its_model_
 def test_a_node_joining_after_node_b_left_takes_device_1_over_and_serves(daemon, cluster):
     c, _ = cluster
     _, took = _join(daemon, c, "janus-b2")
-    assert took < 15.0, f"device 1 took {took:.1f} s to come up on the joined node"
+    assert took < JOIN_BOUND_S, f"device 1 took {took:.1f} s to come up on the joined node"
     assert {p["device"]: p["node"] for p in ctl_ok(daemon, am.PoolsReq())["pools"]} == {0: "janus-a", 1: "janus-b2"}
     ctl_ok(daemon, am.StateReq("demo-qwen2", 1, "active"))  # loaded on node B2
     ctl_ok(daemon, am.StateReq("demo-qwen2", 0, "cold"))  # so only node B2's copy serves
