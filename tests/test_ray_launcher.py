@@ -101,6 +101,7 @@ def _instance_state(d, model: str, device: int) -> str | None:
 
 
 JOIN_BOUND_S = 25.0
+LOSS_BOUND_S = 2.5  # a lost node's streams fail within this; its test says what it measured
 
 
 def _join(d, c, name: str) -> tuple:
@@ -204,7 +205,8 @@ def test_node_b_leaving_fails_its_stream_fast_keeps_node_a_and_brings_its_model_
     rest_b = [(t - t_gone, e) for t, e in ev_b]
     errors = [(t, e) for t, e in rest_b if isinstance(e, dict) and "error" in e]
     assert errors, rest_b[-3:]
-    assert errors[0][0] < 1.0, f"node B's client learned after {errors[0][0]:.2f} s"
+    # 0.33 s alone; 1.30 s in CI with the other xdist worker's oracle fits on the second core (2026-12-08)
+    assert errors[0][0] < LOSS_BOUND_S, f"node B's client learned after {errors[0][0]:.2f} s"
     reader_a.join(60)
     texts = [e for _, e in a["events"] if isinstance(e, dict) and e.get("choices")]
     usage = [e["usage"] for _, e in a["events"] if isinstance(e, dict) and e.get("usage")]
